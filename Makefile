@@ -1,0 +1,33 @@
+# Two commands for a fresh machine: `make run` (the dashboard) and `make test` (the tests).
+# Each creates the virtual environment .venv on first use.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# Offline copy of the GPT-2 tokenizer files, when this checkout sits beside one (CI, dev boxes).
+SHARED_TOKENIZER := $(wildcard ../shared/gpt2_tokenizer/tiktoken_cache)
+ifneq ($(SHARED_TOKENIZER),)
+ifeq ($(TIKTOKEN_CACHE_DIR),)
+export TIKTOKEN_CACHE_DIR := $(abspath $(SHARED_TOKENIZER))
+endif
+endif
+
+.PHONY: run test lint bench gpu-check
+
+$(VENV)/.installed: requirements.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	touch $@
+
+run: $(VENV)/.installed
+	$(PY) -m streamlit run app.py
+
+test: $(VENV)/.installed
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q
+
+lint: $(VENV)/.installed
+	$(PY) -m ruff check .
+
+bench: $(VENV)/.installed
+	$(PY) scripts/bench_cpu.py

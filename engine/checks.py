@@ -1,0 +1,141 @@
+"""Correctness checks that must pass before any timing is trusted, and the bug switch.
+
+Each check returns a ``CheckResult`` (passed, a one-line detail, the measured number). The bug
+switch ``inject_bug(model, kind)`` turns on one of the write-up's silent bugs for the duration of
+a ``with`` block, so the correctness lab can show which check catches which bug.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .generate import as_prompt_tensor, first_difference, generate_detailed
+from .model import BUG_KINDS, GPT
+
+BUG_DESCRIPTIONS = {
+    "cache_order": "new keys/values concatenated before the cached ones (torch.cat([new, old]))",
+    "positions": "decode positions restarted at 0 instead of continuing after the cache",
+    "mask_offset": "causal-mask slice not offset by the cached length",
+}
+
+
+@dataclass
+class CheckResult:
+    name: str
+    passed: bool
+    detail: str
+    value: float | None = None  # e.g. the max abs logit difference
+    first_diff: int | None = None
+
+
+@contextlib.contextmanager
+def inject_bug(model: GPT, kind: str | None) -> Iterator[GPT]:
+    """Run the block with one silent bug switched on (None: no bug)."""
+    if kind is not None and kind not in BUG_KINDS:
+        raise ValueError(f"unknown bug {kind!r}; allowed: {', '.join(BUG_KINDS)}")
+    saved = model.bugs
+    model.bugs = frozenset() if kind is None else frozenset({kind})
+    try:
+        yield model
+    finally:
+        model.bugs = saved
+
+
+@torch.no_grad()
+def logits_vs_transformers(
+    model: GPT, prompt_ids: Sequence[int], tol: float = 1e-4
+) -> CheckResult:
+    """Max abs logit difference against ``transformers``' GPT-2 holding the same weights."""
+    from .weights import to_transformers
+
+    idx = as_prompt_tensor(prompt_ids, model)
+    ours, _ = model(idx, use_cache=False)
+    hf = to_transformers(model)
+    ref = hf(idx.cpu()).logits
+    diff = float((ours.float().cpu() - ref.float()).abs().max())
+    ok = diff <= tol
+    return CheckResult("logits vs transformers", ok,
+                       f"max |Δlogit| = {diff:.2e} (tolerance {tol:.0e})", diff)
+
+
+@torch.no_grad()
+def cached_equals_uncached(
+    model: GPT, prompt_ids: object, new_tokens: int, cache_kind: str = "prealloc"
+) -> CheckResult:
+    """Greedy generation with the cache must give exactly the uncached loop's tokens."""
+    a = generate_detailed(model, prompt_ids, new_tokens, use_cache=True, cache_kind=cache_kind)
+    b = generate_detailed(model, prompt_ids, new_tokens, use_cache=False)
+    worst = None
+    for row_a, row_b in zip(a.tokens.tolist(), b.tokens.tolist(), strict=True):
+        d = first_difference(row_a, row_b)
+        if d is not None and (worst is None or d < worst):
+            worst = d
+    if worst is None:
+        detail = f"{new_tokens} tokens identical ({cache_kind} cache)"
+    else:
+        detail = f"tokens differ from position {worst} ({cache_kind} cache)"
+    return CheckResult("cached == uncached", worst is None, detail, first_diff=worst)
+
+
+@torch.no_grad()
+def multi_token_append(
+    model: GPT,
+    prompt_ids: object,
+    prefill: int,
+    append_sizes: Sequence[int] = (1, 2, 3, 7),
+    cache_kind: str = "prealloc",
+    tol: float = 1e-4,
+) -> CheckResult:
+    """Prefill ``prefill`` tokens, append n at once; logits must equal a full forward's."""
+    idx = as_prompt_tensor(prompt_ids, model)
+    need = prefill + max(append_sizes)
+    if idx.size(1) < need:
+        raise ValueError(f"the prompt needs at least {need} tokens for this check")
+    full, _ = model(idx[:, :need], use_cache=False)
+    worst = 0.0
+    for n in append_sizes:
+        cache = model.make_cache(cache_kind, idx.size(0), need)
+        model(idx[:, :prefill], cache)
+        got, _ = model(idx[:, prefill : prefill + n], cache)
+        want = full[:, prefill : prefill + n]
+        worst = max(worst, float((got - want).abs().max()))
+    ok = worst <= tol
+    sizes = ", ".join(map(str, append_sizes))
+    return CheckResult(f"append {sizes} tokens at once", ok,
+                       f"max |Δlogit| = {worst:.2e} vs full forward ({cache_kind} cache)", worst)
+
+
+@dataclass
+class Verdict:
+    identical: bool
+    first_diff: int | None  # position in the generated stream (0 = first new token)
+    token_a: int | None = None
+    token_b: int | None = None
+    logit_gap_a: float | None = None  # in run A's logits: logit[token_a] - logit[token_b]
+    logit_gap_b: float | None = None  # in run B's logits: logit[token_b] - logit[token_a]
+
+
+def compare_streams(
+    tokens_a: Sequence[int],
+    tokens_b: Sequence[int],
+    logits_a: Sequence[torch.Tensor] = (),
+    logits_b: Sequence[torch.Tensor] = (),
+    row: int = 0,
+) -> Verdict:
+    """Where two generations part, and how close the two choices were in each run's logits."""
+    d = first_difference(list(tokens_a), list(tokens_b))
+    if d is None:
+        return Verdict(True, None)
+    if d >= min(len(tokens_a), len(tokens_b)):
+        return Verdict(False, d)
+    ta, tb = int(tokens_a[d]), int(tokens_b[d])
+    gap_a = gap_b = None
+    if len(logits_a) > d:
+        gap_a = float(logits_a[d][row, ta] - logits_a[d][row, tb])
+    if len(logits_b) > d:
+        gap_b = float(logits_b[d][row, tb] - logits_b[d][row, ta])
+    return Verdict(False, d, ta, tb, gap_a, gap_b)

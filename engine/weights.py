@@ -1,0 +1,202 @@
+"""Getting weights into our GPT: OpenAI's through ``transformers``, a local folder, or random.
+
+``load_model(name, weights=..., device=..., dtype=...)`` is the one entry point. ``weights`` is
+"random" (seeded, real shapes), "pretrained" (hub id = the preset name, or ``hub_id``), "auto"
+(pretrained if it can be had quickly, else random and ``model.weights_fallback`` says why), or a
+path to a local checkpoint folder. Checkpoints are read as safetensors only: never unpickled.
+Failures raise ``WeightsError`` with a message that says what to do.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from .config import PRESETS, GPTConfig
+from .model import GPT
+
+WEIGHT_CHOICES = ("auto", "pretrained", "random")
+# transformers' GPT-2 uses Conv1D, whose weight is stored [in, out]: the transpose of nn.Linear.
+_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class WeightsError(RuntimeError):
+    """Weights could not be loaded; the message says why and what to do instead."""
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise ValueError(f"unsupported dtype {dtype}; allowed: {', '.join(DTYPES)}")
+        return dtype
+    key = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(dtype, dtype)
+    if key not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; allowed: {', '.join(DTYPES)}")
+    return DTYPES[key]
+
+
+def config_from_hf(hf_config: object, mask: str = "none") -> GPTConfig:
+    return GPTConfig(
+        n_layer=hf_config.n_layer,  # type: ignore[attr-defined]
+        n_head=hf_config.n_head,  # type: ignore[attr-defined]
+        n_embd=hf_config.n_embd,  # type: ignore[attr-defined]
+        block_size=hf_config.n_positions,  # type: ignore[attr-defined]
+        vocab_size=hf_config.vocab_size,  # type: ignore[attr-defined]
+        mask=mask,
+    )
+
+
+def gpt_from_transformers(
+    hf_model: nn.Module,
+    *,
+    mask: str = "none",
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+) -> GPT:
+    """Copy a ``GPT2LMHeadModel``'s weights into a new GPT (Conv1D weights transposed)."""
+    cfg = config_from_hf(hf_model.config, mask)
+    src = {k: v for k, v in hf_model.state_dict().items() if not k.endswith((".attn.bias",
+                                                                              ".masked_bias"))}
+    some = next(iter(src.values()))
+    model = GPT.empty(cfg, device or some.device, dtype or some.dtype)
+    dst = model.state_dict()
+    missing = [k for k in dst if k not in src and k != "lm_head.weight"]
+    if missing:
+        raise WeightsError(
+            f"checkpoint lacks {len(missing)} GPT-2 tensors (first: {missing[0]}); "
+            "is it a GPT2LMHeadModel checkpoint?"
+        )
+    with torch.no_grad():
+        for name, target in dst.items():
+            if name == "lm_head.weight":
+                continue  # tied to wte
+            value = src[name]
+            if name.endswith(_CONV1D):
+                value = value.t()
+            if value.shape != target.shape:
+                raise WeightsError(
+                    f"{name}: checkpoint shape {tuple(value.shape)} does not fit the model's "
+                    f"{tuple(target.shape)}"
+                )
+            target.copy_(value)
+    return model.eval()
+
+
+def _hub_reachable(timeout_s: float = 2.0) -> bool:
+    if os.environ.get("HF_HUB_OFFLINE") in ("1", "true", "True"):
+        return False
+    try:
+        with socket.create_connection(("huggingface.co", 443), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def _from_pretrained(source: str, *, local_only: bool) -> nn.Module:
+    try:
+        from transformers import GPT2LMHeadModel
+    except ImportError as exc:  # pragma: no cover - transformers is a requirement
+        raise WeightsError("the transformers package is needed to load pretrained weights") from exc
+    try:
+        return GPT2LMHeadModel.from_pretrained(
+            source, local_files_only=local_only, use_safetensors=True
+        )
+    except Exception as exc:  # transformers raises OSError, ValueError, HTTP errors...
+        raise WeightsError(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)) \
+            from exc
+
+
+def load_model(
+    name: str = "gpt2",
+    weights: str = "auto",
+    *,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype = "float32",
+    mask: str = "none",
+    seed: int = 0,
+    hub_id: str | None = None,
+) -> GPT:
+    """Build the model ``name`` with the asked-for weights on ``device`` in ``dtype``.
+
+    The returned model has ``weights_label`` (shown everywhere the model is) and
+    ``weights_fallback`` (None, or why "auto" fell back to random weights).
+    """
+    torch_dtype = parse_dtype(dtype)
+    is_path = weights not in WEIGHT_CHOICES
+    if not is_path and name not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; allowed: {', '.join(PRESETS)}")
+    fallback = None
+
+    if weights == "random":
+        model = GPT.random(GPTConfig.from_name(name, mask=mask), seed=seed, device=device,
+                           dtype=torch_dtype)
+    elif is_path:
+        folder = Path(weights).expanduser()
+        if not folder.is_dir():
+            raise WeightsError(
+                f"{folder} is not a folder. Pass a folder written by "
+                "GPT2LMHeadModel.save_pretrained (config.json + model.safetensors), "
+                "'pretrained', or 'random'."
+            )
+        if not (folder / "config.json").exists() or not any(folder.glob("*.safetensors")):
+            raise WeightsError(
+                f"{folder} is not a checkpoint folder: it needs config.json and a "
+                ".safetensors file (pickled .bin files are not loaded). Use random weights, "
+                "or save a model there with save_pretrained."
+            )
+        hf = _from_pretrained(str(folder), local_only=True)
+        model = gpt_from_transformers(hf, mask=mask, device=device, dtype=torch_dtype)
+        model.weights_label = f"local checkpoint ({folder.name})"
+    else:
+        source = hub_id or name
+        try:
+            try:
+                hf = _from_pretrained(source, local_only=True)  # the Hugging Face cache first
+            except WeightsError:
+                if weights == "auto" and not _hub_reachable():
+                    raise WeightsError("no network and no cached copy") from None
+                hf = _from_pretrained(source, local_only=False)
+        except WeightsError as exc:
+            if weights == "pretrained":
+                raise WeightsError(
+                    f"pretrained weights for {source!r} could not be loaded ({exc}). "
+                    "Connect to the internet once so transformers can download them into the "
+                    "Hugging Face cache, or download them elsewhere with "
+                    f"GPT2LMHeadModel.from_pretrained({source!r}).save_pretrained(FOLDER) and "
+                    "pass that folder as the weights; or choose random weights."
+                ) from exc
+            fallback = f"pretrained weights for {source!r} unavailable ({exc})"
+            model = GPT.random(GPTConfig.from_name(name, mask=mask), seed=seed, device=device,
+                               dtype=torch_dtype)
+        else:
+            model = gpt_from_transformers(hf, mask=mask, device=device, dtype=torch_dtype)
+            model.weights_label = f"pretrained ({source})"
+    model.weights_fallback = fallback  # type: ignore[assignment]
+    return model.eval().requires_grad_(False)
+
+
+def to_transformers(model: GPT) -> nn.Module:
+    """A ``transformers`` ``GPT2LMHeadModel`` holding our model's weights (the reference)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = model.config
+    hf_cfg = GPT2Config(
+        n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd, n_positions=cfg.block_size,
+        vocab_size=cfg.vocab_size, activation_function="gelu_new", layer_norm_epsilon=1e-5,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+    )
+    hf = GPT2LMHeadModel(hf_cfg).to(model.dtype).eval()
+    src = model.state_dict()
+    with torch.no_grad():
+        for name, target in hf.state_dict().items():
+            if name not in src:
+                continue  # attention bias buffers and the tied head
+            value = src[name].t() if name.endswith(_CONV1D) else src[name]
+            target.copy_(value.to("cpu"))
+    return hf

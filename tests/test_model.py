@@ -1,0 +1,137 @@
+"""Our GPT-2 against transformers' GPT2LMHeadModel, the loading paths, and bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import GPT, GPTConfig, WeightsError, generate, load_model
+from engine.checks import logits_vs_transformers
+
+from .conftest import random_prompt, small_model
+
+
+def test_presets_and_small_shapes() -> None:
+    cfg = GPTConfig.from_name("gpt2")
+    assert (cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, cfg.vocab_size) == (
+        12, 12, 768, 1024, 50257)
+    assert GPTConfig.from_name("gpt2-xl").n_embd == 1600
+    small = GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=256, vocab_size=1000)
+    assert small.head_dim == 32
+    with pytest.raises(ValueError, match="allowed"):
+        GPTConfig.from_name("gpt5")
+
+
+def test_checkpoint_names_and_tied_head() -> None:
+    model = GPT.random(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=50))
+    names = set(model.state_dict())
+    for key in ["transformer.wte.weight", "transformer.wpe.weight", "transformer.h.0.ln_1.weight",
+                "transformer.h.0.attn.c_attn.weight", "transformer.h.0.attn.c_proj.weight",
+                "transformer.h.0.mlp.c_fc.weight", "transformer.h.0.mlp.c_proj.weight",
+                "transformer.ln_f.weight", "lm_head.weight"]:
+        assert key in names
+    assert model.lm_head.weight is model.transformer.wte.weight
+
+
+@pytest.mark.slow
+def test_logits_match_transformers_full_gpt2_shapes() -> None:
+    """Same random weights in both, the real 124M shapes: max |Δlogit| ≤ 1e-4 in fp32."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    hf = GPT2LMHeadModel(GPT2Config()).eval()  # transformers' own init, its own weights
+    ours = GPT.from_transformers(hf)
+    idx = torch.randint(0, 50257, (2, 64), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = hf(idx).logits
+        got, _ = ours(idx, use_cache=False)
+    assert float((got - want).abs().max()) <= 1e-4
+    # Decode through the cache lands on the same logits too.
+    with torch.no_grad():
+        _, cache = ours(idx[:, :60])
+        step, _ = ours(idx[:, 60:61], cache)
+    assert float((step[:, 0] - want[:, 60]).abs().max()) <= 1e-4
+
+
+def test_round_trip_to_transformers_check(model) -> None:
+    result = logits_vs_transformers(model, random_prompt(30)[0].tolist())
+    assert result.passed, result.detail
+    assert result.value is not None and result.value < 1e-4
+
+
+def test_load_local_checkpoint_folder(tmp_path) -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(3)
+    hf = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=64, n_positions=128,
+                                    vocab_size=300)).eval()
+    hf.save_pretrained(tmp_path)
+    model = load_model("gpt2", weights=str(tmp_path))
+    assert model.config.n_layer == 2 and model.config.block_size == 128
+    assert "local checkpoint" in model.weights_label
+    idx = torch.randint(0, 300, (1, 20))
+    with torch.no_grad():
+        torch.testing.assert_close(model(idx, use_cache=False)[0], hf(idx).logits,
+                                   atol=1e-4, rtol=0)
+
+
+def test_local_folder_that_is_not_a_checkpoint(tmp_path) -> None:
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(WeightsError, match="not a checkpoint folder"):
+        load_model("gpt2", weights=str(tmp_path))
+    with pytest.raises(WeightsError, match="is not a folder"):
+        load_model("gpt2", weights=str(tmp_path / "missing"))
+
+
+def test_pickled_checkpoint_is_refused(tmp_path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    torch.save({"x": torch.zeros(1)}, tmp_path / "pytorch_model.bin")
+    with pytest.raises(WeightsError, match="safetensors"):
+        load_model("gpt2", weights=str(tmp_path))
+
+
+def test_pretrained_unavailable_offline(monkeypatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", "/nonexistent-hf-home")
+    with pytest.raises(WeightsError, match="could not be loaded.*random weights"):
+        load_model("gpt2", weights="pretrained", hub_id="no-such-org/no-such-model")
+    model = load_model("gpt2", weights="auto", hub_id="no-such-org/no-such-model")
+    assert model.weights_label.startswith("random")
+    assert model.weights_fallback and "unavailable" in model.weights_fallback
+
+
+def test_random_weights_are_seeded_and_labelled() -> None:
+    a = load_model("gpt2", weights="random", seed=5)
+    b = load_model("gpt2", weights="random", seed=5)
+    assert a.weights_label == "random (seed 5)"
+    assert torch.equal(a.transformer.h[3].mlp.c_fc.weight, b.transformer.h[3].mlp.c_fc.weight)
+    assert a.num_params() == 124_439_808
+
+
+def test_bad_input_raises_value_errors(model) -> None:
+    with pytest.raises(ValueError, match="beyond the model's limit of 256"):
+        model(torch.zeros(1, 257, dtype=torch.long))
+    with pytest.raises(ValueError, match="empty"):
+        generate(model, [], 5)
+    with pytest.raises(ValueError, match=r"outside the vocabulary; allowed: 0\.\.511"):
+        generate(model, [1, 2, 600], 5)
+    with pytest.raises(ValueError, match=r"outside the vocabulary"):
+        model(torch.tensor([[-1, 2]]))
+    with pytest.raises(ValueError, match="0 or more"):
+        generate(model, [1, 2], -1)
+    with pytest.raises(ValueError, match=r"max_new_tokens ≤ 246"):
+        generate(model, list(range(10)), 247)
+    _, cache = model(torch.zeros(1, 250, dtype=torch.long))
+    with pytest.raises(ValueError, match="250 cached \\+ 7 new"):
+        model(torch.zeros(1, 7, dtype=torch.long), cache)
+
+
+def test_mask_variants_cost_and_switch() -> None:
+    m = small_model("seed")
+    assert m.mask_nbytes() == 2 * 256 * 256 * 4
+    m.set_mask("shared_bool")
+    assert m.mask_nbytes() == 256 * 256
+    m.set_mask("none")
+    assert m.mask_nbytes() == 0
+    with pytest.raises(ValueError, match="allowed"):
+        m.set_mask("triangle")

@@ -1,0 +1,1 @@
+"""The dashboard's shared pieces: sidebar state, the cached model loader, pure figure builders."""
