@@ -35,7 +35,6 @@ class CausalSelfAttention(nn.Module):
         self.n_embd = cfg.n_embd
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)  # q, k, v for all heads at once
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd)
-        self.mask_kind = cfg.mask
 
     def forward(
         self,
@@ -43,7 +42,8 @@ class CausalSelfAttention(nn.Module):
         layer: int,
         cache: KVCache | None,
         mask_offset: int,
-        shared_mask: torch.Tensor | None,
+        mask_kind: str,
+        mask: torch.Tensor | None,
     ) -> torch.Tensor:
         B, T, C = x.shape
         hs = C // self.n_head
@@ -55,15 +55,15 @@ class CausalSelfAttention(nn.Module):
             k, v = cache.update(layer, k, v)  # (B, nh, S, hs), S = cached + T, oldest first
         S = k.size(2)
 
-        if self.mask_kind == "seed":
+        if mask_kind == "seed":
             # The write-up's attention: explicit scores, fp32 mask buffer sliced at the offset.
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, S)
-            mask = self.bias[:, :, mask_offset : mask_offset + T, :S]
-            att = att.masked_fill(mask == 0, float("-inf"))
+            m = self.bias[:, :, mask_offset : mask_offset + T, :S]
+            att = att.masked_fill(m == 0, float("-inf"))
             y = F.softmax(att, dim=-1) @ v  # (B, nh, T, hs)
-        elif self.mask_kind == "shared_bool":
-            mask = shared_mask[mask_offset : mask_offset + T, :S]  # type: ignore[index]
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        elif mask_kind == "shared_bool":
+            m = mask[mask_offset : mask_offset + T, :S]  # type: ignore[index]
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=m)
         elif T == 1 and mask_offset == S - 1:
             # One new token may see every key, itself included: no mask at all.
             y = F.scaled_dot_product_attention(q, k, v)
@@ -102,9 +102,10 @@ class Block(nn.Module):
         layer: int,
         cache: KVCache | None,
         mask_offset: int,
-        shared_mask: torch.Tensor | None,
+        mask_kind: str,
+        mask: torch.Tensor | None,
     ) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), layer, cache, mask_offset, shared_mask)
+        x = x + self.attn(self.ln_1(x), layer, cache, mask_offset, mask_kind, mask)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -177,25 +178,31 @@ class GPT(nn.Module):
         return gpt_from_transformers(hf_model, mask=mask)
 
     def _build_masks(self, device: torch.device | str | None) -> None:
-        cfg = self.config
+        """Drop every mask buffer, then build the config's variant (others are built on use)."""
         for block in self.transformer.h:
             if hasattr(block.attn, "bias"):
                 del block.attn.bias
-            block.attn.mask_kind = cfg.mask
         self.shared_mask: torch.Tensor | None = None
-        if cfg.mask == "seed":
+        self._ensure_mask(self.config.mask, device)
+
+    def _ensure_mask(self, kind: str, device: torch.device | str | None = None) -> None:
+        cfg = self.config
+        device = self.device if device is None else device
+        if kind == "seed" and not hasattr(self.transformer.h[0].attn, "bias"):
             # Twelve identical fp32 triangles in gpt2: the write-up's 48 MiB.
             for block in self.transformer.h:
                 tri = torch.tril(torch.ones(cfg.block_size, cfg.block_size, device=device))
                 block.attn.register_buffer(
                     "bias", tri.view(1, 1, cfg.block_size, cfg.block_size), persistent=False
                 )
-        elif cfg.mask == "shared_bool":
+        elif kind == "shared_bool" and self.shared_mask is None:
             ones = torch.ones(cfg.block_size, cfg.block_size, dtype=torch.bool, device=device)
             self.shared_mask = torch.tril(ones)
+        elif kind not in MASK_KINDS:
+            raise ValueError(f"unknown mask kind {kind!r}; allowed: {', '.join(MASK_KINDS)}")
 
     def set_mask(self, kind: str) -> None:
-        """Switch the causal-mask variant in place (buffers are rebuilt on the model's device)."""
+        """Make ``kind`` the default variant and free the buffers of the others."""
         if kind not in MASK_KINDS:
             raise ValueError(f"unknown mask kind {kind!r}; allowed: {', '.join(MASK_KINDS)}")
         self.config = dataclasses.replace(self.config, mask=kind)
@@ -238,11 +245,13 @@ class GPT(nn.Module):
         *,
         use_cache: bool = True,
         logits: str = "all",
+        mask: str | None = None,
     ) -> tuple[torch.Tensor, KVCache | None]:
         """Logits for the positions in ``idx`` (B, T), and the cache holding everything so far.
 
         ``use_cache=False`` with no cache runs a plain forward and returns ``None`` for the cache.
         ``logits="last"`` applies the output projection to the last position only.
+        ``mask`` overrides the config's causal-mask variant for this call (buffers built once).
         """
         if idx.dim() != 2:
             raise ValueError(f"idx must be a (batch, tokens) tensor, got shape {tuple(idx.shape)}")
@@ -271,8 +280,11 @@ class GPT(nn.Module):
         pos = torch.arange(start, start + T, device=idx.device)  # (T,)
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
         mask_offset = 0 if "mask_offset" in self.bugs else past
+        kind = self.config.mask if mask is None else mask
+        if kind != "none":
+            self._ensure_mask(kind)
         for layer, block in enumerate(self.transformer.h):
-            x = block(x, layer, cache, mask_offset, self.shared_mask)
+            x = block(x, layer, cache, mask_offset, kind, self.shared_mask)
         if cache is not None:
             cache.advance(T)
         x = self.transformer.ln_f(x)

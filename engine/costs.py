@@ -1,0 +1,287 @@
+"""Analytic cost model: FLOPs and bytes per generation step, computed from a `GPTConfig` alone.
+
+Every number here is a formula, never a measurement. FLOPs count only matrix products (2 FLOPs
+per multiply-add); LayerNorm, softmax, GELU, adds and embedding lookups are left out, so the
+result matches what `torch.utils.flop_counter.FlopCounterMode` reports for the same forward.
+Bytes are a lower bound on the traffic a step cannot avoid (weights once, K/V rows touched).
+Names carry their unit: `*_flops`, `*_bytes`, `context_len` in tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from engine.config import GPTConfig
+
+# Element sizes by canonical name; aliases map onto these. Kept torch-free so the cost model
+# imports instantly (the UI uses it on every rerun).
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8, "int8": 1}
+_DTYPE_ALIASES = {
+    "fp32": "float32",
+    "float": "float32",
+    "f32": "float32",
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "half": "float16",
+    "f16": "float16",
+    "fp64": "float64",
+    "double": "float64",
+}
+MASK_BYTE_KINDS = ("seed", "shared_bool", "none")
+
+
+def _check_positive(name: str, value: int, allow_zero: bool = False) -> None:
+    low = 0 if allow_zero else 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        what = "a non-negative integer" if allow_zero else "a positive integer"
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+
+
+# ---------------------------------------------------------------------------------------- FLOPs
+def linear_params(cfg: GPTConfig) -> int:
+    """N: weights of every Linear layer, including the output projection tied to `wte`.
+
+    Per layer: qkv (d x 3d) + attention out (d x d) + MLP up (d x 4d) + MLP down (4d x d) = 12 d^2;
+    plus the output projection d x V. Biases, LayerNorms and the position table are excluded:
+    they add no matrix-product FLOPs. gpt2 -> 123,532,032.
+    """
+    d = cfg.n_embd
+    return 12 * cfg.n_layer * d * d + d * cfg.vocab_size
+
+
+def _head_params(cfg: GPTConfig) -> int:
+    return cfg.n_embd * cfg.vocab_size
+
+
+def step_flops(
+    cfg: GPTConfig,
+    context_len: int,
+    cached: bool,
+    batch_size: int = 1,
+    last_only: bool = False,
+) -> int:
+    """FLOPs of one generation step that ends with `context_len` tokens in view.
+
+    Uncached: all t tokens go through the model: 2*N*t + 4*L*d*t^2 (the t x t score and
+    weighted-sum products per layer, full matrices as a matmul computes them, not half).
+    With `last_only` the output projection runs on the final position only:
+    2*(N - d*V)*t + 2*d*V + 4*L*d*t^2.
+    Cached: one new token through the Linear layers, one query against t keys: 2*N + 4*L*d*t
+    (t includes the new token; `last_only` changes nothing here). Times `batch_size`.
+    """
+    _check_positive("context_len", context_len)
+    _check_positive("batch_size", batch_size)
+    t = context_len
+    n = linear_params(cfg)
+    attention = 4 * cfg.n_layer * cfg.n_embd * t
+    if cached:
+        per_seq = 2 * n + attention
+    elif last_only:
+        head = _head_params(cfg)
+        per_seq = 2 * (n - head) * t + 2 * head + attention * t
+    else:
+        per_seq = 2 * n * t + attention * t
+    return per_seq * batch_size
+
+
+def lm_head_share(cfg: GPTConfig, context_len: int, wasted_only: bool = False) -> float:
+    """Fraction of an uncached step's FLOPs spent in the output projection (~0.27 for gpt2).
+
+    With `wasted_only` only the t-1 positions whose predictions generation throws away count
+    (the saving that slicing to the last position buys).
+    """
+    total = step_flops(cfg, context_len, cached=False)
+    positions = context_len - 1 if wasted_only else context_len
+    return 2 * _head_params(cfg) * positions / total
+
+
+def attention_share(cfg: GPTConfig, context_len: int, cached: bool = False) -> float:
+    """Fraction of a step's FLOPs in the two attention products (~0.13 at t=1000 for gpt2).
+
+    The uncached step is exactly t times the cached one term by term, so both give the same
+    share; the flag is kept so callers state which step they mean.
+    """
+    total = step_flops(cfg, context_len, cached=cached)
+    t = context_len
+    attention = 4 * cfg.n_layer * cfg.n_embd * t * (1 if cached else t)
+    return attention / total
+
+
+def _generation_step_flops(
+    cfg: GPTConfig,
+    prompt_len: int,
+    new_tokens: int,
+    cached: bool,
+    batch_size: int,
+    last_only: bool,
+) -> list[int]:
+    _check_positive("prompt_len", prompt_len)
+    _check_positive("new_tokens", new_tokens, allow_zero=True)
+    steps: list[int] = []
+    for k in range(new_tokens):
+        # Step k produces new token k from prompt_len + k tokens of context.
+        t = prompt_len + k
+        if cached and k > 0:
+            steps.append(step_flops(cfg, t, cached=True, batch_size=batch_size))
+        else:
+            # Uncached steps, and the cached path's prefill (one full pass over the prompt).
+            steps.append(step_flops(cfg, t, False, batch_size=batch_size, last_only=last_only))
+    return steps
+
+
+def generation_flops(
+    cfg: GPTConfig,
+    prompt_len: int,
+    new_tokens: int,
+    cached: bool,
+    batch_size: int = 1,
+    last_only: bool = False,
+) -> int:
+    """Total FLOPs to generate `new_tokens` after a `prompt_len`-token prompt.
+
+    Cached: one prefill (an uncached pass over the prompt, which yields the first new token)
+    then new_tokens - 1 cached steps. Uncached: new_tokens full passes over a growing context.
+    """
+    return sum(_generation_step_flops(cfg, prompt_len, new_tokens, cached, batch_size, last_only))
+
+
+def cumulative_generation_flops(
+    cfg: GPTConfig,
+    prompt_len: int,
+    new_tokens: int,
+    cached: bool,
+    batch_size: int = 1,
+    last_only: bool = False,
+) -> list[int]:
+    """Running total of FLOPs after each generated token (length `new_tokens`)."""
+    totals: list[int] = []
+    running = 0
+    for flops in _generation_step_flops(cfg, prompt_len, new_tokens, cached, batch_size, last_only):
+        running += flops
+        totals.append(running)
+    return totals
+
+
+# ---------------------------------------------------------------------------------------- bytes
+def dtype_bytes(dtype: Any) -> int:
+    """Bytes per element of a torch dtype or a name ("float32", "bf16", "torch.float16", ...)."""
+    if not isinstance(dtype, str):
+        itemsize = getattr(dtype, "itemsize", None)  # torch.dtype has .itemsize since 2.1
+        if isinstance(itemsize, int):
+            return itemsize
+        dtype = str(dtype)
+    name = dtype.strip().lower().removeprefix("torch.")
+    name = _DTYPE_ALIASES.get(name, name)
+    if name not in _DTYPE_BYTES:
+        allowed = ", ".join(sorted(set(_DTYPE_BYTES) | set(_DTYPE_ALIASES)))
+        raise ValueError(f"unknown dtype {dtype!r}; allowed: {allowed}")
+    return _DTYPE_BYTES[name]
+
+
+def param_count(cfg: GPTConfig) -> int:
+    """Every parameter of the model, the tied output projection counted once (gpt2: 124,439,808)."""
+    d, L = cfg.n_embd, cfg.n_layer
+    embeddings = cfg.vocab_size * d + cfg.block_size * d
+    # Per block: two LayerNorms (2d each) + the four Linear layers' weights (12 d^2) and biases
+    # (3d + d + 4d + d = 9d).
+    per_layer = 12 * d * d + 9 * d + 4 * d
+    final_ln = 2 * d
+    return embeddings + L * per_layer + final_ln
+
+
+def weight_bytes(cfg: GPTConfig, dtype: Any) -> int:
+    """Bytes of all parameters (tied `wte`/output projection once): gpt2 fp32 ~ 475 MiB."""
+    return param_count(cfg) * dtype_bytes(dtype)
+
+
+def linear_weight_bytes(cfg: GPTConfig, dtype: Any) -> int:
+    """N * element size: the weights a decode step must stream (gpt2 fp32: 494 MB)."""
+    return linear_params(cfg) * dtype_bytes(dtype)
+
+
+def kv_bytes_per_token(cfg: GPTConfig, dtype: Any) -> int:
+    """One key and one value vector per layer: 2*L*d*bytes (gpt2 fp32: 73,728 = 72 KiB)."""
+    return 2 * cfg.n_layer * cfg.n_embd * dtype_bytes(dtype)
+
+
+def kv_bytes(cfg: GPTConfig, dtype: Any, batch_size: int, context_len: int) -> int:
+    """KV cache payload for `batch_size` sequences of `context_len` tokens each."""
+    _check_positive("batch_size", batch_size)
+    _check_positive("context_len", context_len, allow_zero=True)
+    return kv_bytes_per_token(cfg, dtype) * batch_size * context_len
+
+
+def step_bytes(
+    cfg: GPTConfig, dtype: Any, context_len: int, cached: bool, batch_size: int = 1
+) -> int:
+    """Lower bound on bytes one step moves to or from memory.
+
+    Both modes read the Linear weights once (the batch shares them). Cached: read t-1 cached
+    K/V rows and write the new one (t rows). Uncached: write t K/V rows and read them back once
+    (2t rows). Activations, biases and LayerNorm parameters are ignored: small next to these.
+    """
+    _check_positive("context_len", context_len)
+    kv_rows = context_len if cached else 2 * context_len
+    return linear_weight_bytes(cfg, dtype) + kv_bytes(cfg, dtype, batch_size, kv_rows)
+
+
+def mask_bytes(cfg: GPTConfig, kind: str | None = None) -> int:
+    """Bytes of stored causal masks for a mask kind (default: the config's own).
+
+    "seed": one fp32 block_size^2 buffer per layer (gpt2: 48 MiB); "shared_bool": one bool
+    block_size^2 buffer for the whole model (1 MiB); "none": attention applies causality itself.
+    """
+    kind = cfg.mask if kind is None else kind
+    square = cfg.block_size * cfg.block_size
+    if kind == "seed":
+        return cfg.n_layer * square * 4
+    if kind == "shared_bool":
+        return square
+    if kind == "none":
+        return 0
+    raise ValueError(f"unknown mask kind {kind!r}; allowed: {', '.join(MASK_BYTE_KINDS)}")
+
+
+def kv_overtakes_weights_tokens(cfg: GPTConfig, dtype: Any, kv_dtype: Any = None) -> float:
+    """batch x context (in tokens) at which the KV cache outweighs all weights (gpt2 fp32: ~6,750).
+
+    `kv_dtype` defaults to `dtype`; pass a smaller one to see a lower-precision cache.
+    """
+    kv_per_token = kv_bytes_per_token(cfg, dtype if kv_dtype is None else kv_dtype)
+    return weight_bytes(cfg, dtype) / kv_per_token
+
+
+def arithmetic_intensity(flops: float, nbytes: float) -> float:
+    """FLOPs per byte moved; compare with a device's peak FLOP/s divided by its bandwidth."""
+    if nbytes <= 0:
+        raise ValueError(f"bytes must be positive to form an intensity, got {nbytes!r}")
+    return flops / nbytes
+
+
+def cost_table(
+    cfg: GPTConfig, contexts: Iterable[int], dtype: Any = "float32", batch: int = 1
+) -> list[dict[str, Any]]:
+    """One row per context length comparing uncached and cached steps (formulas, not timings)."""
+    rows: list[dict[str, Any]] = []
+    for t in contexts:
+        flops_uncached = step_flops(cfg, t, cached=False, batch_size=batch)
+        flops_cached = step_flops(cfg, t, cached=True, batch_size=batch)
+        bytes_uncached = step_bytes(cfg, dtype, t, cached=False, batch_size=batch)
+        bytes_cached = step_bytes(cfg, dtype, t, cached=True, batch_size=batch)
+        rows.append(
+            {
+                "context_len": t,
+                "batch_size": batch,
+                "flops_uncached": flops_uncached,
+                "flops_cached": flops_cached,
+                "flop_ratio": flops_uncached / flops_cached,
+                "bytes_uncached": bytes_uncached,
+                "bytes_cached": bytes_cached,
+                "intensity_uncached_flops_per_byte": flops_uncached / bytes_uncached,
+                "intensity_cached_flops_per_byte": flops_cached / bytes_cached,
+                "lm_head_share": lm_head_share(cfg, t),
+                "attention_share": attention_share(cfg, t),
+            }
+        )
+    return rows

@@ -1,0 +1,171 @@
+"""Timing harness: synchronise, warm up, repeat, and keep every raw sample.
+
+Contract: `time_call(fn, warmup=W, repeats=R)` calls `fn` W + R times; only the last R are timed,
+each between a device sync + clock read before and after, so queued GPU work lands inside the
+region that launched it. Samples are in milliseconds. `StepClock` does the same for the steps of
+a loop the caller drives (e.g. one generated token at a time). The clock is injectable for tests.
+CUDA is touched only when a CUDA device is named.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+Clock = Callable[[], float]  # returns seconds
+
+
+def _is_cuda(device: Any) -> bool:
+    return str(device).startswith("cuda")
+
+
+def synchronize(device: Any = "cpu") -> None:
+    """Block until all queued work on `device` is done; a no-op for CPU (it runs eagerly)."""
+    if _is_cuda(device):
+        import torch  # local: CPU-only callers never import or initialise CUDA through here
+
+        torch.cuda.synchronize(device)
+
+
+def _check_count(name: str, value: int, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Raw samples of timed calls (ms) plus their summary; warm-up calls are not in `samples_ms`."""
+
+    samples_ms: list[float]
+    warmup: int
+    repeats: int
+
+    def __post_init__(self) -> None:
+        if not self.samples_ms:
+            raise ValueError("a Timing needs at least one sample")
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.samples_ms)
+
+    @property
+    def min_ms(self) -> float:
+        return min(self.samples_ms)
+
+    @property
+    def max_ms(self) -> float:
+        return max(self.samples_ms)
+
+    @property
+    def mean_ms(self) -> float:
+        return statistics.fmean(self.samples_ms)
+
+    @property
+    def stdev_ms(self) -> float:
+        return statistics.stdev(self.samples_ms) if len(self.samples_ms) > 1 else 0.0
+
+    def to_row(self) -> dict[str, Any]:
+        """Fields for a results row (unit-named)."""
+        return {
+            "median_ms": self.median_ms,
+            "min_ms": self.min_ms,
+            "mean_ms": self.mean_ms,
+            "max_ms": self.max_ms,
+            "samples_ms": list(self.samples_ms),
+            "warmup": self.warmup,
+            "repeats": self.repeats,
+        }
+
+
+def time_call(
+    fn: Callable[[], Any],
+    *,
+    warmup: int,
+    repeats: int,
+    device: Any = "cpu",
+    clock: Clock = time.perf_counter,
+) -> Timing:
+    """Run `fn` `warmup` times untimed, then `repeats` times timed; return every timed sample.
+
+    warmup >= 0 and repeats >= 1. Each timed region is sync -> clock -> fn() -> sync -> clock:
+    the first sync keeps earlier queued work out, the second keeps this call's work in.
+    """
+    _check_count("warmup", warmup, 0)
+    _check_count("repeats", repeats, 1)
+    for _ in range(warmup):
+        fn()
+    synchronize(device)  # warm-up kernels must not leak into the first sample
+    samples_ms: list[float] = []
+    for _ in range(repeats):
+        synchronize(device)
+        start_s = clock()
+        fn()
+        synchronize(device)
+        samples_ms.append((clock() - start_s) * 1000.0)
+    return Timing(samples_ms=samples_ms, warmup=warmup, repeats=repeats)
+
+
+class StepClock:
+    """Times the steps of a caller-driven loop, syncing the device at each boundary.
+
+    Either `with clock.step(): ...` or `clock.start(); ...; elapsed_ms = clock.stop()`.
+    `samples_ms` holds one entry per finished step, in order (so index i is step i).
+    """
+
+    def __init__(self, device: Any = "cpu", clock: Clock = time.perf_counter) -> None:
+        self.device = device
+        self._clock = clock
+        self._start_s: float | None = None
+        self.samples_ms: list[float] = []
+
+    @property
+    def running(self) -> bool:
+        return self._start_s is not None
+
+    def start(self) -> None:
+        if self._start_s is not None:
+            raise RuntimeError("StepClock.start() called twice without stop()")
+        synchronize(self.device)
+        self._start_s = self._clock()
+
+    def stop(self) -> float:
+        if self._start_s is None:
+            raise RuntimeError("StepClock.stop() called without start()")
+        synchronize(self.device)
+        elapsed_ms = (self._clock() - self._start_s) * 1000.0
+        self._start_s = None
+        self.samples_ms.append(elapsed_ms)
+        return elapsed_ms
+
+    @contextmanager
+    def step(self) -> Iterator[None]:
+        self.start()
+        try:
+            yield
+        except BaseException:
+            self._start_s = None  # a failed step is not a sample
+            raise
+        self.stop()
+
+    def reset(self) -> None:
+        self._start_s = None
+        self.samples_ms = []
+
+    @property
+    def total_ms(self) -> float:
+        return sum(self.samples_ms)
+
+    def timing(self, skip_first: int = 0) -> Timing:
+        """Summary of the recorded steps, leaving out the first `skip_first` (e.g. prefill)."""
+        _check_count("skip_first", skip_first, 0)
+        kept = self.samples_ms[skip_first:]
+        if not kept:
+            raise ValueError(
+                f"no steps left to summarise: {len(self.samples_ms)} recorded, "
+                f"skip_first={skip_first}"
+            )
+        return Timing(samples_ms=list(kept), warmup=skip_first, repeats=len(kept))
