@@ -33,7 +33,11 @@ class ConcatKVCache:
         self, layer: int, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         old_k, old_v = self.k[layer], self.v[layer]
-        if old_k is not None and old_v is not None:
+        if old_k is None or old_v is None:
+            # k and v are views into the fused q|k|v projection: copy them out, or the whole
+            # projection output (q included) would stay alive until the next step.
+            k, v = k.contiguous(), v.contiguous()
+        else:
             if self.new_first:
                 k, v = torch.cat([k, old_k], dim=2), torch.cat([v, old_v], dim=2)
             else:

@@ -1,0 +1,365 @@
+"""Memory accounting: weights, KV cache (formula / tensors / allocator), masks, cuBLAS workspace.
+
+Contract: every function returns plain dicts with byte counts in `*_bytes` fields, so the app and
+the CLI can store and plot them. Formulas come from engine.costs; measurements come from the
+tensors themselves, from torch's CUDA allocator (allocated / requested / reserved) on a GPU, and
+from the process's resident set size (psutil) on a CPU, where torch keeps no allocator counts.
+A measurement is a difference against a baseline; which baseline was used is recorded per row,
+because the write-up's first attempt was skewed by a cuBLAS workspace allocated after it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from . import costs
+from .model import GPT
+
+MIB = 2**20
+# Transient bytes the estimate adds on a GPU for cuBLAS/cuBLASLt workspaces (conservative).
+GPU_WORKSPACE_ESTIMATE_BYTES = 32 * MIB
+
+
+def _is_cuda(device: Any) -> bool:
+    return torch.device(device).type == "cuda"
+
+
+def _malloc_trim() -> None:
+    """Hand freed heap pages back to the OS (glibc), so RSS deltas track live tensors."""
+    global _LIBC
+    if _LIBC is None:
+        try:
+            _LIBC = ctypes.CDLL("libc.so.6")
+            _LIBC.malloc_trim(0)
+        except (OSError, AttributeError):
+            _LIBC = False
+            return
+    if _LIBC:
+        _LIBC.malloc_trim(0)
+
+
+_LIBC: Any = None
+
+
+def _sync_and_collect(device: Any, full: bool = False) -> None:
+    if full:  # ~0.2 s with torch loaded; caches hold no reference cycles, so only at baselines
+        gc.collect()
+    _malloc_trim()
+    if _is_cuda(device):
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
+def _rss_bytes() -> int | None:
+    try:
+        import psutil
+    except ImportError:  # pragma: no cover - psutil is a requirement
+        return None
+    return int(psutil.Process().memory_info().rss)
+
+
+def _snapshot(device: Any) -> dict[str, int | None]:
+    """Allocator counters now (CUDA), or the process RSS (CPU)."""
+    if _is_cuda(device):
+        torch.cuda.synchronize(device)
+        stats = torch.cuda.memory_stats(device)
+        return {"allocated": torch.cuda.memory_allocated(device),
+                "reserved": torch.cuda.memory_reserved(device),
+                "requested": stats.get("requested_bytes.all.current"), "rss": _rss_bytes()}
+    return {"allocated": None, "reserved": None, "requested": None, "rss": _rss_bytes()}
+
+
+def _delta(after: dict, before: dict, key: str) -> int | None:
+    if after.get(key) is None or before.get(key) is None:
+        return None
+    return int(after[key] - before[key])
+
+
+def weights_bytes(model: GPT) -> int:
+    """Parameter bytes, each storage counted once (the tied wte / lm_head weight once)."""
+    seen: set[int] = set()
+    total = 0
+    for p in model.parameters():
+        ptr = p.data_ptr()
+        if ptr not in seen:
+            seen.add(ptr)
+            total += p.numel() * p.element_size()
+    return total
+
+
+def model_memory(model: GPT) -> dict[str, Any]:
+    """Weights (measured tensors and formula) and causal-mask buffers (held now, and per kind)."""
+    cfg = model.config
+    return {
+        "weights_bytes": weights_bytes(model),
+        "weights_formula_bytes": costs.weight_bytes(cfg, model.dtype),
+        "mask_bytes": model.mask_nbytes(),
+        "mask_bytes_by_kind": {k: costs.mask_bytes(cfg, k) for k in costs.MASK_BYTE_KINDS},
+    }
+
+
+def clear_cublas_workspaces() -> bool:
+    """Free cuBLAS workspaces so the next matmul allocates them again (private torch API)."""
+    fn = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if fn is None or not torch.cuda.is_available():
+        return False
+    try:
+        fn()
+    except RuntimeError:
+        return False
+    return True
+
+
+def cublas_workspace(device: Any) -> tuple[int | None, str]:
+    """(bytes the first matmul allocates besides its output, how it was measured)."""
+    if not _is_cuda(device):
+        return None, "no cuBLAS on a CPU: matmuls there need no lazily allocated workspace"
+    if not torch.cuda.is_available():
+        return None, "no CUDA device visible"
+    dev = torch.device(device)
+    a = torch.ones(64, 64, device=dev)
+    cleared = clear_cublas_workspaces()
+    _sync_and_collect(dev)
+    before = torch.cuda.memory_allocated(dev)
+    out = a @ a
+    torch.cuda.synchronize(dev)
+    after = torch.cuda.memory_allocated(dev)
+    out_bytes = out.numel() * out.element_size()
+    del out
+    how = ("workspaces cleared, then memory_allocated around one 64x64 matmul" if cleared else
+           "torch cannot clear its workspaces here: 0 means it was allocated earlier")
+    return max(0, after - before - out_bytes), how
+
+
+def cublas_workspace_bytes(device: Any) -> int | None:
+    """The cuBLAS workspace PyTorch allocates on the first matmul (CUDA), None on a CPU."""
+    return cublas_workspace(device)[0]
+
+
+@torch.no_grad()
+def _warm_up(model: GPT, batch_size: int = 1, tokens: int = 2) -> None:
+    """One forward at the largest shape to come: CPU kernels keep scratch sized by the biggest
+    problem seen, and CUDA allocates the cuBLAS workspace on the first matmul."""
+    idx = torch.zeros(batch_size, tokens, dtype=torch.long, device=model.device)
+    model(idx, model.make_cache("prealloc", batch_size, tokens), logits="last")
+
+
+def storage_bytes(tensors: Sequence[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind `tensors` (a view keeps its whole base alive)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        st = t.untyped_storage()
+        seen[st.data_ptr()] = st.nbytes()
+    return sum(seen.values())
+
+
+@torch.no_grad()
+def measure_kv_memory(model: GPT, contexts: Sequence[int], batch_size: int = 1,
+                      cache_kind: str = "concat", warmup_first: bool = True,
+                      fill: str = "prefill") -> list[dict]:
+    """The cache's bytes three ways (formula, tensors, allocator/RSS delta) at each context.
+
+    fill="prefill": a fresh cache per point, filled by one prefill of that many tokens, freed
+    before the next point. fill="decode": one generation run (teacher-forced tokens) read as it
+    passes each point, as the write-up measured. One baseline is taken before the first point.
+    warmup_first=False takes it before any matmul (cuBLAS workspaces cleared first on CUDA):
+    that reproduces the write-up's first attempt, where the lazily allocated workspace showed
+    up as a constant offset. A CPU has no such workspace, but the first forward's one-time
+    allocations (allocator arenas, thread pools) land in the first points' RSS deltas instead.
+    """
+    if fill not in ("prefill", "decode"):
+        raise ValueError(f"fill must be 'prefill' or 'decode', got {fill!r}")
+    points = sorted(set(contexts))
+    device, cfg = model.device, model.config
+    if warmup_first:
+        _warm_up(model, batch_size, points[-1])
+    elif _is_cuda(device):
+        clear_cublas_workspaces()
+    gen = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, cfg.vocab_size, (batch_size, points[-1]), generator=gen).to(device)
+    _sync_and_collect(device, full=True)
+    base = _snapshot(device)
+    rows: list[dict] = []
+
+    def record(cache: Any, t: int) -> None:
+        _sync_and_collect(device)
+        now = _snapshot(device)
+        used = cache.used_nbytes() if hasattr(cache, "used_nbytes") else cache.nbytes()
+        rows.append({
+            "context_len": t, "batch_size": batch_size, "cache_kind": cache_kind, "fill": fill,
+            "kv_formula_bytes": costs.kv_bytes(cfg, model.dtype, batch_size, t),
+            "kv_tensor_bytes": cache.nbytes(), "kv_used_bytes": used,
+            "kv_storage_bytes": storage_bytes(cache.tensors()),
+            "allocated_delta_bytes": _delta(now, base, "allocated"),
+            "requested_delta_bytes": _delta(now, base, "requested"),
+            "reserved_delta_bytes": _delta(now, base, "reserved"),
+            "rss_delta_bytes": _delta(now, base, "rss"),
+            "baseline": "after warm-up" if warmup_first else "before warm-up",
+        })
+
+    if fill == "prefill":
+        for t in points:
+            cache = model.make_cache(cache_kind, batch_size, t)
+            out, _ = model(idx[:, :t], cache, logits="last")
+            del out  # only the cache should stay alive when the counters are read
+            record(cache, t)
+            del cache
+            _sync_and_collect(device)
+        return rows
+    cache = model.make_cache(cache_kind, batch_size, points[-1])
+    out, _ = model(idx[:, : points[0]], cache, logits="last")
+    del out
+    record(cache, points[0])
+    for t in range(points[0] + 1, points[-1] + 1):
+        out, _ = model(idx[:, t - 1 : t], cache, logits="last")
+        del out
+        if t in points:
+            record(cache, t)
+    del cache
+    _sync_and_collect(device)
+    return rows
+
+
+@torch.no_grad()
+def memory_breakdown(model: GPT, batch_size: int, context_len: int,
+                     cache_kind: str = "prealloc", measure: bool = True,
+                     mask: str | None = None) -> list[dict]:
+    """Rows (component, bytes, source, note) for a stacked bar of one run's memory.
+
+    measure=False uses formulas only (nothing is allocated). measure=True fills a cache of
+    `context_len` tokens and reads tensors and counters; the last row is what the device holds
+    beyond the listed parts (CUDA: reserved - allocated; CPU: RSS minus everything above).
+    `mask`: the causal-mask variant the run uses (its buffers are built if missing, as running
+    such a mode would); None counts whatever buffers the model holds now.
+    """
+    cfg, device, dtype = model.config, model.device, model.dtype
+    if mask is not None and measure:
+        model._ensure_mask(mask)  # modes 1-4 build the write-up's fp32 buffers on first use
+    kv_formula = costs.kv_bytes(cfg, dtype, batch_size, context_len)
+    rows = [
+        {"component": "weights", "bytes": weights_bytes(model) if measure else
+         costs.weight_bytes(cfg, dtype), "source": "measured" if measure else "formula",
+         "note": "parameters, tied embedding counted once"},
+        {"component": "causal-mask buffers", "bytes": model.mask_nbytes() if measure else
+         costs.mask_bytes(cfg, mask), "source": "measured" if measure else "formula",
+         "note": f"{mask or cfg.mask} variant; per kind: "
+         f"{ {k: costs.mask_bytes(cfg, k) for k in costs.MASK_BYTE_KINDS} }"},
+    ]
+    if not measure:
+        ws = GPU_WORKSPACE_ESTIMATE_BYTES if _is_cuda(device) else 0
+        rows += [{"component": "KV cache", "bytes": kv_formula, "source": "formula",
+                  "note": f"2·L·d·bytes × batch {batch_size} × {context_len} tokens"},
+                 {"component": "cuBLAS workspace", "bytes": ws, "source": "formula",
+                  "note": "upper estimate" if ws else "none on a CPU"}]
+        return rows
+    ws_bytes, ws_how = cublas_workspace(device)
+    _warm_up(model, batch_size, context_len)
+    _sync_and_collect(device, full=True)
+    cache = model.make_cache(cache_kind, batch_size, context_len)
+    gen = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, cfg.vocab_size, (batch_size, context_len), generator=gen).to(device)
+    if _is_cuda(device):
+        torch.cuda.reset_peak_memory_stats(device)
+    logits, _ = model(idx, cache, logits="last")
+    del logits
+    snap = _snapshot(device)
+    rows.append({"component": "KV cache", "bytes": storage_bytes(cache.tensors()),
+                 "source": "measured", "note": f"storage held by the {cache_kind} cache; "
+                 f"tensors {cache.nbytes()} B, formula {kv_formula} B"})
+    rows.append({"component": "cuBLAS workspace", "bytes": ws_bytes or 0,
+                 "source": "measured" if ws_bytes is not None else "formula", "note": ws_how})
+    accounted = sum(r["bytes"] for r in rows)
+    if _is_cuda(device):
+        peak = torch.cuda.max_memory_allocated(device)
+        rows.append({"component": "activations (transient peak)",
+                     "bytes": max(0, peak - (snap["allocated"] or 0)), "source": "measured",
+                     "note": "max_memory_allocated during the prefill minus allocated after"})
+        rows.append({"component": "allocator slack", "bytes": max(0, (snap["reserved"] or 0)
+                     - (snap["allocated"] or 0)), "source": "measured",
+                     "note": "memory_reserved - memory_allocated: cached, not in use"})
+    elif snap["rss"] is not None:
+        rows.append({"component": "process, not accounted above", "bytes":
+                     max(0, snap["rss"] - accounted), "source": "measured",
+                     "note": "resident set size minus the rows above: Python, torch libraries, "
+                     "allocator arenas, activations freed but not returned"})
+    del cache
+    _sync_and_collect(device)
+    return rows
+
+
+def crossover_grid(cfg: Any, dtype: Any, batch_sizes: Sequence[int],
+                   contexts: Sequence[int]) -> list[dict]:
+    """KV cache vs weights for each batch x context; crossover_tokens is where KV = weights."""
+    w = costs.weight_bytes(cfg, dtype)
+    cross = costs.kv_overtakes_weights_tokens(cfg, dtype)
+    rows = []
+    for b in batch_sizes:
+        for t in contexts:
+            kv = costs.kv_bytes(cfg, dtype, b, t)
+            rows.append({"batch_size": b, "context_len": t, "kv_bytes": kv, "weights_bytes": w,
+                         "kv_over_weights": kv / w, "crossover_tokens": cross})
+    return rows
+
+
+def peak_memory_estimate(cfg: Any, dtype: Any, batch_size: int, context_len: int,
+                         cache_kind: str | None = "prealloc", *, logits_all: bool = True,
+                         device: Any = "cuda", mask: str = "seed") -> dict[str, int]:
+    """A generous upper estimate of the bytes one run needs at its largest step (a prefill).
+
+    cache_kind None is an uncached run (no cache kept; mode 1 projects every position, hence
+    logits_all). Activations: the t x t scores of explicit attention (about three live copies),
+    the MLP's 4d hidden layer and the logits. Weights are included: subtract them if loaded.
+    """
+    b, t, d = batch_size, context_len, cfg.n_embd
+    el = costs.dtype_bytes(dtype)
+    scores = 3 * b * cfg.n_head * t * t * el
+    hidden = b * t * (4 * d * 2 + 6 * d) * el
+    logits = b * (t if logits_all or cache_kind is None else 1) * cfg.vocab_size * el
+    kv = 0 if cache_kind is None else costs.kv_bytes(cfg, dtype, b, t)
+    if cache_kind == "concat":
+        kv += kv // cfg.n_layer  # torch.cat holds the old and the new copy of one layer
+    est = {
+        "weights_bytes": costs.weight_bytes(cfg, dtype), "kv_bytes": kv,
+        "activation_bytes": scores + hidden + logits, "mask_bytes": costs.mask_bytes(cfg, mask),
+        "workspace_bytes": GPU_WORKSPACE_ESTIMATE_BYTES if _is_cuda(device) else 0,
+    }
+    est["total_bytes"] = sum(est.values())
+    return est
+
+
+def free_bytes(device: Any) -> int | None:
+    """Bytes that could still be allocated: free GPU memory, or available system memory."""
+    if _is_cuda(device):
+        if not torch.cuda.is_available():
+            return None
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        # The caching allocator can reuse what it reserved but is not using.
+        return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+    try:
+        import psutil
+    except ImportError:  # pragma: no cover
+        return None
+    return int(psutil.virtual_memory().available)
+
+
+def fits(device: Any, estimate: dict[str, int], resident_bytes: int = 0,
+         headroom: float = 0.9) -> tuple[bool, str]:
+    """Whether an estimate fits in what `device` has free (keeping 10% spare), and a message.
+
+    `resident_bytes`: parts of the estimate already allocated (e.g. the loaded weights).
+    """
+    need = max(0, estimate["total_bytes"] - resident_bytes)
+    free = free_bytes(device)
+    parts = ", ".join(f"{k.removesuffix('_bytes')} {v / MIB:,.0f} MiB"
+                      for k, v in estimate.items() if k != "total_bytes" and v)
+    if free is None:
+        return True, f"needs ~{need / MIB:,.0f} MiB ({parts}); free memory unknown"
+    ok = need <= headroom * free
+    verdict = "fits" if ok else "does not fit"
+    return ok, (f"{verdict}: needs ~{need / MIB:,.0f} MiB more ({parts}); "
+                f"{free / MIB:,.0f} MiB free on {device}")
