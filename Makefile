@@ -31,3 +31,6 @@ lint: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(PY) scripts/bench_cpu.py
+
+gpu-check: $(VENV)/.installed
+	PY=$(PY) bash scripts/gpu_check.sh

@@ -1,0 +1,199 @@
+"""Modes 6-9: the fast CPU path, the graph-friendly and read-only steps, and their set-up costs.
+
+Every mode must give mode 1's greedy tokens in fp32. On a CPU the CUDA-graph step and the
+read-only compiled step are checked eagerly (same code, no capture / no compile); compiling is
+opt-in (``KV_LAB_COMPILE_TESTS=1``, marker ``slow``): it costs 1-2 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from engine import GPT, GPTConfig
+from engine.attribution import step_memory_growth
+from engine.compiled import CompiledDecoder, CudaGraphDecoder
+from engine.fast import FastDecoder, PackedLinear, release_fast_weights
+from engine.modes import MODES, check_mode, default_modes, greedy_tokens, make_decoder
+
+CFG = GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=128, vocab_size=256)
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+COMPILE = pytest.mark.skipif(not os.environ.get("KV_LAB_COMPILE_TESTS"),
+                             reason="compiles for minutes: set KV_LAB_COMPILE_TESTS=1")
+
+
+def tiny(device: str = "cpu") -> GPT:
+    return GPT.random(CFG, seed=1, std=0.2, device=device)
+
+
+def prompt(batch: int = 2, n: int = 8, device: str = "cpu") -> torch.Tensor:
+    gen = torch.Generator().manual_seed(0)
+    return torch.randint(0, CFG.vocab_size, (batch, n), generator=gen).to(device)
+
+
+def same_as_mode1(model: GPT, dec, p: torch.Tensor, n: int = 40) -> bool:
+    want = greedy_tokens(make_decoder(model, "uncached", batch_size=p.size(0)), p, n)
+    return torch.equal(want, greedy_tokens(dec, p, n))
+
+
+def test_all_modes_registered_with_labels() -> None:
+    for name in ("cuda_graph", "compiled", "fast", "fast_compiled"):
+        assert name in MODES and MODES[name].cached
+    assert MODES["compiled"].slow_setup and MODES["fast_compiled"].slow_setup
+    assert not MODES["fast"].slow_setup
+    assert MODES["fast"].label.startswith("8 ·")
+
+
+@pytest.mark.parametrize("batch,n", [(2, 8), (1, 1)])
+def test_fast_equals_mode1(batch: int, n: int) -> None:
+    model = tiny()
+    assert same_as_mode1(model, make_decoder(model, "fast", batch_size=batch),
+                         prompt(batch, n))
+
+
+@pytest.mark.parametrize("chunks", [1, 2, 3])
+def test_fast_logits_match_the_model(chunks: int) -> None:
+    """Split or not, padded or not: the same logits as GPT.forward to float32 rounding."""
+    model = tiny()
+    fast = FastDecoder(model, batch_size=2, chunks=chunks)
+    ref = make_decoder(model, "prealloc_fused", batch_size=2)
+    p = prompt()
+    a, b = fast.prefill(p), ref.prefill(p)
+    worst = 0.0
+    for _ in range(20):
+        token = b.argmax(-1, keepdim=True)
+        a, b = fast.step(token), ref.step(token)
+        worst = max(worst, float((a - b).abs().max()))
+    assert worst < 2e-5 * max(1.0, float(b.abs().max()) / 10)
+
+
+def test_fast_logits_match_transformers() -> None:
+    from engine.weights import to_transformers
+
+    model = tiny()
+    hf = to_transformers(model)
+    p = prompt(1, 17)
+    with torch.no_grad():
+        want = hf(input_ids=p, use_cache=False).logits[:, -1]
+    dec = make_decoder(model, "fast")
+    dec.prefill(p[:, :16])
+    got = dec.step(p[:, 16:17])
+    assert float((got - want).abs().max()) < 1e-4  # logits here are ~30: ~1e-6 relative
+
+
+def test_fast_reports_its_extra_memory_and_reuses_the_packing() -> None:
+    model = tiny()
+    release_fast_weights(model)
+    a = make_decoder(model, "fast")
+    b = make_decoder(model, "fast")
+    assert a.weights is b.weights  # packed once per model
+    d, v = CFG.n_embd, CFG.vocab_size
+    weights = 4 * (CFG.n_layer * 12 * d * d + d * v)
+    assert weights <= a.extra_bytes <= weights * 1.1  # copies of every Linear + padding/biases
+    with torch.no_grad():
+        model.lm_head.weight.add_(0.0)  # an in-place write: the packing is stale
+    assert make_decoder(model, "fast").weights is not a.weights
+
+
+def test_packed_linear_handles_odd_widths_and_batches() -> None:
+    gen = torch.Generator().manual_seed(0)
+    w, b, x = (torch.randn(7, 5, generator=gen), torch.randn(7, generator=gen),
+               torch.randn(3, 5, generator=gen))
+    for chunks in (1, 2, 4):
+        lin = PackedLinear.from_out_in(w, b, chunks)
+        assert torch.allclose(lin(x), torch.nn.functional.linear(x, w, b), atol=1e-6)
+        assert torch.allclose(lin(x[:1]), torch.nn.functional.linear(x[:1], w, b), atol=1e-6)
+
+
+def test_cuda_graph_step_is_exact_run_eagerly() -> None:
+    """The captured step's code (position tensor, index_copy_, masked full-capacity SDPA)."""
+    model = tiny()
+    for batch, n in ((2, 8), (1, 1)):
+        dec = CudaGraphDecoder(model, batch_size=batch, capture=False)
+        assert same_as_mode1(model, dec, prompt(batch, n))
+
+
+def test_read_only_step_is_exact_run_eagerly() -> None:
+    """The compiled modes' step, uncompiled: it reads the cache, the caller writes the row."""
+    model = tiny()
+    for batch, n in ((2, 8), (1, 1)):
+        dec = CompiledDecoder(model, batch_size=batch, variant="eager")
+        assert dec.compile_s == 0.0
+        assert same_as_mode1(model, dec, prompt(batch, n))
+
+
+def test_a_second_decoder_takes_the_static_cache_over() -> None:
+    model = tiny()
+    a = CompiledDecoder(model, variant="eager")
+    logits = a.prefill(prompt(1))
+    b = CompiledDecoder(model, variant="eager")
+    b.prefill(prompt(1))
+    with pytest.raises(RuntimeError, match="prefill again"):
+        a.step(logits.argmax(-1, keepdim=True))
+
+
+def test_cuda_graph_is_unavailable_on_a_cpu() -> None:
+    model = tiny()
+    assert MODES["cuda_graph"].available(model) == (False, "needs a CUDA GPU")
+    assert "cuda_graph" not in default_modes(model)
+    assert "fast" in default_modes(model)
+    with pytest.raises(ValueError, match="CUDA GPU"):
+        make_decoder(model, "cuda_graph")
+
+
+def test_rewind_re_times_the_same_step() -> None:
+    model = tiny()
+    for mode in ("concat", "prealloc_fused", "fast", "uncached_last"):
+        dec = make_decoder(model, mode, batch_size=2)
+        token = dec.prefill(prompt()).argmax(-1, keepdim=True)
+        first = dec.step(token)
+        dec.rewind(8)
+        assert dec.length == 8
+        assert torch.allclose(dec.step(token), first, atol=1e-6), mode
+
+
+def test_preallocated_steps_keep_no_memory() -> None:
+    model = tiny()
+    row = 2 * CFG.n_layer * CFG.n_embd * 4  # one token's K and V, every layer, fp32
+    for mode, want in (("concat", row), ("prealloc_fused", 0), ("fast", 0)):
+        dec = make_decoder(model, mode, capacity=64)
+        logits = dec.prefill(prompt(1))
+        assert step_memory_growth(dec, logits, 12)["net_bytes_per_step"] == want, mode
+
+
+@pytest.mark.slow
+@COMPILE
+@pytest.mark.parametrize("name", ["compiled", "fast_compiled"])
+def test_compiled_modes_equal_mode1(name: str) -> None:
+    model = tiny()
+    assert check_mode(model, name, prompt(1), n=24).passed
+    dec = make_decoder(model, name)
+    assert dec.compile_s > 0  # measured once, reported apart from the steps
+    assert same_as_mode1(model, dec, prompt(1, 1), n=24)  # one cached token: its own graph
+
+
+@pytest.mark.cuda
+@CUDA
+@pytest.mark.parametrize("name", ["cuda_graph", "fast", "prealloc_fused"])
+def test_gpu_modes_equal_mode1(name: str) -> None:
+    model = tiny("cuda")
+    assert check_mode(model, name, prompt(2, 8, "cuda"), n=40).passed
+
+
+@pytest.mark.cuda
+@CUDA
+def test_cuda_graph_reports_capture_and_replays() -> None:
+    model = tiny("cuda")
+    dec = make_decoder(model, "cuda_graph", batch_size=1)
+    assert dec.graph is not None and dec.compile_s > 0
+    assert same_as_mode1(model, dec, prompt(1, 8, "cuda"))
+
+
+@pytest.mark.cuda
+@CUDA
+@pytest.mark.parametrize("name", ["compiled", "fast_compiled"])
+def test_compiled_modes_on_gpu(name: str) -> None:
+    model = tiny("cuda")
+    assert check_mode(model, name, prompt(1, 8, "cuda"), n=24).passed
