@@ -8,10 +8,17 @@ import streamlit as st
 
 from ui.state import sidebar
 
-st.set_page_config(page_title="KV Cache Lab", page_icon="🧮", layout="wide")
+st.set_page_config(page_title="KV Cache Lab", page_icon=":material/memory:", layout="wide")
 
 PAGES = [
-    st.Page("pages/generate.py", title="Generate side by side", icon="🔤", default=True),
+    st.Page("pages/overview.py", title="Overview", icon=":material/home:", default=True),
+    st.Page("pages/generate.py", title="Generate side by side", icon=":material/compare:"),
+    st.Page("pages/sweep.py", title="Latency sweep", icon=":material/timer:"),
+    st.Page("pages/flops.py", title="FLOPs vs time", icon=":material/speed:"),
+    st.Page("pages/floor.py", title="Floor lab", icon=":material/troubleshoot:"),
+    st.Page("pages/memory.py", title="Memory", icon=":material/memory:"),
+    st.Page("pages/correctness.py", title="Correctness lab", icon=":material/bug_report:"),
+    st.Page("pages/results.py", title="Results", icon=":material/folder_open:"),
 ]
 
 nav = st.navigation(PAGES)

@@ -1,9 +1,16 @@
-"""Pure figure builders: a DataFrame in, a plotly Figure out. No streamlit, testable alone.
+"""Pure figure builders: a DataFrame in, a plotly Figure out. No Streamlit; tests call them alone.
 
-One colour per cache mode everywhere (``MODE_COLORS``), axis titles with units.
+Contract: one colour per decode mode everywhere (``MODE_COLORS``, keyed by ``engine.modes``
+names; the reference run's "cached" shares mode 3's colour), every axis titled with its unit,
+every trace with a hover template. Inputs are the engine's row schemas (columns named with their
+unit: ``latency_ms``, ``context_len``, ``cumulative_s``); missing optional columns are tolerated.
+This module holds the latency-type charts; ``figures_perf`` and ``figures_memory`` the others.
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Iterable
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -11,31 +18,175 @@ import plotly.graph_objects as go
 MODE_COLORS = {
     "uncached": "#d62728",
     "uncached_last": "#ff7f0e",
-    "cached": "#1f77b4",
     "concat": "#1f77b4",
+    "cached": "#1f77b4",  # the write-up's cache = mode 3 (concat)
     "prealloc": "#2ca02c",
     "prealloc_fused": "#17becf",
     "cuda_graph": "#9467bd",
     "compiled": "#8c564b",
     "fast": "#e377c2",
+    "fast_compiled": "#bcbd22",
 }
+MODE_ORDER = list(MODE_COLORS)
+UNCACHED_MODES = ("uncached", "uncached_last")
+DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+MIB = 2**20
 
 
 def mode_color(mode: str) -> str:
     return MODE_COLORS.get(mode, "#7f7f7f")
 
 
-def step_latency_figure(df: pd.DataFrame) -> go.Figure:
-    """Per-token latency of generation runs: columns mode, step, context_len, step_ms."""
-    fig = go.Figure()
-    for mode, part in df.groupby("mode", sort=False):
-        fig.add_trace(go.Scatter(
-            x=part["context_len"], y=part["step_ms"], mode="lines+markers", name=str(mode),
-            line=dict(color=mode_color(str(mode))), marker=dict(size=4),
-            hovertemplate="context %{x} tokens<br>%{y:.2f} ms<extra>" + str(mode) + "</extra>",
-        ))
+def ordered_modes(modes: Iterable[str]) -> list[str]:
+    """Modes in ladder order (known ones first, in MODE_ORDER), unknown ones after, unique."""
+    seen = list(dict.fromkeys(str(m) for m in modes))
+    rank = {m: i for i, m in enumerate(MODE_ORDER)}
+    return sorted(seen, key=lambda m: (rank.get(m, len(rank)), seen.index(m)))
+
+
+def mode_names(df: pd.DataFrame) -> dict[str, str]:
+    """mode -> legend label (``mode_label`` column when present, else the mode name)."""
+    if "mode_label" not in df.columns:
+        return {m: m for m in df["mode"].astype(str).unique()}
+    pairs = df[["mode", "mode_label"]].dropna().drop_duplicates("mode")
+    out = {str(m): str(label) for m, label in zip(pairs["mode"], pairs["mode_label"],
+                                                  strict=True)}
+    return {m: out.get(m, m) for m in df["mode"].astype(str).unique()}
+
+
+def style(fig: go.Figure, x: str, y: str, *, log_x: bool = False, log_y: bool = False,
+          height: int = 420, legend: str | None = "mode") -> go.Figure:
+    """The common look: titled axes with units, legend below the title, compact margins."""
     fig.update_layout(
-        xaxis_title="context length (tokens)", yaxis_title="step time (ms)",
-        legend_title="mode", margin=dict(l=10, r=10, t=30, b=10), height=360,
+        xaxis_title=x, yaxis_title=y, height=height, template="plotly_white",
+        legend_title=legend, margin=dict(l=10, r=10, t=40, b=10), hovermode="closest",
+        legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0),
     )
+    # "-": plotly infers numbers or categories. Log axes: 1-2-5 ticks as plain numbers (no "µ").
+    log = dict(type="log", dtick="D2", minorloglabels="complete", exponentformat="none")
+    fig.update_xaxes(**log) if log_x else fig.update_xaxes(type="-")
+    fig.update_yaxes(**log) if log_y else fig.update_yaxes(type="-")
     return fig
+
+
+def _samples(part: pd.DataFrame, column: str = "samples_ms") -> pd.DataFrame:
+    """One row per raw sample: (context_len, value) from a list-valued column."""
+    if column not in part.columns:
+        return pd.DataFrame(columns=["context_len", "value"])
+    pts = part[["context_len", column]].explode(column).dropna()
+    return pd.DataFrame({"context_len": pts["context_len"].astype(float),
+                         "value": pts[column].astype(float)})
+
+
+def latency_figure(df: pd.DataFrame, *, log_x: bool = False, log_y: bool = False,
+                   show_samples: bool = True, modes: Iterable[str] | None = None,
+                   annotate: bool = True) -> go.Figure:
+    """Figures 1-2: median per-token latency against context, one line per mode.
+
+    Columns: mode, context_len, latency_ms; optional samples_ms (list, drawn as faint points)
+    and mode_label. With an uncached and a cached mode, the speedup at the longest shared context
+    is written on the chart.
+    """
+    fig = go.Figure()
+    if df.empty:
+        return style(fig, "context length (tokens)", "time per token (ms)", log_x=log_x,
+                     log_y=log_y)
+    names = mode_names(df)
+    wanted = ordered_modes(modes if modes is not None else df["mode"].astype(str))
+    for mode in wanted:
+        part = df[df["mode"].astype(str) == mode].sort_values("context_len")
+        if part.empty:
+            continue
+        color = mode_color(mode)
+        if show_samples:
+            pts = _samples(part)
+            if not pts.empty:
+                fig.add_trace(go.Scatter(
+                    x=pts["context_len"], y=pts["value"], mode="markers", legendgroup=mode,
+                    showlegend=False, name=f"{names[mode]} (runs)",
+                    marker=dict(color=color, size=4, opacity=0.25),
+                    hovertemplate="%{x} tokens<br>one run: %{y:.3f} ms<extra>" + mode
+                    + "</extra>"))
+        fig.add_trace(go.Scatter(
+            x=part["context_len"], y=part["latency_ms"], mode="lines+markers", name=names[mode],
+            legendgroup=mode, line=dict(color=color, width=2), marker=dict(size=5),
+            hovertemplate="%{x} tokens<br>median %{y:.3f} ms<extra>" + mode + "</extra>"))
+    if annotate:
+        _annotate_speedup(fig, df, wanted, log_y)
+    return style(fig, "context length (tokens)", "time per token (ms)", log_x=log_x,
+                 log_y=log_y)
+
+
+def _annotate_speedup(fig: go.Figure, df: pd.DataFrame, modes: list[str], log_y: bool) -> None:
+    slow = next((m for m in UNCACHED_MODES if m in modes), None)
+    fast = [m for m in modes if m not in UNCACHED_MODES]
+    if slow is None or not fast:
+        return
+    a = df[df["mode"] == slow].set_index("context_len")["latency_ms"]
+    b = df[df["mode"] == fast[0]].set_index("context_len")["latency_ms"]
+    common = sorted(set(a.index) & set(b.index))
+    if not common:
+        return
+    t = common[-1]
+    ratio = float(a.loc[t]) / float(b.loc[t])
+    y = float(b.loc[t])
+    fig.add_annotation(x=t, y=math.log10(y) if log_y and y > 0 else y,  # log axes: log10 units
+                       text=f"{ratio:.1f}× at {t}", showarrow=True,
+                       arrowhead=2, ax=-40, ay=-40, font=dict(color=mode_color(fast[0])))
+
+
+def step_latency_figure(df: pd.DataFrame, log_y: bool = False) -> go.Figure:
+    """Generate page: the time of each generated token. Columns mode, step, context_len, step_ms."""
+    fig = go.Figure()
+    for mode in ordered_modes(df["mode"].astype(str)) if not df.empty else []:
+        part = df[df["mode"].astype(str) == mode]
+        fig.add_trace(go.Scatter(
+            x=part["context_len"], y=part["step_ms"], mode="lines+markers", name=mode,
+            line=dict(color=mode_color(mode)), marker=dict(size=4),
+            customdata=part["step"],
+            hovertemplate="token %{customdata}, context %{x} tokens<br>%{y:.2f} ms<extra>"
+            + mode + "</extra>"))
+    return style(fig, "context length (tokens)", "step time (ms)", log_y=log_y, height=360)
+
+
+def cumulative_figure(df: pd.DataFrame, log_y: bool = False) -> go.Figure:
+    """Figure 3: total time after each generated token. Columns mode, step, cumulative_s."""
+    fig = go.Figure()
+    if not df.empty:
+        names = mode_names(df)
+        for mode in ordered_modes(df["mode"].astype(str)):
+            part = df[df["mode"].astype(str) == mode].sort_values("step")
+            x = part["step"] + 1
+            fig.add_trace(go.Scatter(
+                x=x, y=part["cumulative_s"], mode="lines", name=names[mode],
+                line=dict(color=mode_color(mode), width=2),
+                hovertemplate="%{x} tokens generated<br>%{y:.3f} s so far<extra>" + mode
+                + "</extra>"))
+    return style(fig, "tokens generated", "cumulative time (s)", log_y=log_y, height=380)
+
+
+def overlay_figure(df: pd.DataFrame, *, log_x: bool = False, log_y: bool = False) -> go.Figure:
+    """Results page: latency of several runs on one chart. Colour = mode, dash/marker = run.
+
+    Columns: label (the run), mode, context_len, latency_ms.
+    """
+    fig = go.Figure()
+    if df.empty:
+        return style(fig, "context length (tokens)", "time per token (ms)", legend="run · mode")
+    symbols = ("circle", "square", "diamond", "triangle-up", "x", "star")
+    for i, label in enumerate(dict.fromkeys(df["label"].astype(str))):
+        run = df[df["label"].astype(str) == label]
+        for mode in ordered_modes(run["mode"].astype(str)):
+            part = run[run["mode"].astype(str) == mode].sort_values("context_len")
+            fig.add_trace(go.Scatter(
+                x=part["context_len"], y=part["latency_ms"], mode="lines+markers",
+                name=f"{mode} · {label}",
+                line=dict(color=mode_color(mode), dash=DASHES[i % len(DASHES)]),
+                marker=dict(symbol=symbols[i % len(symbols)], size=6),
+                hovertemplate="%{x} tokens<br>%{y:.3f} ms<extra>" + f"{mode}<br>{label}"
+                + "</extra>"))
+    n_runs = df["label"].nunique()
+    fig = style(fig, "context length (tokens)", "time per token (ms)", log_x=log_x, log_y=log_y,
+                legend="mode · run", height=460 + 22 * len(fig.data))
+    return fig.update_layout(legend=dict(orientation="v", yanchor="top", y=-0.15, x=0,
+                                         xanchor="left", title_text=f"mode · run ({n_runs})"))

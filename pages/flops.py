@@ -1,0 +1,102 @@
+"""FLOPs vs time: why 1000× less arithmetic buys only a few × less time.
+
+Works on any sweep: this session's last one, a saved run, or the write-up's A40 numbers
+(``ui.runs.pick_sweep_run``). Figures from ``ui.figures_perf``: Figure 4 (FLOP reduction vs
+time reduction), achieved TFLOP/s and share of peak (Figure 5 / Table 2), and a roofline.
+Peaks: the datasheet's when the device is listed, and the microbenchmarks measured here.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from ui.device import ceilings, get_bench, run_bench
+from ui.figures_perf import (
+    achieved_table,
+    baseline_mode,
+    reduction_figure,
+    roofline_figure,
+    throughput_figure,
+)
+from ui.runs import latency_frame, pick_sweep_run
+from ui.state import CPU_NOTE, current_choice
+
+st.title("FLOPs vs time")
+st.caption("FLOPs are counted from formulas (engine.costs); times are measured. Dividing one by "
+           "the other says which regime a decode step is in.")
+choice = current_choice()
+run = pick_sweep_run("flops_source")
+if run is None:
+    st.info("No sweep yet: run one on the **Latency sweep** page (or keep the A40 reference "
+            "file in results/reference/).")
+    st.stop()
+df = latency_frame(run)
+if df.empty:
+    st.warning("This run has no latency rows.")
+    st.stop()
+meta = run.get("meta") or {}
+device = str(meta.get("device") or "")
+if (device or choice.device).startswith("cpu"):
+    st.info(CPU_NOTE, icon=":material/memory:")
+
+# ------------------------------------------------------------------------------- Figure 4
+st.subheader("Fewer FLOPs is not the same as less time")
+base = baseline_mode(df)
+if base is None:
+    st.caption("This run has no uncached mode to compare against; add mode 1 or 2 to the sweep.")
+else:
+    log_y = st.toggle("log y", True, key="flops_red_log")
+    st.plotly_chart(reduction_figure(df, base, log_y=log_y), width="stretch")
+    st.caption(f"Figure 4: dashed, how many times fewer FLOPs each cached mode does than "
+               f"{base}; solid, how many times less time it takes. The gap between them is "
+               "what arithmetic does not explain.")
+
+# ------------------------------------------------------------------------------- Figure 5
+st.subheader("Achieved arithmetic throughput")
+same_device = run.get("kind") != "reference" and device in ("", choice.device)
+peaks = meta.get("peaks") or {}  # {listed, measured} (saved runs) or {fp32_tflops} (reference)
+bench = peaks.get("measured") or (get_bench(choice.device, choice.dtype)
+                                  if same_device else None)
+roofs = ceilings(meta.get("device_name"), str(meta.get("dtype") or "float32"), bench,
+                 peaks.get("fp32_tflops"))
+if not bench and same_device and st.button("Measure this device's peaks (about 3 s)",
+                                           key="flops_bench"):
+    bench = run_bench(choice.device, choice.dtype)
+    roofs = ceilings(meta.get("device_name"), str(meta.get("dtype") or "float32"), bench)
+c1, c2 = st.columns([1, 2])
+as_pct = c1.toggle("as % of peak", False, key="flops_pct", disabled=not roofs)
+peak = None
+if as_pct and roofs:
+    names = [c.label for c in roofs]
+    which = c2.radio("peak", names, horizontal=True, key="flops_peak",
+                     label_visibility="collapsed")
+    peak = roofs[names.index(which)]
+st.plotly_chart(throughput_figure(df, roofs, percent_of=peak), width="stretch")
+st.caption("Figure 5: formula FLOPs per step divided by the measured step time. Uncached steps "
+           "carry enough arithmetic to use a fair share of the device; cached steps use a tiny "
+           "fraction of it: their time is not spent on arithmetic.")
+if not roofs:
+    st.caption("No peak known for this device: measure it (button above, or on the Overview "
+               "page) to see shares of peak and the roofline.")
+
+table = achieved_table(df, roofs[0] if roofs else None)
+fmt = {c: st.column_config.NumberColumn(c, format="%.4g") for c in table.columns
+       if c.endswith("TFLOP/s")}
+fmt.update({c: st.column_config.NumberColumn(c, format="%.2f%%") for c in table.columns
+            if c.endswith("% of peak")})
+fmt["context_len"] = st.column_config.NumberColumn("context (tokens)")
+with st.expander("Table 2: achieved TFLOP/s" + (f" and % of the {roofs[0].label} peak "
+                                                 f"({roofs[0].tflops:.3g} TFLOP/s)"
+                                                 if roofs else "")):
+    st.dataframe(table, hide_index=True, column_config=fmt)
+
+# ------------------------------------------------------------------------------- roofline
+st.subheader("Roofline")
+if roofs:
+    st.plotly_chart(roofline_figure(df, roofs), width="stretch")
+    st.caption("Each point is one mode at one context: its FLOPs per byte it must move (x) "
+               "against the FLOP/s it reached (y). Points on the slanted roof are limited by "
+               "memory bandwidth, on the flat roof by arithmetic; points far below both are "
+               "limited by something else — per-step overhead.")
+else:
+    st.info("The roofline needs a device peak: measure one above.")

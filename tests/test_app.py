@@ -1,0 +1,217 @@
+"""The dashboard through Streamlit's AppTest: every page renders, a tiny sweep runs, is saved,
+can be stopped, and reappears on the Results page; bad input gives a message, not a traceback.
+
+Runs on the "tiny" preset (KVLAB_TINY=1) with results written to a temporary folder
+(KVLAB_RESULTS_DIR), so it takes seconds on a CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from engine.results import collect_meta, load_runs, new_run, save_run
+
+APP = str(Path(__file__).resolve().parents[1] / "app.py")
+PAGES = ["overview", "generate", "sweep", "flops", "memory", "correctness", "results"]
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture
+def results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("KVLAB_TINY", "1")
+    monkeypatch.setenv("KVLAB_RESULTS_DIR", str(tmp_path))
+    return tmp_path
+
+
+def open_page(page: str) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.run()
+    at.switch_page(f"pages/{page}.py")
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+def no_traceback(at: AppTest) -> None:
+    assert not at.exception, [e.message for e in at.exception]
+
+
+def wait_job(at: AppTest, key: str, timeout_s: float = 90.0):
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        time.sleep(0.2)
+        at.run()
+        no_traceback(at)
+        job = at.session_state[key]
+        if job.finished:
+            at.run()  # the page's final drawing
+            return job
+    raise AssertionError(f"{key} did not finish in {timeout_s} s")
+
+
+def charts(at: AppTest) -> list:
+    return list(at.get("plotly_chart"))
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_renders(results: Path, page: str) -> None:
+    at = open_page(page)
+    assert at.title[0].value
+    assert at.session_state["choice"].model == "tiny"
+
+
+def configure_sweep(at: AppTest, contexts: str, repeats: int = 1, e2e: bool = False) -> None:
+    at.selectbox(key="sweep_preset").set_value("custom list / range").run()
+    at.text_input(key="sweep_custom").set_value(contexts)
+    at.number_input(key="sweep_repeats").set_value(repeats)
+    at.number_input(key="sweep_warmup").set_value(0)
+    at.toggle(key="sweep_e2e").set_value(e2e)
+    at.run()
+    if e2e:
+        at.number_input(key="sweep_new").set_value(6).run()
+
+
+def test_tiny_sweep_draws_and_saves(results: Path) -> None:
+    at = open_page("sweep")
+    configure_sweep(at, "4, 8, 16", e2e=True)
+    at.button[0].click().run()
+    job = wait_job(at, "sweep_job")
+    assert job.state == "done", job.error
+    assert {r["mode"] for r in job.rows} == {"uncached", "concat"}
+    assert len(charts(at)) == 2  # latency + end to end
+    assert any("Finished" in s.value for s in at.success)
+    runs = load_runs(results).runs
+    assert len(runs) == 1 and runs[0]["kind"] == "latency_sweep"
+    assert runs[0]["meta"]["partial"] is False
+    assert len(runs[0]["tables"]["latency"]) == 6 and runs[0]["tables"]["cumulative"]
+    # A chart option only redraws: no new job, no new file.
+    at.toggle(key="sweep_logy").set_value(True).run()
+    assert at.session_state["sweep_job"] is job and len(list(results.glob("*.json"))) == 1
+    # The FLOPs page works from this session's sweep.
+    at.switch_page("pages/flops.py").run()
+    no_traceback(at)
+    assert at.selectbox(key="flops_source").value.startswith("this session")
+    assert len(charts(at)) >= 2
+
+
+def test_stop_keeps_a_partial_run(results: Path) -> None:
+    at = open_page("sweep")
+    configure_sweep(at, "2-128:2", repeats=3)
+    at.button[0].click().run()
+    job = at.session_state["sweep_job"]
+    end = time.monotonic() + 60
+    while job.done < 2 and not job.finished and time.monotonic() < end:
+        time.sleep(0.1)
+    at.run()
+    at.button(key="sweep_job_stop").click().run()
+    job = wait_job(at, "sweep_job")
+    assert job.state == "stopped"
+    assert 0 < len(job.rows) < job.total
+    saved = load_runs(results).runs
+    assert len(saved) == 1 and saved[0]["meta"]["partial"] is True
+    assert len(saved[0]["tables"]["latency"]) == len(job.rows)
+    assert any("Stopped" in w.value for w in at.warning)
+
+
+@pytest.mark.parametrize("text, says", [("abc", "cannot read"), ("0, 5", "outside 1..128"),
+                                        ("4, 500", "outside 1..128"), (" , ", "no context")])
+def test_sweep_rejects_bad_contexts(results: Path, text: str, says: str) -> None:
+    at = open_page("sweep")
+    configure_sweep(at, text)
+    at.button[0].click().run()
+    no_traceback(at)
+    assert any(says in e.value for e in at.error), [e.value for e in at.error]
+    assert "sweep_job" not in at.session_state
+
+
+def test_generate_shows_identical_verdict(results: Path) -> None:
+    at = open_page("generate")
+    at.number_input(key="gen_new").set_value(8)
+    at.button[0].click().run()
+    no_traceback(at)
+    assert any(s.value.startswith("Identical: all 8 tokens") for s in at.success)
+    assert len(charts(at)) == 1
+    at.text_area(key="gen_prompt").set_value("").run()
+    at.button[0].click().run()
+    no_traceback(at)
+    assert any("empty" in e.value for e in at.error)
+
+
+def test_results_lists_runs_and_reports_corrupt_file(results: Path) -> None:
+    rows = [{"mode": m, "context_len": t, "latency_ms": 1.0 + t / 100}
+            for m in ("uncached", "concat") for t in (8, 64)]
+    meta = collect_meta(model="gpt2", device="cpu", device_name="Test CPU", dtype="float32",
+                        batch_size=1)
+    save_run(new_run("latency_sweep", meta, {"latency": rows}), results)
+    (results / "broken.json").write_text('{"schema_version": 1, "run_id": ')
+    (results / "future.json").write_text(json.dumps({
+        "schema_version": 99, "run_id": "x", "kind": "latency_sweep",
+        "created_utc": "2026-01-01T00:00:00+00:00", "meta": {}, "tables": {}}))
+    at = open_page("results")
+    listed = at.dataframe[0].value
+    assert list(listed["device"]) == ["Test CPU"] and listed["modes"][0] == "uncached, concat"
+    skipped = at.dataframe[-1].value
+    assert sorted(skipped["file"]) == ["broken.json", "future.json"]
+    reasons = " ".join(skipped["reason"])
+    assert "truncated" in reasons and "newer" in reasons
+    chart = charts(at)[0]
+    assert len(chart.proto.spec) > 0
+    # The reference can be switched off; the chart then holds the saved run only.
+    at.toggle(key="results_ref").set_value(False).run()
+    no_traceback(at)
+    assert len(charts(at)) == 1
+
+
+def test_correctness_lab_catches_each_bug(results: Path) -> None:
+    at = open_page("correctness")
+    at.number_input(key="correct_new").set_value(12)
+    at.button[0].click().run()
+    job = wait_job(at, "correct_job")
+    assert job.state == "done", job.error
+    failed = {(r["bug"], r["check"].split(" ")[0]) for r in job.rows if not r["passed"]}
+    assert ("no bug", "logits") not in failed and not any(b == "no bug" for b, _ in failed)
+    assert ("cache_order", "multi-token") in failed and ("cache_order", "cached") not in failed
+    assert ("positions", "cached") in failed and ("mask_offset", "cached") in failed
+    assert len(charts(at)) == 1
+
+
+def test_memory_measurement_runs_and_saves(results: Path) -> None:
+    at = open_page("memory")
+    at.text_input(key="mem_points").set_value("8, 64, 128")
+    at.button[0].click().run()
+    job = wait_job(at, "memory_job")
+    assert job.state == "done", job.error
+    assert {r["baseline"] for r in job.rows} == {"after warm-up", "before warm-up"}
+    assert len(charts(at)) == 4
+    at.radio(key="mem_baseline").set_value("before warm-up").run()
+    no_traceback(at)
+    assert [r["kind"] for r in load_runs(results).runs] == ["memory"]
+
+
+def test_bug_switch_never_touches_the_shared_model() -> None:
+    from engine.checks import inject_bug
+    from tests.conftest import small_model
+    from ui.state import private_view
+
+    shared = small_model()
+    view = private_view(shared)
+    with inject_bug(view, "positions"):
+        assert view.bugs == {"positions"} and shared.bugs == frozenset()
+        assert view.lm_head.weight is shared.lm_head.weight  # no copy of the weights
+
+
+def test_closed_tab_stops_a_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ui.live as live
+
+    job = live.Job("t", "test", "cpu", session_id="gone")
+    monkeypatch.setattr(live, "_session_alive", lambda sid: False)
+    monkeypatch.setattr(live, "ORPHAN_GRACE_S", 0.0)
+    assert not job.should_stop()  # first sighting starts the grace period
+    job._checked_at = 0.0
+    time.sleep(0.01)
+    assert job.should_stop() and "went away" in job.message

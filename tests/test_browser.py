@@ -1,0 +1,187 @@
+"""The real app in headless Chromium: every page opens without an exception, a tiny sweep draws
+its chart live and is saved, and the saved run reappears on the Results page.
+
+Starts ``streamlit run app.py`` on a free localhost port (tiny preset, results in a temporary
+folder) and drives it with Playwright using the Debian ``chromium`` binary. Screenshots go to a
+temporary folder and, when ``SCREENSHOT_DIR`` is set, there too (``docs/screenshots`` for the
+README). ``KVLAB_BROWSER_MODEL=gpt2`` takes the screenshots on the real shapes instead of tiny.
+Skipped when Chromium or Playwright is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ROOT = Path(__file__).resolve().parents[1]
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update"]
+MODEL = os.environ.get("KVLAB_BROWSER_MODEL", "tiny")
+SWEEP = os.environ.get("KVLAB_BROWSER_CONTEXTS", "8, 16, 32, 64, 96, 128")
+MEMORY = os.environ.get("KVLAB_BROWSER_MEMORY", "8, 32, 64, 128")
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.timeout(600),
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="chromium is not installed"),
+]
+sync_api = pytest.importorskip("playwright.sync_api")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    port = free_port()
+    results = tmp_path_factory.mktemp("results")
+    env = {**os.environ, "KVLAB_RESULTS_DIR": str(results),
+           "KVLAB_TINY": "1" if MODEL == "tiny" else "0"}
+    log = open(results / "server.log", "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
+         "--server.headless", "true", "--server.address", "127.0.0.1"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(120):
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=1) as r:
+                    if r.read() == b"ok":
+                        break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            pytest.fail("streamlit did not start: " + (results / "server.log").read_text())
+        yield url, results
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def shot(page, name: str, folder: Path) -> None:
+    """Screenshot the whole page: Streamlit scrolls inside its main block, so grow the window."""
+    height = page.evaluate("() => Math.max(...Array.from(document.querySelectorAll("
+                           "'[data-testid=stMain] *, [data-testid=stMain]'), e => e.scrollHeight))")
+    page.set_viewport_size({"width": 1440, "height": max(900, min(int(height), 6000))})
+    page.wait_for_timeout(1500)  # plotly re-lays out to the new size
+    page.screenshot(path=str(folder / f"{name}.png"), full_page=True)
+    page.set_viewport_size({"width": 1440, "height": 1000})
+    target = os.environ.get("SCREENSHOT_DIR")
+    if target:
+        Path(target).mkdir(parents=True, exist_ok=True)
+        shutil.copy(folder / f"{name}.png", Path(target) / f"{name}.png")
+
+
+def settle(page, timeout_ms: int = 60_000) -> None:
+    """Wait until the app is idle (no 'Running…' indicator) and check for exceptions."""
+    status = '[data-testid="stStatusWidget"]'
+    end = time.monotonic() + timeout_ms / 1000
+    while True:  # idle twice in a row, 0.8 s apart: a rerun can start right after a click
+        page.wait_for_timeout(800)
+        page.wait_for_selector(status, state="detached", timeout=timeout_ms)
+        page.wait_for_timeout(800)
+        if page.locator(status).count() == 0 or time.monotonic() > end:
+            break
+    assert page.locator('[data-testid="stException"]').count() == 0, page.inner_text("body")
+
+
+def go_to(page, title: str) -> None:
+    page.locator('[data-testid="stSidebarNav"] a', has_text=title).first.click()
+    page.wait_for_selector(f'h1:has-text("{title}")', timeout=60_000)
+    settle(page)
+
+
+def wait_finished(page, timeout_ms: int) -> None:
+    page.wait_for_selector('[data-testid="stProgress"]', state="detached", timeout=timeout_ms)
+    settle(page)
+
+
+def test_pages_in_chromium(server: tuple[str, Path], tmp_path: Path) -> None:
+    url, results = server
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 1440, "height": 1000})
+        page.goto(url)
+        page.wait_for_selector('h1:has-text("KV Cache Lab")', timeout=60_000)
+        settle(page)
+        page.get_by_role("button", name="Measure peaks here").click()
+        page.wait_for_selector('text="read bandwidth"', timeout=60_000)
+        settle(page)
+        shot(page, "overview", tmp_path)
+
+        go_to(page, "Generate side by side")
+        page.get_by_role("button", name="Generate").click()
+        # Tiny's lively random weights agree exactly; gpt2's flat random logits may tie and part.
+        verdict = "Identical: all" if MODEL == "tiny" else "Identical: all|The streams differ"
+        page.wait_for_selector(f"text=/{verdict}/", timeout=180_000)
+        page.wait_for_selector(".js-plotly-plot", timeout=30_000)
+        settle(page)
+        shot(page, "generate", tmp_path)
+
+        go_to(page, "Latency sweep")
+        page.locator('[data-testid="stSelectbox"]', has_text="Context lengths").click()
+        page.get_by_role("option", name="custom list / range").click()
+        box = page.get_by_role("textbox", name="Lengths (tokens)")
+        box.fill(SWEEP)
+        box.press("Enter")
+        settle(page)
+        page.get_by_role("button", name="Run sweep").click()
+        page.wait_for_selector('[data-testid="stProgress"]', timeout=30_000)
+        page.wait_for_selector(".js-plotly-plot", timeout=120_000)  # drawn while running
+        wait_finished(page, 480_000)
+        page.wait_for_selector('text=/Finished \\d+ points/', timeout=10_000)
+        shot(page, "sweep", tmp_path)
+        assert len(list(results.glob("*.json"))) == 1
+
+        go_to(page, "FLOPs vs time")
+        measure = page.get_by_role("button", name="Measure this device")
+        if measure.count():  # already measured on the Overview page in this session
+            measure.click()
+        page.wait_for_selector('text="Roofline"', timeout=60_000)
+        settle(page)
+        assert page.locator(".js-plotly-plot").count() >= 3
+        shot(page, "flops", tmp_path)
+
+        go_to(page, "Memory")
+        points = page.get_by_role("textbox", name="Context lengths")
+        points.fill(MEMORY)
+        points.press("Enter")
+        settle(page)
+        page.get_by_role("button", name="Measure memory").click()
+        page.wait_for_selector('[data-testid="stProgress"]', timeout=30_000)
+        wait_finished(page, 300_000)
+        shot(page, "memory", tmp_path)
+
+        go_to(page, "Correctness lab")
+        page.get_by_role("button", name="Run the checks").click()
+        page.wait_for_selector('[data-testid="stProgress"]', timeout=30_000)
+        wait_finished(page, 300_000)
+        page.wait_for_selector('text="What the text turns into"', timeout=10_000)
+        shot(page, "correctness", tmp_path)
+
+        go_to(page, "Results")
+        page.wait_for_selector('text=/Saved runs \\(2\\)/', timeout=30_000)
+        assert page.locator(".js-plotly-plot").count() == 1
+        shot(page, "results", tmp_path)
+        browser.close()
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(
+        f"{n}.png" for n in ("overview", "generate", "sweep", "flops", "memory", "correctness",
+                             "results"))

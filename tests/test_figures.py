@@ -1,0 +1,181 @@
+"""Figure builders: pure functions, DataFrame in, plotly Figure out, titled axes, right traces."""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+import pytest
+
+from engine import GPTConfig, costs
+from engine.memory import crossover_grid
+from ui.figures import (
+    MODE_COLORS,
+    cumulative_figure,
+    latency_figure,
+    mode_color,
+    ordered_modes,
+    overlay_figure,
+    step_latency_figure,
+)
+from ui.figures_memory import (
+    breakdown_figure,
+    check_matrix_figure,
+    crossover_figure,
+    kv_memory_figure,
+    mask_figure,
+)
+from ui.figures_perf import (
+    Ceiling,
+    achieved_table,
+    reduction_figure,
+    reductions,
+    roofline_figure,
+    throughput_figure,
+)
+
+CFG = GPTConfig()
+CONTEXTS = [10, 100, 500, 1000]
+
+
+def sweep_rows() -> pd.DataFrame:
+    rows = []
+    for mode, cached, base in (("uncached", False, 5.0), ("concat", True, 4.9)):
+        for t in CONTEXTS:
+            ms = base + (t / 40 if not cached else 0.0)
+            flops = costs.step_flops(CFG, t, cached=cached)
+            nbytes = costs.step_bytes(CFG, "float32", t, cached=cached)
+            rows.append({"mode": mode, "mode_label": f"label {mode}", "cached": cached,
+                         "context_len": t, "latency_ms": ms, "samples_ms": [ms, ms * 1.1],
+                         "flops": flops, "tflops": flops / (ms / 1e3) / 1e12, "bytes": nbytes})
+    return pd.DataFrame(rows)
+
+
+def titles(fig: go.Figure) -> tuple[str, str]:
+    return fig.layout.xaxis.title.text or "", fig.layout.yaxis.title.text or ""
+
+
+def assert_titled(fig: go.Figure, x_unit: str, y_unit: str) -> None:
+    x, y = titles(fig)
+    assert x_unit in x, x
+    assert y_unit in y, y
+    assert all(t.hovertemplate or t.hoverinfo == "skip" for t in fig.data)
+
+
+def test_every_ladder_mode_has_its_own_colour() -> None:
+    from engine.modes import MODES
+
+    assert set(MODES) <= set(MODE_COLORS)
+    colours = [MODE_COLORS[m] for m in MODES]
+    assert len(set(colours)) == len(colours)
+    assert mode_color("cached") == mode_color("concat")
+    assert ordered_modes(["concat", "x", "uncached"]) == ["uncached", "concat", "x"]
+
+
+def test_latency_figure_lines_samples_and_speedup_label() -> None:
+    fig = latency_figure(sweep_rows(), log_y=True)
+    assert_titled(fig, "tokens", "ms")
+    lines = [t for t in fig.data if t.mode == "lines+markers"]
+    assert [t.name for t in lines] == ["label uncached", "label concat"]
+    assert lines[0].line.color == MODE_COLORS["uncached"]
+    faint = [t for t in fig.data if t.mode == "markers"]
+    assert len(faint) == 2 and len(faint[0].x) == 2 * len(CONTEXTS)
+    assert fig.layout.yaxis.type == "log"
+    assert "×" in fig.layout.annotations[0].text
+    only = latency_figure(sweep_rows(), show_samples=False, modes=["concat"])
+    assert [t.name for t in only.data] == ["label concat"]
+    assert latency_figure(pd.DataFrame()).data == ()
+
+
+def test_step_and_cumulative_figures() -> None:
+    steps = pd.DataFrame({"mode": ["cached"] * 3 + ["uncached"] * 3, "step": [0, 1, 2] * 2,
+                          "context_len": [5, 6, 7] * 2, "step_ms": [3.0, 1, 1, 3, 3.2, 3.4],
+                          "cumulative_s": [0.003, 0.004, 0.005, 0.003, 0.0062, 0.0096]})
+    fig = step_latency_figure(steps)
+    assert_titled(fig, "tokens", "ms")
+    assert {t.name for t in fig.data} == {"cached", "uncached"}
+    cum = cumulative_figure(steps)
+    assert_titled(cum, "tokens", "(s)")
+    assert list(cum.data[0].x) == [1, 2, 3]
+
+
+def test_overlay_figure_one_trace_per_run_and_mode() -> None:
+    a = sweep_rows().assign(label="run A")
+    b = sweep_rows().assign(label="run B")
+    fig = overlay_figure(pd.concat([a, b]), log_y=True)
+    assert_titled(fig, "tokens", "ms")
+    assert len(fig.data) == 4
+    assert fig.data[0].line.dash != fig.data[2].line.dash  # runs told apart by dash
+    assert fig.data[0].line.color == fig.data[2].line.color  # same mode, same colour
+
+
+def test_reductions_and_figure_4() -> None:
+    red = reductions(sweep_rows(), "uncached")
+    assert list(red["context_len"]) == CONTEXTS
+    # The uncached step does t times the cached step's FLOPs (the write-up's identity).
+    assert red["flop_reduction"].iloc[-1] == pytest.approx(1000, rel=0.01)
+    fig = reduction_figure(sweep_rows())
+    assert_titled(fig, "tokens", "×")
+    assert fig.layout.yaxis.type == "log"
+    assert [t.line.dash for t in fig.data] == ["dash", None]  # FLOPs dashed, time solid
+    assert [t.line.color for t in fig.data] == [MODE_COLORS["concat"]] * 2
+    assert reductions(sweep_rows(), "missing").empty
+
+
+def test_throughput_table_and_roofline() -> None:
+    roofs = [Ceiling("listed", 37.4, 696.0), Ceiling("measured here", 20.0, 400.0)]
+    fig = throughput_figure(sweep_rows(), roofs)
+    assert_titled(fig, "tokens", "TFLOP/s")
+    assert [t.name for t in fig.data] == ["label uncached", "label concat", "peak, listed",
+                                          "peak, measured here"]
+    assert list(fig.data[2].y) == [37.4, 37.4]
+    pct = throughput_figure(sweep_rows(), roofs, percent_of=roofs[0])
+    assert "%" in titles(pct)[1]
+    assert pct.data[0].y[0] == pytest.approx(sweep_rows()["tflops"][0] * 100 / 37.4)
+    table = achieved_table(sweep_rows(), roofs[0])
+    assert list(table.columns) == ["context_len", "uncached TFLOP/s", "uncached % of peak",
+                                   "concat TFLOP/s", "concat % of peak"]
+    roof = roofline_figure(sweep_rows(), roofs)
+    assert_titled(roof, "FLOP per byte", "TFLOP/s")
+    assert roof.layout.xaxis.type == "log" and roof.layout.yaxis.type == "log"
+    assert sum(1 for t in roof.data if t.name.startswith("roof")) == 2
+    # The roof is min(peak, bandwidth x intensity): flat at the peak on the far right.
+    assert max(roof.data[-2].y) == pytest.approx(37.4)
+
+
+def test_memory_figures() -> None:
+    parts = pd.DataFrame([{"component": "weights", "bytes": 475 * 2**20, "source": "formula"},
+                          {"component": "KV cache", "bytes": 72 * 2**20, "source": "formula"}])
+    fig = breakdown_figure(pd.concat([parts.assign(bar="formula"),
+                                      parts.assign(bar="measured")]))
+    assert "MiB" in titles(fig)[0]
+    assert [t.name for t in fig.data] == ["weights", "KV cache"]
+    assert list(fig.data[0].y) == ["formula", "measured"]
+    kv = pd.DataFrame({"context_len": [64, 128, 64, 128], "kv_formula_bytes": [1, 2, 1, 2],
+                       "kv_tensor_bytes": [1, 2, 1, 2], "allocated_delta_bytes": [None] * 4,
+                       "rss_delta_bytes": [3, 4, 5, 6],
+                       "baseline": ["after warm-up"] * 2 + ["before warm-up"] * 2})
+    fig = kv_memory_figure(kv, "before warm-up")
+    assert_titled(fig, "tokens", "MiB")
+    names = [t.name for t in fig.data]
+    assert names[0].startswith("formula") and len(names) == 3  # no allocator trace on CPU
+    assert list(fig.data[-1].y) == pytest.approx([5 / 2**20, 6 / 2**20])
+    grid = pd.DataFrame(crossover_grid(CFG, "float32", [1, 8, 64], [128, 1024]))
+    fig = crossover_figure(grid)
+    assert_titled(fig, "tokens", "batch")
+    assert isinstance(fig.data[0], go.Heatmap) and isinstance(fig.data[1], go.Contour)
+    masks = pd.DataFrame({"kind": ["seed", "shared_bool", "none"],
+                          "bytes": [costs.mask_bytes(CFG, k) for k in
+                                    ("seed", "shared_bool", "none")]})
+    fig = mask_figure(masks, costs.kv_bytes(CFG, "float32", 1, 1024))
+    assert_titled(fig, "mask", "MiB")
+    assert fig.data[0].y[0] == pytest.approx(48.0)
+
+
+def test_check_matrix() -> None:
+    rows = pd.DataFrame([
+        {"bug": b, "check": c, "passed": not (b == "cache_order" and c == "append"),
+         "detail": "d"} for b in ("no bug", "cache_order") for c in ("logits", "append")])
+    fig = check_matrix_figure(rows)
+    assert_titled(fig, "check", "bug")
+    assert fig.data[0].z.tolist() == [[0.0, 0.0], [0.0, 1.0]]
+    assert fig.data[0].text[1][1] == "FAILS"

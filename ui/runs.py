@@ -1,0 +1,147 @@
+"""Saving what a page measured, and offering it for download.
+
+Contract: ``save_measurement(kind, model_name, model, device, tables, ...)`` builds a schema-1 run
+(``engine.results.new_run`` + ``collect_meta``: versions, git revision, device name, listed peaks)
+and writes it atomically into ``ui.state.results_dir()``; it returns the run and the path, or
+raises ``ResultsError`` with a message for the user (read-only or full disk). The run dict is
+also what ``download_buttons`` offers as JSON, so a run that could not be saved is not lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from engine import GPTConfig, costs
+from engine.hardware import describe_device, lookup_peaks
+from engine.model import GPT
+from engine.results import (
+    ResultsError,
+    collect_meta,
+    load_runs,
+    new_run,
+    reference_run,
+    run_label,
+    save_run,
+)
+from ui.state import results_dir
+
+
+def device_name(device: str) -> str:
+    try:
+        return str(describe_device(device)["name"])
+    except (RuntimeError, ValueError):
+        return device
+
+
+def build_run(kind: str, model_name: str, model: GPT, device: str,
+              tables: dict[str, list[dict[str, Any]]], *, partial: bool = False,
+              note: str = "", measured_peaks: dict[str, Any] | None = None,
+              **meta: Any) -> dict[str, Any]:
+    """A run in the CLI's layout (``engine.experiments``): meta.peaks = {listed, measured}."""
+    name = device_name(device)
+    spec = lookup_peaks(name) if device.startswith("cuda") else None
+    fields = dict(
+        model=model_name, weights=model.weights_label, device=device, device_name=name,
+        dtype=str(model.dtype).removeprefix("torch."), partial=partial, note=note,
+        peaks={"listed": spec.to_dict() if spec else None, "measured": measured_peaks},
+        config=model.config.to_dict(),
+    )
+    fields.update(meta)
+    return new_run(kind, collect_meta(**fields), tables)
+
+
+def save_measurement(kind: str, model_name: str, model: GPT, device: str,
+                     tables: dict[str, list[dict[str, Any]]], *, partial: bool = False,
+                     note: str = "", **meta: Any) -> tuple[dict[str, Any], Path]:
+    """Build the run (see ``build_run``) and write it to results_dir(); returns (run, path)."""
+    run = build_run(kind, model_name, model, device, tables, partial=partial, note=note, **meta)
+    return run, save_run(run, results_dir())
+
+
+def run_json(run: dict[str, Any]) -> str:
+    return json.dumps({k: v for k, v in run.items() if k != "path"}, indent=1, default=str)
+
+
+def download_buttons(run: dict[str, Any] | None, table: str, stem: str, key: str) -> None:
+    """CSV of one table and JSON of the whole run, side by side."""
+    if not run:
+        return
+    rows = (run.get("tables") or {}).get(table) or []
+    left, right, _ = st.columns([1, 1, 3])
+    left.download_button("Download CSV", pd.DataFrame(rows).to_csv(index=False),
+                         file_name=f"{stem}.csv", mime="text/csv", key=f"{key}_csv",
+                         disabled=not rows, icon=":material/download:")
+    right.download_button("Download JSON", run_json(run), file_name=f"{stem}.json",
+                          mime="application/json", key=f"{key}_json", icon=":material/download:")
+
+
+def latency_frame(run: dict[str, Any]) -> pd.DataFrame:
+    """A run's "latency" rows, with formula FLOPs/bytes and achieved rates filled where absent.
+
+    Saved sweeps carry them already; the reference run (published A40 numbers) has only
+    latencies, so they are computed from ``engine.costs`` for the run's model shape.
+    """
+    rows = pd.DataFrame((run.get("tables") or {}).get("latency") or [])
+    if rows.empty:
+        return rows
+    meta = run.get("meta") or {}
+    config = meta.get("config") or {}
+    try:
+        cfg = GPTConfig(**config) if config else GPTConfig.from_name(meta.get("model") or "gpt2")
+    except (TypeError, ValueError):
+        cfg = GPTConfig.from_name("gpt2")
+    dtype = meta.get("dtype") or "float32"
+    batch = int(meta.get("batch_size") or 1)
+    cached = rows["mode"].astype(str).map(lambda m: m not in ("uncached", "uncached_last"))
+    if "flops" not in rows.columns:
+        rows["flops"] = [costs.step_flops(cfg, int(t), cached=bool(c), batch_size=batch)
+                         for t, c in zip(rows["context_len"], cached, strict=True)]
+    if "bytes" not in rows.columns:
+        rows["bytes"] = [costs.step_bytes(cfg, dtype, int(t), cached=bool(c), batch_size=batch)
+                         for t, c in zip(rows["context_len"], cached, strict=True)]
+    seconds = rows["latency_ms"].astype(float) / 1e3
+    if "tflops" not in rows.columns:
+        rows["tflops"] = rows["flops"] / seconds / 1e12
+    if "gbps" not in rows.columns:
+        rows["gbps"] = rows["bytes"] / seconds / 1e9
+    return rows
+
+
+def session_sweep_run() -> dict[str, Any] | None:
+    """The last sweep of this session as a run (saved or not), None if there is none."""
+    job = st.session_state.get("sweep_job")
+    if job is None or not getattr(job, "rows", None):
+        return None
+    run = job.results.get("run")
+    if run is not None:
+        return run
+    return {"run_id": "session", "kind": "latency_sweep", "created_utc": "",
+            "meta": {"model": job.params.get("model_name"), "device": job.device,
+                     "partial": True}, "tables": {"latency": list(job.rows)}}
+
+
+def pick_sweep_run(key: str) -> dict[str, Any] | None:
+    """A selectbox over this session's last sweep, the saved sweeps and the A40 reference."""
+    options: dict[str, dict[str, Any]] = {}
+    mine = session_sweep_run()
+    if mine is not None:
+        options["this session's last sweep" + (" (running)" if mine["run_id"] == "session"
+                                               else "")] = mine
+    loaded = load_runs(results_dir())
+    for run in reversed(loaded.runs):
+        if (run.get("tables") or {}).get("latency"):
+            options[run_label(run)] = run
+    with contextlib.suppress(ResultsError):
+        options["write-up's A40 (published)"] = reference_run()
+    if not options:
+        return None
+    label = st.selectbox("Data", list(options), key=key,
+                         help="The last sweep of this session, any saved sweep in "
+                         f"{results_dir()}, or the write-up's published A40 numbers.")
+    return options[label]
