@@ -57,13 +57,11 @@ def preset_contexts(name: str, block_size: int) -> list[int]:
     return sorted(set(kept))
 
 
-def parse_contexts(text: str, block_size: int) -> list[int]:
-    """'8, 16, 100', ranges 'start-stop:step' ('8-1024:8', step optional) or a preset name."""
-    if text.strip() in CONTEXT_PRESETS:
-        return preset_contexts(text.strip(), block_size)
+def _expand_contexts(text: str, block_size: int) -> list[int]:
+    """Every length a custom list names, in order, repeats included (ValueError if unreadable)."""
     allowed = (f"allowed: whole numbers 1..{block_size} and ranges like 8-{block_size}:8, "
                "separated by commas")
-    out: set[int] = set()
+    out: list[int] = []
     for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
@@ -81,10 +79,28 @@ def parse_contexts(text: str, block_size: int) -> list[int]:
         bad = [v for v in values if not 1 <= v <= block_size]
         if bad:
             raise ValueError(f"context length {bad[0]} is outside 1..{block_size}; {allowed}")
-        out.update(values)
+        out.extend(values)
     if not out:
         raise ValueError(f"no context lengths given; {allowed}")
-    return sorted(out)
+    return out
+
+
+def parse_contexts(text: str, block_size: int) -> list[int]:
+    """'8, 16, 100', ranges 'start-stop:step' ('8-1024:8', step optional) or a preset name."""
+    if text.strip() in CONTEXT_PRESETS:
+        return preset_contexts(text.strip(), block_size)
+    return sorted(set(_expand_contexts(text, block_size)))
+
+
+def repeated_contexts(text: str, block_size: int) -> list[int]:
+    """Lengths a custom list names more than once (each is measured once; say so)."""
+    if text.strip() in CONTEXT_PRESETS:
+        return []
+    seen: set[int] = set()
+    again: set[int] = set()
+    for t in _expand_contexts(text, block_size):
+        (again if t in seen else seen).add(t)
+    return sorted(again)
 
 
 @dataclass
@@ -230,6 +246,8 @@ def run_checks(model: GPT, modes: Sequence[str], batch: int, n_tokens: int,
             continue
         try:
             out.append(check_mode(model, name, prompt, n=n))
+        except torch.OutOfMemoryError:
+            raise  # not the mode's fault: the caller reports the sizes that did not fit
         except Exception as exc:  # a mode that crashes is as untrustworthy as a wrong one
             out.append(ModeCheck(name, False, f"raised {type(exc).__name__}: {exc}"))
     return out

@@ -16,7 +16,7 @@ import streamlit as st
 
 from engine import generate_detailed
 from engine.checks import compare_streams
-from engine.runner import RUNNER, Cancelled
+from engine.runner import RUNNER, Cancelled, OutOfMemory, oom_guard
 from engine.tokenizer import TokenizerError, decode, encode
 from ui.figures import step_latency_figure
 from ui.state import RUN_ICON, current_choice, get_model
@@ -91,11 +91,12 @@ if clicked and model is not None:
         note.info(f"Waiting for the device (position {position}): {who}")
 
     try:
-        with RUNNER.turn(current_choice().device, "generate", "side-by-side generation",
-                         on_wait=waiting):
+        device = current_choice().device
+        with RUNNER.turn(device, "generate", "side-by-side generation", on_wait=waiting), \
+                oom_guard(device, f"batch 1 × context {len(ids) + int(n_new)}"):
             note.empty()
             st.session_state["gen_result"] = _run_both(ids, int(n_new))
-    except (Cancelled, ValueError) as exc:
+    except (Cancelled, ValueError, OutOfMemory) as exc:
         st.error(str(exc))
         st.stop()
     st.rerun()  # draw the kept result below, the same way every later rerun draws it

@@ -124,7 +124,8 @@ if measure_clicked:
         st.stop()
     job = Job("memory", f"memory, {choice.model}, {len(points)} contexts", choice.device,
               params={"points": points, "batch": batch, "kind": kind, "fill": fill,
-                      "breakdown": (batch, context, mask), "model_name": choice.model})
+                      "breakdown": (batch, context, mask), "model_name": choice.model,
+                      "sizes": f"batch {batch} × context up to {max(points)}"})
     st.session_state[KEY] = start_job(job, _work, _finish)
     busy = True
 

@@ -21,6 +21,7 @@ from engine.sweep import (
     default_spec,
     parse_contexts,
     preset_contexts,
+    repeated_contexts,
     run_end_to_end,
     run_latency_sweep,
     summary_table,
@@ -88,6 +89,9 @@ with st.expander("What to measure", expanded=job is None):
 
 def _contexts() -> list[int]:
     if preset == CUSTOM:
+        twice = repeated_contexts(custom, block)
+        if twice:
+            st.info(f"Listed more than once, measured once: {', '.join(map(str, twice))}.")
         return parse_contexts(custom, block)
     return preset_contexts(preset, block)
 
@@ -157,6 +161,7 @@ if run_clicked:
     job = Job("latency_sweep", f"latency sweep, {choice.model}, {len(contexts)} contexts × "
               f"{len(modes)} modes", choice.device,
               params={"spec": spec, "e2e": e2e_args, "model_name": choice.model,
+                      "sizes": f"batch {spec.batch_size} × context up to {max(contexts)}",
                       "bench": get_bench(choice.device, choice.dtype)},
               total=len(contexts) * len(modes))
     st.session_state[KEY] = start_job(job, _work, _finish)

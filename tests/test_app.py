@@ -17,7 +17,7 @@ from streamlit.testing.v1 import AppTest
 from engine.results import collect_meta, load_runs, new_run, save_run
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
-PAGES = ["overview", "generate", "sweep", "flops", "memory", "correctness", "results"]
+PAGES = ["overview", "generate", "sweep", "flops", "floor", "memory", "correctness", "results"]
 pytestmark = pytest.mark.timeout(180)
 
 

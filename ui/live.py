@@ -23,7 +23,7 @@ from typing import Any
 
 import streamlit as st
 
-from engine.runner import RUNNER, Cancelled, OutOfMemory
+from engine.runner import RUNNER, Cancelled, OutOfMemory, oom_guard
 
 ORPHAN_GRACE_S = 10.0
 REFRESH_S = 1.0
@@ -145,7 +145,10 @@ def _worker(job: Job, work: Callable[[Job], None], finish: Callable[[Job], None]
                          _wait_message(job)):
             job.state, job.message = "running", "starting"
             job.started_s = time.monotonic()
-            work(job)
+            # Out of memory frees the cache and names the sizes that failed; rows kept so far
+            # are still saved by `finish`, and the next run starts clean.
+            with oom_guard(job.device, str(job.params.get("sizes", job.what))):
+                work(job)
         job.state = "stopped" if job.stop_event.is_set() else "done"
     except Cancelled:
         job.state = "stopped"

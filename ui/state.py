@@ -77,10 +77,12 @@ def cached_model(model: str, weights: str, device: str, dtype: str) -> GPT:
     return load_model(model, weights=weights, device=device, dtype=dtype)
 
 
-def _keep_valid(key: str, options: list[str]) -> None:
-    """Drop a remembered choice that is no longer offered (e.g. cuda after a driver change)."""
+def _keep_valid(key: str, options: list[str], what: str) -> None:
+    """Replace a requested choice that is not offered here (cuda without a GPU, say), saying so."""
     if key in st.session_state and st.session_state[key] not in options:
-        del st.session_state[key]
+        bad = st.session_state.pop(key)
+        st.sidebar.warning(f"{what} {bad!r} is not available here; allowed: "
+                           f"{', '.join(options)}. Using {options[0]}.")
 
 
 def sidebar() -> Choice:
@@ -88,7 +90,7 @@ def sidebar() -> Choice:
     sb = st.sidebar
     sb.header("Model")
     names = presets()
-    _keep_valid("model", names)
+    _keep_valid("model", names, "Model preset")
     model = sb.selectbox("Preset", names, key="model",
                          help="GPT-2 shapes: gpt2 is the write-up's 124M model.")
     weights = sb.selectbox(
@@ -100,10 +102,10 @@ def sidebar() -> Choice:
         weights = sb.text_input("Checkpoint folder", key="weights_path",
                                 placeholder="/path/to/save_pretrained/folder") or "random"
     devices = available_devices()
-    _keep_valid("device", devices)
+    _keep_valid("device", devices, "Device")
     device = sb.selectbox("Device", devices, key="device")
     dtypes = available_dtypes(device)
-    _keep_valid("dtype", dtypes)
+    _keep_valid("dtype", dtypes, "dtype")
     dtype = sb.selectbox("dtype", dtypes, key="dtype")
     choice = Choice(model, weights, device, dtype)
     st.session_state["choice"] = choice

@@ -1,0 +1,124 @@
+"""Bad input on every page gives a one-line message saying what is allowed, never a traceback.
+
+Drives AppTest sessions with odd values: widget values the browser would clamp are checked at
+their bounds (and the engine's own validation behind them), requested choices the machine lacks
+(cuda without a GPU, an unknown preset, a dtype the device lacks) and bad weights folders show a
+message, an out-of-memory during a sweep is reported with its sizes and the next run works.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from streamlit.testing.v1 import AppTest
+
+from engine.sweep import MAX_BATCH, SweepSpec
+
+from .conftest import small_model
+from .test_app import APP, configure_sweep, no_traceback, open_page, results, wait_job
+
+__all__ = ["results"]  # the fixture, re-exported for pytest
+pytestmark = pytest.mark.timeout(180)
+
+
+def messages(at: AppTest) -> list[str]:
+    return [m.value for m in [*at.error, *at.warning, *at.sidebar.warning]]
+
+
+@pytest.mark.parametrize("key, value, what", [
+    ("device", "cuda", "Device 'cuda' is not available here; allowed: cpu"),
+    ("model", "gpt5", "Model preset 'gpt5' is not available here"),
+    ("dtype", "float16", "dtype 'float16' is not available here; allowed: float32, bfloat16"),
+])
+def test_choices_this_machine_lacks(results: Path, key: str, value: str, what: str) -> None:
+    if key == "device" and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.session_state[key] = value
+    at.run()
+    no_traceback(at)
+    assert any(what in m for m in messages(at)), messages(at)
+    assert at.session_state["choice"].__getattribute__(key) != value
+
+
+def test_weights_folder_that_is_not_a_checkpoint(results: Path, tmp_path: Path) -> None:
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.session_state["model"] = "gpt2"
+    at.session_state["weights"] = "local folder"
+    at.session_state["weights_path"] = str(tmp_path)  # an empty folder
+    at.run()
+    no_traceback(at)
+    errors = [e.value for e in at.error]
+    assert any("not a checkpoint folder" in e and "random weights" in e for e in errors), errors
+
+
+@pytest.mark.parametrize("prompt, n, says", [
+    ("", 5, "The prompt is empty"),
+    ("Hello, I'm a language model," * 20, 10, "beyond the model's limit of 128 tokens"),
+])
+def test_generate_rejects_bad_prompts(results: Path, prompt: str, n: int, says: str) -> None:
+    at = open_page("generate")
+    at.text_area(key="gen_prompt").set_value(prompt)
+    at.number_input(key="gen_new").set_value(n)
+    at.button[0].click().run()
+    no_traceback(at)
+    assert any(says in e.value for e in at.error), [e.value for e in at.error]
+    assert "gen_result" not in at.session_state
+
+
+def test_sweep_widgets_bound_batch_and_repeats(results: Path) -> None:
+    at = open_page("sweep")
+    batch, repeats = at.number_input(key="sweep_batch"), at.number_input(key="sweep_repeats")
+    assert (batch.min, batch.max) == (1, MAX_BATCH)
+    assert repeats.min == 1 and at.number_input(key="sweep_warmup").min == 0
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    (dict(batch_size=0), "batch"), (dict(batch_size=10_000), "batch"),
+    (dict(repeats=0), "repeats"), (dict(warmup=-1), "warmup"),
+    (dict(modes=["warp_drive"]), "unknown mode"), (dict(modes=[]), "mode"),
+    (dict(contexts=[]), "context"), (dict(contexts=[0, 8]), "1.."),
+    (dict(contexts=[8, 999]), "1.."),
+])
+def test_sweep_spec_rejects_bad_values(kwargs: dict, says: str) -> None:
+    model = small_model(block_size=128)
+    spec = SweepSpec(**{**dict(contexts=[4, 8], modes=["uncached"]), **kwargs})
+    with pytest.raises(ValueError, match=says) as info:
+        spec.validate(model)
+    assert "\n" not in str(info.value)
+
+
+def test_out_of_memory_is_reported_and_the_next_run_works(
+        results: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import engine.sweep
+
+    real = engine.sweep._time_cached
+
+    def oom(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
+
+    monkeypatch.setattr(engine.sweep, "_time_cached", oom)
+    at = open_page("sweep")
+    configure_sweep(at, "4, 8, 16")
+    at.button[0].click().run()
+    job = wait_job(at, "sweep_job")
+    assert job.state == "failed"
+    assert "Out of memory" in job.error and "batch 1 × context up to 16" in job.error
+    assert any("Out of memory" in e.value for e in at.error)
+    assert job.rows  # the uncached rows measured before the failure are kept
+    monkeypatch.setattr(engine.sweep, "_time_cached", real)
+    at.button[0].click().run()
+    job = wait_job(at, "sweep_job")
+    assert job.state == "done", job.error
+
+
+def test_duplicate_contexts_are_measured_once_and_said(results: Path) -> None:
+    at = open_page("sweep")
+    configure_sweep(at, "4, 8, 8, 4-8:4")
+    at.button[0].click().run()
+    no_traceback(at)
+    assert any("measured once: 4, 8" in i.value for i in at.info), [i.value for i in at.info]
+    job = wait_job(at, "sweep_job")
+    assert sorted({r["context_len"] for r in job.rows}) == [4, 8]
