@@ -66,6 +66,23 @@ def as_prompt_tensor(prompt_ids: object, model: GPT) -> torch.Tensor:
     return ids.to(model.device)
 
 
+def checked_request(model: GPT, prompt_ids: object, max_new_tokens: int) -> torch.Tensor:
+    """The prompt as (B, T) ids, after checking that it and ``max_new_tokens`` fit the model."""
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool):
+        raise ValueError(f"max_new_tokens must be an integer, got {max_new_tokens!r}")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be 0 or more, got {max_new_tokens}")
+    idx = as_prompt_tensor(prompt_ids, model)
+    T0, limit = idx.size(1), model.config.block_size
+    if T0 + max_new_tokens > limit:
+        raise ValueError(
+            f"prompt ({T0} tokens) + max_new_tokens ({max_new_tokens}) = {T0 + max_new_tokens} "
+            f"is beyond the model's context limit of {limit}; allowed: max_new_tokens ≤ "
+            f"{max(limit - T0, 0)} for this prompt"
+        )
+    return idx
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -102,21 +119,10 @@ def generate_detailed(
     should_stop: Callable[[], bool] | None = None,
 ) -> Generation:
     """Generate and time every step. ``logits`` ("all"|"last") applies to the uncached loop."""
-    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool):
-        raise ValueError(f"max_new_tokens must be an integer, got {max_new_tokens!r}")
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be 0 or more, got {max_new_tokens}")
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k must be 1 or more (or None), got {top_k}")
-    idx = as_prompt_tensor(prompt_ids, model)
+    idx = checked_request(model, prompt_ids, max_new_tokens)
     B, T0 = idx.shape
-    limit = model.config.block_size
-    if T0 + max_new_tokens > limit:
-        raise ValueError(
-            f"prompt ({T0} tokens) + max_new_tokens ({max_new_tokens}) = {T0 + max_new_tokens} "
-            f"is beyond the model's context limit of {limit}; allowed: max_new_tokens ≤ "
-            f"{max(limit - T0, 0)} for this prompt"
-        )
     device = model.device
     gen = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
     out = Generation(tokens=torch.empty(B, 0, dtype=torch.long, device=device))

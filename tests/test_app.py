@@ -215,3 +215,17 @@ def test_closed_tab_stops_a_job(monkeypatch: pytest.MonkeyPatch) -> None:
     job._checked_at = 0.0
     time.sleep(0.01)
     assert job.should_stop() and "went away" in job.message
+
+
+def test_generate_compares_any_two_modes(results: Path) -> None:
+    at = open_page("generate")
+    at.number_input(key="gen_new").set_value(6)
+    at.selectbox(key="gen_left").set_value("fast")
+    at.selectbox(key="gen_right").set_value("concat")
+    at.button[0].click().run()
+    no_traceback(at)
+    assert any(s.value.startswith("Identical: all 6 tokens match, fast vs concat")
+               for s in at.success), [s.value for s in at.success]
+    at.selectbox(key="gen_right").set_value("fast")
+    at.button[0].click().run()
+    assert any("two different modes" in e.value for e in at.error)
