@@ -160,6 +160,13 @@ def test_pages_in_chromium(server: tuple[str, Path], tmp_path: Path) -> None:
         assert page.locator(".js-plotly-plot").count() >= 3
         shot(page, "flops", tmp_path)
 
+        go_to(page, "Floor lab")
+        page.get_by_role("button", name="Profile").click()
+        page.wait_for_selector('[data-testid="stProgress"]', timeout=30_000)
+        wait_finished(page, 480_000)
+        assert page.locator(".js-plotly-plot").count() >= 1
+        shot(page, "floor", tmp_path)
+
         go_to(page, "Memory")
         points = page.get_by_role("textbox", name="Context lengths")
         points.fill(MEMORY)
@@ -178,10 +185,10 @@ def test_pages_in_chromium(server: tuple[str, Path], tmp_path: Path) -> None:
         shot(page, "correctness", tmp_path)
 
         go_to(page, "Results")
-        page.wait_for_selector('text=/Saved runs \\(2\\)/', timeout=30_000)
+        page.wait_for_selector('text=/Saved runs \\(3\\)/', timeout=30_000)  # sweep, floor, memory
         assert page.locator(".js-plotly-plot").count() == 1
         shot(page, "results", tmp_path)
         browser.close()
     assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(
-        f"{n}.png" for n in ("overview", "generate", "sweep", "flops", "memory", "correctness",
-                             "results"))
+        f"{n}.png" for n in ("overview", "generate", "sweep", "flops", "floor", "memory",
+                             "correctness", "results"))

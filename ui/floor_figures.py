@@ -62,9 +62,12 @@ def attribution_figure(df: pd.DataFrame, mode: str | None = None, *,
                                  line=dict(color="#555", dash=dash, width=1.5),
                                  hovertemplate="%{x} tokens<br>%{y:.3f} ms<extra>" + name
                                  + "</extra>"))
-    fig.update_layout(barmode="stack", title=str(part["mode_label"].iloc[0])
-                      if "mode_label" in part else mode)
-    return style(fig, x_title, y_title, legend="part of the step")
+    title = str(part["mode_label"].iloc[0]) if "mode_label" in part else mode
+    fig = style(fig, x_title, y_title, legend="part of the step", height=460)
+    # The title sits above the two-row legend, not on top of it.
+    fig.update_layout(barmode="stack", title=dict(text=title, y=0.98, yanchor="top"),
+                      margin=dict(l=10, r=10, t=110, b=10))
+    return fig
 
 
 def counts_figure(df: pd.DataFrame) -> go.Figure:
@@ -87,7 +90,9 @@ def counts_figure(df: pd.DataFrame) -> go.Figure:
                                      line=dict(color=color, dash="dash"),
                                      hovertemplate="%{x} tokens<br>%{y:.0f} launches<extra>"
                                      + mode + "</extra>"))
-    return style(fig, "context length (tokens)", "calls per decode step", log_y=True)
+    fig = style(fig, "context length (tokens)", "calls per decode step")
+    fig.update_yaxes(rangemode="tozero")  # counts barely move with context: a linear axis
+    return fig
 
 
 def attribution_table(df: pd.DataFrame) -> pd.DataFrame:
