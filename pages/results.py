@@ -12,18 +12,19 @@ import json
 import pandas as pd
 import streamlit as st
 
-from engine.results import ResultsError, load_runs, reference_run, run_label, table_frame
+from engine.results import ResultsError, reference_run, run_label, table_frame
 from ui.figures import overlay_figure
-from ui.runs import run_json
+from ui.runs import run_json, saved_runs
 from ui.state import results_dir
 
 REFERENCE = "write-up's A40 (published)"
 
 st.title("Results")
 folder = results_dir()
-st.caption(f"Every run saved in `{folder}`: sweeps from the app and from the command line, "
-           "from this machine or copied from others.")
-loaded = load_runs(folder)
+st.caption(f"Every run saved in `{folder}` (and the shipped examples in its examples/ folder): "
+           "sweeps from the app and from the command line, from this machine or copied from "
+           "others.")
+loaded = saved_runs()
 runs = list(reversed(loaded.runs))  # newest first
 
 

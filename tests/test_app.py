@@ -229,3 +229,13 @@ def test_generate_compares_any_two_modes(results: Path) -> None:
     at.selectbox(key="gen_right").set_value("fast")
     at.button[0].click().run()
     assert any("two different modes" in e.value for e in at.error)
+
+
+def test_results_page_lists_shipped_examples(results: Path) -> None:
+    import shutil
+
+    shipped = Path(APP).parent / "results" / "examples"
+    shutil.copytree(shipped, results / "examples")
+    at = open_page("results")
+    heads = [h.value for h in [*at.header, *at.subheader, *at.markdown]]
+    assert any("Saved runs (4)" in h for h in heads), heads

@@ -21,6 +21,7 @@ from engine import GPTConfig, costs
 from engine.hardware import describe_device, lookup_peaks
 from engine.model import GPT
 from engine.results import (
+    LoadResult,
     ResultsError,
     collect_meta,
     load_runs,
@@ -133,7 +134,7 @@ def pick_sweep_run(key: str) -> dict[str, Any] | None:
     if mine is not None:
         options["this session's last sweep" + (" (running)" if mine["run_id"] == "session"
                                                else "")] = mine
-    loaded = load_runs(results_dir())
+    loaded = saved_runs()
     for run in reversed(loaded.runs):
         if (run.get("tables") or {}).get("latency"):
             options[run_label(run)] = run
@@ -145,3 +146,19 @@ def pick_sweep_run(key: str) -> dict[str, Any] | None:
                          help="The last sweep of this session, any saved sweep in "
                          f"{results_dir()}, or the write-up's published A40 numbers.")
     return options[label]
+
+
+def saved_runs() -> LoadResult:
+    """Runs saved in results/ plus the shipped examples in results/examples/, oldest first.
+
+    The published A40 figures (results/reference/) are not listed here: pages offer them apart.
+    """
+    folder = results_dir()
+    loaded = load_runs(folder)
+    examples = folder / "examples"
+    if examples.is_dir():
+        more = load_runs(examples)
+        loaded.runs.extend(more.runs)
+        loaded.skipped.extend(more.skipped)
+    loaded.runs.sort(key=lambda run: str(run.get("created_utc", "")))
+    return loaded
