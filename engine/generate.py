@@ -117,8 +117,13 @@ def generate_detailed(
     keep_logits: bool = False,
     on_token: Callable[[TokenEvent], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    decoder: object | None = None,
 ) -> Generation:
-    """Generate and time every step. ``logits`` ("all"|"last") applies to the uncached loop."""
+    """Generate and time every step. ``logits`` ("all"|"last") applies to the uncached loop.
+
+    ``decoder`` (an ``engine.modes.Decoder`` sized for this request) replaces the built-in
+    cached/uncached calls, so any rung of the mode ladder generates through this same loop.
+    """
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k must be 1 or more (or None), got {top_k}")
     idx = checked_request(model, prompt_ids, max_new_tokens)
@@ -127,29 +132,33 @@ def generate_detailed(
     gen = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
     out = Generation(tokens=torch.empty(B, 0, dtype=torch.long, device=device))
     new: list[torch.Tensor] = []
-    cache = model.make_cache(cache_kind, B, T0 + max_new_tokens) if use_cache else None
-    seq = idx
-    feed = idx
+    if decoder is not None:
+        use_cache = getattr(decoder, "cache_kind", None) is not None
+    cache = None
+    if use_cache and decoder is None:
+        cache = model.make_cache(cache_kind, B, T0 + max_new_tokens)
+    seq = idx  # the whole sequence: only the built-in uncached loop re-reads it
+    nxt = idx
     for step in range(max_new_tokens):
         if should_stop is not None and should_stop():
             out.stopped_early = True
             break
         _sync(device)
         t0 = time.perf_counter()
-        if use_cache:
-            step_logits, cache = model(feed, cache, logits="last")
-            phase = "prefill" if step == 0 else "decode"
+        if decoder is not None:
+            last = decoder.prefill(idx) if step == 0 else decoder.step(nxt)  # type: ignore[attr-defined]
+        elif use_cache:
+            last = model(nxt, cache, logits="last")[0][:, -1, :]  # (B, vocab)
         else:
-            step_logits, _ = model(seq, use_cache=False, logits=logits)
-            phase = "uncached"
-        last = step_logits[:, -1, :]  # (B, vocab)
+            last = model(seq, use_cache=False, logits=logits)[0][:, -1, :]
         nxt = _pick(last, temperature, top_k, gen)  # (B, 1)
         _sync(device)
         step_ms = (time.perf_counter() - t0) * 1e3
-        ctx = seq.size(1)
+        ctx = T0 + step
+        phase = ("prefill" if step == 0 else "decode") if use_cache else "uncached"
         new.append(nxt)
-        seq = torch.cat([seq, nxt], dim=1)
-        feed = nxt
+        if not use_cache and decoder is None:
+            seq = torch.cat([seq, nxt], dim=1)
         out.step_ms.append(step_ms)
         out.context_len.append(ctx)
         if keep_logits:

@@ -18,15 +18,13 @@ sweeps and pages should offer them but not include them by default.
 from __future__ import annotations
 
 import importlib
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from .generate import Generation, TokenEvent, checked_request
+from .generate import Generation, TokenEvent, checked_request, generate_detailed
 from .model import GPT
-from .timing import synchronize
 
 
 @dataclass(frozen=True)
@@ -239,7 +237,6 @@ def check_mode(model: GPT, name: str, prompt: torch.Tensor, n: int = 24) -> Mode
                                   f"{int(got[0, pos])} instead of {int(want[0, pos])}")
 
 
-@torch.no_grad()
 def generate_with_mode(
     model: GPT,
     name: str,
@@ -253,28 +250,5 @@ def generate_with_mode(
     """Greedy generation through mode ``name``, every step timed with the device synchronised."""
     idx = checked_request(model, prompt_ids, max_new_tokens)
     dec = make_decoder(model, name, batch_size=idx.size(0), capacity=idx.size(1) + max_new_tokens)
-    out = Generation(tokens=idx.new_empty(idx.size(0), 0))
-    new: list[torch.Tensor] = []
-    nxt = idx
-    for step in range(max_new_tokens):
-        if should_stop is not None and should_stop():
-            out.stopped_early = True
-            break
-        synchronize(model.device)
-        t0 = time.perf_counter()
-        logits = dec.prefill(idx) if step == 0 else dec.step(nxt)
-        nxt = logits.argmax(-1, keepdim=True)  # (B, 1)
-        synchronize(model.device)
-        step_ms = (time.perf_counter() - t0) * 1e3
-        ctx = idx.size(1) + step
-        new.append(nxt)
-        out.step_ms.append(step_ms)
-        out.context_len.append(ctx)
-        if keep_logits:
-            out.logits.append(logits.float().cpu())
-        if on_token is not None:
-            phase = ("prefill" if step == 0 else "decode") if MODES[name].cached else "uncached"
-            on_token(TokenEvent(step, nxt[:, 0].tolist(), step_ms, ctx, phase))
-    if new:
-        out.tokens = torch.cat(new, dim=1)
-    return out
+    return generate_detailed(model, idx, max_new_tokens, keep_logits=keep_logits,
+                             on_token=on_token, should_stop=should_stop, decoder=dec)
