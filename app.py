@@ -1,7 +1,8 @@
 """KV Cache Lab: the Streamlit router. Run with `streamlit run app.py` (or `make run`).
 
 It sets the page up, draws the shared sidebar (model, weights, device, dtype) and hands over
-to the chosen page. Pages live in pages/ and stay thin: inputs -> engine -> figures.
+to the chosen page. Pages live in pages/ and stay thin: inputs -> a request to the measuring
+process (ui.jobs) -> figures. This process never imports torch and never times anything.
 """
 
 import streamlit as st

@@ -1,24 +1,28 @@
-"""KV Cache Lab's engine: a from-scratch GPT-2 with a KV cache, and the instruments around it.
+"""KV Cache Lab's engine: a from-scratch GPT-2 with its KV caches, and the one decode loop.
 
-A plain library (no streamlit). The public names other code relies on are exported here.
+A plain library: the model, the caches, weights loading, the tokenizer, the decode modes and the
+loop that runs them. It measures nothing and imports nothing of ``instruments`` or the UI.
+The public names below are loaded on first use, so that the torch-free modules (``config``,
+``modes``, ``dtypes``, ``tokenizer``) can be imported without importing torch.
 """
 
-from .config import PRESETS, GPTConfig
-from .generate import Generation, TokenEvent, generate, generate_detailed
-from .kv_cache import ConcatKVCache, PreallocKVCache
-from .model import GPT
-from .weights import WeightsError, load_model
+from __future__ import annotations
 
-__all__ = [
-    "PRESETS",
-    "ConcatKVCache",
-    "GPT",
-    "GPTConfig",
-    "Generation",
-    "PreallocKVCache",
-    "TokenEvent",
-    "WeightsError",
-    "generate",
-    "generate_detailed",
-    "load_model",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "PRESETS": "config", "GPTConfig": "config",
+    "Decoder": "decoders", "make_decoder": "decoders",
+    "Generation": "loop", "Step": "loop", "decode": "loop", "generate": "loop",
+    "ConcatKVCache": "kv_cache", "PreallocKVCache": "kv_cache",
+    "GPT": "model",
+    "WeightsError": "weights", "load_model": "weights",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'engine' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"engine.{_EXPORTS[name]}"), name)

@@ -23,9 +23,7 @@ per key: a new prefill takes the buffers over; an older decoder then refuses to 
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import math
-import shutil
 import time
 import weakref
 from collections.abc import Callable
@@ -35,39 +33,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import costs
+from .decoders import Decoder
 from .kv_cache import PreallocKVCache
 from .model import GPT
-from .modes import Decoder
 
 VARIANTS = ("compiled", "fast_compiled", "eager")  # "eager": the same step, not compiled (tests)
-
-
-# ------------------------------------------------------------------------------ availability
-def cuda_graph_available(model: GPT) -> tuple[bool, str]:
-    if model.device.type != "cuda":
-        return False, "needs a CUDA GPU"
-    return True, ""
-
-
-def _compile_support(model: GPT) -> tuple[bool, str]:
-    if model.device.type == "cuda":
-        if importlib.util.find_spec("triton") is None:
-            return False, "torch.compile on a GPU needs triton, which is not installed"
-        return True, ""
-    if model.device.type != "cpu":
-        return False, f"torch.compile is not set up here for {model.device.type}"
-    if not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
-        return False, "torch.compile on a CPU needs a C++ compiler (g++ or clang++)"
-    return True, "first use compiles for 1-2 minutes on a small CPU"
-
-
-def compiled_available(model: GPT) -> tuple[bool, str]:
-    return _compile_support(model)
-
-
-def fast_compiled_available(model: GPT) -> tuple[bool, str]:
-    return _compile_support(model)
 
 
 # ------------------------------------------------------------------------- the step functions
@@ -144,6 +114,12 @@ class _ReadOnlyStep(nn.Module):
     def forward(self, token: torch.Tensor, k_past: torch.Tensor, v_past: torch.Tensor,
                 pos: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
         return read_only_step(self.model, token, k_past, v_past, pos)
+
+
+def linear_weight_bytes(model: GPT) -> int:
+    """Bytes of every Linear weight, the tied output projection included (gpt2 fp32: 494 MB)."""
+    return sum(m.weight.numel() * m.weight.element_size()
+               for m in model.modules() if isinstance(m, nn.Linear))
 
 
 def _cache_over(k_buf: torch.Tensor, v_buf: torch.Tensor) -> PreallocKVCache:
@@ -254,7 +230,7 @@ class CompiledDecoder(Decoder):
         if variant == "fast_compiled":
             # Freezing keeps packed copies of the Linear weights inside the compiled graph
             # (~494 MB for gpt2 in fp32, measured): an estimate, torch does not report it.
-            self.extra_bytes = costs.linear_weight_bytes(model.config, model.dtype)
+            self.extra_bytes = linear_weight_bytes(model)
 
     @torch.no_grad()
     def prefill(self, idx: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,9 @@
 """Model shapes: `GPTConfig` and the four GPT-2 presets.
 
 A config describes shapes only (plus which causal-mask variant the attention uses); it holds
-no weights and no device. `GPTConfig.from_name("gpt2")` returns the 124M shape.
+no weights and no device. `GPTConfig.from_name("gpt2")` returns the 124M shape; "tiny" (2 layers,
+width 64, 128 tokens, GPT-2's vocabulary) is the test shape that tests and smoke runs use.
+Torch-free: the dashboard's server process reads shapes without importing torch.
 """
 
 from __future__ import annotations
@@ -13,12 +15,26 @@ from dataclasses import asdict, dataclass
 #   "shared_bool" a single bool buffer shared by all layers
 #   "none"        no stored mask: scaled_dot_product_attention applies causality itself
 MASK_KINDS = ("none", "shared_bool", "seed")
+# The write-up's silent bugs, switched on through ``GPT.bugs`` (the correctness lab shows which
+# check catches which): new keys before the cached ones, positions restarted at 0, mask slice
+# not offset by the cached length.
+BUG_KINDS = ("cache_order", "positions", "mask_offset")
+BUG_DESCRIPTIONS = {
+    "cache_order": "new keys/values concatenated before the cached ones (torch.cat([new, old]))",
+    "positions": "decode positions restarted at 0 instead of continuing after the cache",
+    "mask_offset": "causal-mask slice not offset by the cached length",
+}
 
 PRESETS: dict[str, dict[str, int]] = {
     "gpt2": dict(n_layer=12, n_head=12, n_embd=768),  # 124M
     "gpt2-medium": dict(n_layer=24, n_head=16, n_embd=1024),  # 350M
     "gpt2-large": dict(n_layer=36, n_head=20, n_embd=1280),  # 774M
     "gpt2-xl": dict(n_layer=48, n_head=25, n_embd=1600),  # 1558M
+}
+# Not a GPT-2: a shape small enough for tests and dry runs, with GPT-2's vocabulary so the
+# tokenizer works. Its random weights are drawn with a large std so greedy streams are lively.
+TEST_PRESETS: dict[str, dict[str, int]] = {
+    "tiny": dict(n_layer=2, n_head=2, n_embd=64, block_size=128, vocab_size=50257),
 }
 
 
@@ -49,9 +65,10 @@ class GPTConfig:
 
     @classmethod
     def from_name(cls, name: str, **overrides: object) -> GPTConfig:
-        if name not in PRESETS:
-            raise ValueError(f"unknown model preset {name!r}; allowed: {', '.join(PRESETS)}")
-        return cls(**{**PRESETS[name], **overrides})  # type: ignore[arg-type]
+        shapes = {**PRESETS, **TEST_PRESETS}
+        if name not in shapes:
+            raise ValueError(f"unknown model preset {name!r}; allowed: {', '.join(shapes)}")
+        return cls(**{**shapes[name], **overrides})  # type: ignore[arg-type]
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)

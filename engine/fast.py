@@ -25,16 +25,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .decoders import Decoder
 from .model import GPT
-from .modes import Decoder
 
 MAX_CHUNKS = 8  # beyond this the per-chunk slabs get too thin to stream well
-
-
-def fast_available(model: GPT) -> tuple[bool, str]:
-    if not model.dtype.is_floating_point:
-        return False, f"needs a floating-point model, got {model.dtype}"
-    return True, ""
 
 
 def default_chunks(device: torch.device) -> int:

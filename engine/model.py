@@ -25,8 +25,6 @@ from torch.nn.attention.bias import causal_lower_right
 from .config import MASK_KINDS, GPTConfig
 from .kv_cache import CACHE_KINDS, ConcatKVCache, KVCache, PreallocKVCache
 
-BUG_KINDS = ("cache_order", "positions", "mask_offset")
-
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:

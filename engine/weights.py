@@ -16,29 +16,18 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from .config import PRESETS, GPTConfig
+from . import dtypes
+from .config import PRESETS, TEST_PRESETS, GPTConfig
 from .model import GPT
 
 WEIGHT_CHOICES = ("auto", "pretrained", "random")
 # transformers' GPT-2 uses Conv1D, whose weight is stored [in, out]: the transpose of nn.Linear.
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class WeightsError(RuntimeError):
     """Weights could not be loaded; the message says why and what to do instead."""
-
-
-def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        if dtype not in DTYPES.values():
-            raise ValueError(f"unsupported dtype {dtype}; allowed: {', '.join(DTYPES)}")
-        return dtype
-    key = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(dtype, dtype)
-    if key not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; allowed: {', '.join(DTYPES)}")
-    return DTYPES[key]
 
 
 def config_from_hf(hf_config: object, mask: str = "none") -> GPTConfig:
@@ -127,13 +116,22 @@ def load_model(
     The returned model has ``weights_label`` (shown everywhere the model is) and
     ``weights_fallback`` (None, or why "auto" fell back to random weights).
     """
-    torch_dtype = parse_dtype(dtype)
+    torch_dtype = dtypes.to_torch(dtype)
     is_path = weights not in WEIGHT_CHOICES
-    if not is_path and name not in PRESETS:
+    if not is_path and name not in PRESETS and name not in TEST_PRESETS:
         raise ValueError(f"unknown model preset {name!r}; allowed: {', '.join(PRESETS)}")
     fallback = None
 
-    if weights == "random":
+    if name in TEST_PRESETS:
+        if weights not in ("random", "auto"):
+            raise ValueError(f"{name!r} is a test shape with random weights only; "
+                             "choose random weights")
+        # Large std: a tiny random model's greedy stream is then lively enough for a wrong
+        # cache to change the tokens.
+        model = GPT.random(GPTConfig.from_name(name, mask=mask), seed=seed, device=device,
+                           dtype=torch_dtype, std=0.2)
+        model.weights_label = f"random (seed {seed}, test shape)"
+    elif weights == "random":
         model = GPT.random(GPTConfig.from_name(name, mask=mask), seed=seed, device=device,
                            dtype=torch_dtype)
     elif is_path:

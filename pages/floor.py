@@ -1,26 +1,28 @@
 """Floor lab: where a decode step's time goes, on this device, and how far it is from the floor.
 
-Four experiments, each a background ``ui.live.Job`` (device lock, progress, Stop keeps what was
-measured, saved to results/): step attribution (``engine.attribution``), the matmul staircase
-(``engine.staircase``), scope as batch and model grow (``engine.scope``) and precision.
-The page only turns inputs into engine calls and rows into ``ui.floor_figures`` figures.
+Four experiments, each a job in the measuring process (``ui.jobs``: queued, Stop keeps what was
+measured, saved to results/): step attribution, the matmul staircase, scope as batch and model
+grow, and precision. The page only turns inputs into params and rows into ``ui.floor_figures``
+figures.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import pandas as pd
 import streamlit as st
 
-from engine import PRESETS
-from engine.attribution import Peaks, attribution_sweep
-from engine.results import ResultsError
-from engine.scope import batch_sweep, model_size_sweep, precision_compare, precisions_for
-from engine.staircase import default_ts, run_staircase
-from engine.sweep import parse_contexts
-from ui.device import get_bench
+from engine.config import PRESETS
+from instruments.client import Job
+from instruments.contexts import parse_contexts
+from instruments.params import (
+    AttributionParams,
+    PrecisionParams,
+    ScopeParams,
+    StaircaseParams,
+    precisions_for,
+    to_dict,
+)
+from ui import header, jobs
 from ui.floor_figures import (
     attribution_figure,
     attribution_table,
@@ -32,74 +34,28 @@ from ui.floor_figures import (
     shapes_figure,
     staircase_figure,
 )
-from ui.live import Job, finished_banner, live_panel, running_job, start_job
-from ui.runs import download_buttons, latency_frame, pick_sweep_run, save_measurement
-from ui.state import CPU_NOTE, current_choice, get_model, is_cpu, mode_choices, mode_label
+from ui.runs import latency_frame, pick_sweep_run
+from ui.state import CPU_NOTE, available_dtypes, is_cpu, mode_choices, mode_label
 
-st.title("Floor lab")
-st.caption("A cached decode step takes the same time at every context length. Is that time "
-           "arithmetic, memory traffic or overhead? Profile it, set it against the floors "
-           "measured on this device, and see how the picture changes with shape, batch, model "
-           "size and precision.")
-choice = current_choice()
-model = get_model()
-if model is None:
-    st.stop()
+choice = header.page("Floor lab", "A cached decode step takes the same time at every context "
+                     "length. Is that time arithmetic, memory traffic or overhead? Profile it, "
+                     "set it against the floors measured on this device, and see how the "
+                     "picture changes with shape, batch, model size and precision.")
+cfg = header.model(choice)
 cpu = is_cpu(choice)
 if cpu:
     st.info(CPU_NOTE, icon=":material/memory:")
-block = model.config.block_size
-usable, unavailable = mode_choices(model)
+block = cfg.block_size
+usable, unavailable = mode_choices(choice.device)
 
 
-def _peaks() -> Peaks | None:
-    """The overview page's measured peaks, when this session has them (else measured in-job)."""
-    bench = get_bench(choice.device, choice.dtype)
-    if not bench:
-        return None
-    return Peaks(choice.device, choice.dtype, bench["matmul_tflops"], bench["read_gbps"],
-                 bench["bytes"])
-
-
-def _launch(key: str, kind: str, what: str, total: int, params: dict[str, Any],
-            work: Callable[[Job], None]) -> None:
-    def finish(job: Job) -> None:
-        tables = {name: rows for name, rows in job.results.get("tables", {}).items() if rows}
-        if not tables:
-            return
-        try:
-            run, path = save_measurement(kind, choice.model, model, job.device, tables,
-                                         partial=job.partial, note=job.error or "", **params)
-        except ResultsError as exc:
-            job.save_error = str(exc)
-            return
-        job.results["run"], job.saved_path = run, str(path)
-
-    job = Job(kind, what, choice.device, params=params, total=total)
-    st.session_state[key] = start_job(job, work, finish)
-
-
-def _progress(job: Job, offset: int = 0) -> Callable[[int, int, str], None]:
-    def update(done: int, total: int, message: str) -> None:
-        job.update(done=offset + done, message=message)
-    return update
-
-
-def _show(key: str, draw: Callable[[Job], None], table: str, empty: str) -> None:
-    """Live panel while running; banner, figures and downloads once finished."""
-    job: Job | None = st.session_state.get(key)
-    if job is None:
-        st.info(empty)
-    elif running_job(key) is not None:
-        live_panel(key, draw)
-    else:
-        finished_banner(job)
-        draw(job)
-        download_buttons(job.results.get("run"), table, kind_stem(key), f"{key}_dl")
-
-
-def kind_stem(key: str) -> str:
-    return key.removesuffix("_job")
+def _start(key: str, experiment: str, params: object, what: str) -> None:
+    try:
+        params.check(cfg, choice.device)  # type: ignore[attr-defined]
+    except ValueError as exc:
+        st.error(str(exc))
+        return
+    jobs.start(key, experiment, to_dict(params), what)
 
 
 def _contexts(text: str) -> list[int] | None:
@@ -132,33 +88,14 @@ with tab_attr:
     if unavailable:
         a1.caption("Not here: " + "; ".join(f"{m} ({why})" for m, why in unavailable.items()))
     if st.button("Profile", type="primary", icon=":material/play_arrow:", key="floor_attr_go",
-                 disabled=running_job(KEY_A) is not None or not modes):
+                 disabled=jobs.running(KEY_A) or not modes):
         contexts = _contexts(text)
         if contexts:
-            peaks0 = _peaks()
-
-            def work_attr(job: Job, modes: list[str] = modes, contexts: list[int] = contexts,
-                          steps: int = steps, peaks: Peaks | None = peaks0) -> None:
-                job.results["tables"] = {"attribution": job.rows}
-                for i, mode in enumerate(modes):
-                    res = attribution_sweep(model, mode, contexts, steps=steps, peaks=peaks,
-                                            on_progress=_progress(job, i * (len(contexts) + 1)),
-                                            should_stop=job.should_stop,
-                                            on_row=lambda r: job.update(row=r))
-                    peaks = res.peaks
-                    job.results.setdefault("notes", []).extend(res.notes)
-                    job.results["peaks"] = peaks.to_dict()
-                    if res.cancelled:
-                        break
-
-            _launch(KEY_A, "attribution", f"step attribution, {choice.model}",
-                    len(modes) * (len(contexts) + 1),
-                    {"modes": modes, "contexts": contexts, "steps": steps}, work_attr)
+            _start(KEY_A, "attribution", AttributionParams(modes, contexts, steps),
+                   f"step attribution, {choice.model}")
 
     def draw_attr(job: Job) -> None:
-        df = pd.DataFrame(list(job.rows))
-        for note in job.results.get("notes", []):
-            st.warning(note)
+        df = jobs.rows(job, "attribution")
         if df.empty:
             return
         for mode in df["mode"].drop_duplicates():
@@ -171,14 +108,15 @@ with tab_attr:
         st.plotly_chart(counts_figure(df), width="stretch")
         st.caption("Operators per step grow with the layers, not with context; CUDA graphs "
                    "and compilation cut the launches.")
-        peaks = job.results.get("peaks")
+        peaks = ((job.run or {}).get("meta") or {}).get("peaks", {}).get("measured")
         if peaks:
-            st.caption(f"Measured here: {peaks['tflops']:.2f} TFLOP/s matmul, "
-                       f"{peaks['gbps']:.1f} GB/s read. ± is the stated error of the profiled "
-                       "split (profiler cost + timing spread).")
+            st.caption(f"Measured here: {peaks['matmul_tflops']:.2f} TFLOP/s matmul, "
+                       f"{peaks['read_gbps']:.1f} GB/s read. ± is the stated error of the "
+                       "profiled split (profiler cost + timing spread).")
         st.dataframe(attribution_table(df), hide_index=True)
 
-    _show(KEY_A, draw_attr, "attribution", "Pick modes and contexts, then **Profile**.")
+    jobs.section(KEY_A, draw_attr, table="attribution", stem="attribution",
+                 empty="Pick modes and contexts, then **Profile**.")
 
 # ------------------------------------------------------------------------------- staircase
 with tab_stair:
@@ -187,31 +125,21 @@ with tab_stair:
                 "Linear matmul of the uncached step alone at every T, add them up, and lay "
                 "the sum over the measured uncached step: do the jumps line up?")
     s1, s2, s3 = st.columns([2, 1, 1])
-    default = default_ts(block, choice.device)
     stext = s1.text_input("T values", f"1-{block}:{1 if not cpu else 32}", key="floor_stair_t",
-                          help=f"Default: every T on a GPU, a stride of 32 on a CPU "
-                          f"({len(default)} points).")
+                          help="Default: every T on a GPU, a stride of 32 on a CPU.")
     repeats = int(s2.number_input("Repeats", 1, 10, 3, key="floor_stair_rep"))
     forward = s3.toggle("Time the whole step too", not cpu, key="floor_stair_fwd",
                         help="Also time the full uncached forward at each T (slow on a CPU).")
     if st.button("Run staircase", type="primary", icon=":material/play_arrow:",
-                 key="floor_stair_go", disabled=running_job(KEY_S) is not None):
+                 key="floor_stair_go", disabled=jobs.running(KEY_S)):
         ts = _contexts(stext)
         if ts:
-            def work_stair(job: Job, ts: list[int] = ts, repeats: int = repeats,
-                           forward: bool = forward) -> None:
-                res = run_staircase(model.config, model=model, ts=ts, repeats=repeats,
-                                    include_forward=forward, on_progress=_progress(job),
-                                    should_stop=job.should_stop,
-                                    on_row=lambda r: job.update(row=r))
-                job.results["tables"] = {"staircase": res.rows, "totals": res.totals}
-
-            _launch(KEY_S, "staircase", f"matmul staircase, {choice.model}", len(ts),
-                    {"ts": ts, "repeats": repeats}, work_stair)
-    run = pick_sweep_run("floor_stair_sweep") if st.session_state.get(KEY_S) else None
+            _start(KEY_S, "staircase", StaircaseParams(ts, repeats, forward),
+                   f"matmul staircase, {choice.model}")
+    run = pick_sweep_run("floor_stair_sweep") if jobs.get(KEY_S) else None
 
     def draw_stair(job: Job) -> None:
-        totals = pd.DataFrame(list(job.rows))
+        totals = jobs.rows(job, "totals")
         frame = latency_frame(run) if run else pd.DataFrame()
         uncached = frame[frame["mode"] == "uncached"] if "mode" in frame else None
         st.plotly_chart(staircase_figure(totals, uncached), width="stretch")
@@ -219,13 +147,14 @@ with tab_stair:
                    "four shapes + the output projection). Red: the whole uncached step. Jumps "
                    "in both at the same T point at the matmul library (tile sizes, kernel "
                    "switches); jumps only in red point elsewhere.")
-        shapes = pd.DataFrame((job.results.get("tables") or {}).get("staircase", []))
+        shapes = jobs.rows(job, "staircase")
         if not shapes.empty:
             st.plotly_chart(shapes_figure(shapes), width="stretch")
             st.caption("Each shape on its own: a staircase here is the library's, whatever "
                        "the model around it does.")
 
-    _show(KEY_S, draw_stair, "totals", "Choose T values and press **Run staircase**.")
+    jobs.section(KEY_S, draw_stair, table="totals", stem="staircase",
+                 empty="Choose T values and press **Run staircase**.")
 
 # ----------------------------------------------------------------------------------- scope
 with tab_scope:
@@ -251,35 +180,26 @@ with tab_scope:
                                f"{choice.device}; ones that do not fit are skipped.")
     budget = st.slider("Time budget per uncached step (s)", 1, 120, 20, key="floor_scope_s")
     if st.button("Run scope", type="primary", icon=":material/play_arrow:", key="floor_scope_go",
-                 disabled=running_job(KEY_C) is not None):
-        def work_scope(job: Job, what: str = what, ctx: int = ctx, mode: str = cached_mode,
-                       budget: int = budget) -> None:
-            kw = dict(context_len=ctx, cached_mode=mode, max_seconds=float(budget),
-                      on_progress=_progress(job), should_stop=job.should_stop,
-                      on_row=lambda r: job.update(row=r))
-            if what == "batch size":
-                res = batch_sweep(model, batch_sizes=job.params["points"], **kw)
-            else:
-                res = model_size_sweep(job.params["points"], device=choice.device,
-                                       dtype=choice.dtype, **kw)
-            job.results["tables"] = {"scope": res.rows}
-
-        points = batches if what == "batch size" else names
-        _launch(KEY_C, "scope", f"scope ({what}), {choice.model}", len(points),
-                {"points": points, "grow": what, "context_len": ctx}, work_scope)
+                 disabled=jobs.running(KEY_C)):
+        grow = "batch" if what == "batch size" else "model"
+        points = batches if grow == "batch" else names
+        _start(KEY_C, "scope", ScopeParams(grow, list(points), ctx, cached_mode,
+                                           max_seconds=float(budget)),
+               f"scope ({what}), {choice.model}")
 
     def draw_scope(job: Job) -> None:
-        df = pd.DataFrame(list(job.rows))
+        df = jobs.rows(job, "scope")
         if df.empty:
             return
-        x = "batch_size" if job.params["grow"] == "batch size" else "model"
+        x = "batch_size" if job.params["grow"] == "batch" else "model"
         st.plotly_chart(scope_figure(df, x), width="stretch")
         st.caption("Solid: how many times faster the cached step is than re-running the "
                    "whole sequence. Dashed: how many times fewer FLOPs it does. The gap "
                    "narrows as each launch carries more work.")
         st.dataframe(scope_table(df), hide_index=True)
 
-    _show(KEY_C, draw_scope, "scope", "Choose what to grow and press **Run scope**.")
+    jobs.section(KEY_C, draw_scope, table="scope", stem="scope",
+                 empty="Choose what to grow and press **Run scope**.")
 
 # ------------------------------------------------------------------------------- precision
 with tab_prec:
@@ -287,26 +207,19 @@ with tab_prec:
     st.markdown("Lower precision halves the bytes a step streams. What does it do to time, "
                 "memory and the answers? Lower precisions are compared with fp32 on the same "
                 "tokens: top-1 agreement and the largest logit difference, not exact equality.")
-    offered = precisions_for(choice.device)
+    offered = precisions_for(choice.device, available_dtypes(choice.device))
     p1, p2 = st.columns([2, 1])
     precs = p1.multiselect("Precisions", offered, offered, key="floor_prec_list",
                            help="TF32 and fp16 are offered on CUDA GPUs only.")
     n_new = int(p2.number_input("Tokens compared", 4, max(4, block // 4), 32,
                                 key="floor_prec_n"))
     if st.button("Compare", type="primary", icon=":material/play_arrow:", key="floor_prec_go",
-                 disabled=running_job(KEY_P) is not None or not precs):
-        def work_prec(job: Job, precs: list[str] = precs, n_new: int = n_new) -> None:
-            res = precision_compare(model, precs, new_tokens=n_new,
-                                    prompt_len=min(32, block - n_new - 16),
-                                    on_progress=_progress(job), should_stop=job.should_stop,
-                                    on_row=lambda r: job.update(row=r))
-            job.results["tables"] = {"precision": res.rows}
-
-        _launch(KEY_P, "precision", f"precision comparison, {choice.model}", len(precs),
-                {"precisions": precs}, work_prec)
+                 disabled=jobs.running(KEY_P) or not precs):
+        _start(KEY_P, "precision", PrecisionParams(list(precs), min(32, block - n_new - 16),
+                                                   n_new), f"precision comparison, {choice.model}")
 
     def draw_prec(job: Job) -> None:
-        df = pd.DataFrame(list(job.rows))
+        df = jobs.rows(job, "precision")
         if df.empty:
             return
         st.plotly_chart(precision_figure(df), width="stretch")
@@ -315,4 +228,5 @@ with tab_prec:
                    "even when the logits agree closely; pretrained weights show the real "
                    "agreement.")
 
-    _show(KEY_P, draw_prec, "precision", "Choose precisions and press **Compare**.")
+    jobs.section(KEY_P, draw_prec, table="precision", stem="precision",
+                 empty="Choose precisions and press **Compare**.")

@@ -3,28 +3,30 @@
 Works on any sweep: this session's last one, a saved run, or the write-up's A40 numbers
 (``ui.runs.pick_sweep_run``). Figures from ``ui.figures_perf``: Figure 4 (FLOP reduction vs
 time reduction), achieved TFLOP/s and share of peak (Figure 5 / Table 2), and a roofline.
-Peaks: the datasheet's when the device is listed, and the microbenchmarks measured here.
+Peaks: the datasheet's when the device is listed, and those measured with the run (a run made
+here without them can borrow this session's measured peaks; another machine's never does).
 """
 
 from __future__ import annotations
 
 import streamlit as st
 
-from ui.device import ceilings, get_bench, run_bench
+from instruments.client import Job
+from ui import device, header, jobs
 from ui.figures_perf import (
     achieved_table,
     baseline_mode,
+    ceilings,
     reduction_figure,
     roofline_figure,
     throughput_figure,
 )
 from ui.runs import latency_frame, pick_sweep_run
-from ui.state import CPU_NOTE, current_choice
+from ui.state import CPU_NOTE, device_facts
 
-st.title("FLOPs vs time")
-st.caption("FLOPs are counted from formulas (engine.costs); times are measured. Dividing one by "
-           "the other says which regime a decode step is in.")
-choice = current_choice()
+choice = header.page("FLOPs vs time", "FLOPs are counted from formulas (instruments.costs); "
+                     "times are measured. Dividing one by the other says which regime a decode "
+                     "step is in.")
 run = pick_sweep_run("flops_source")
 if run is None:
     st.info("No sweep yet: run one on the **Latency sweep** page (or keep the A40 reference "
@@ -35,8 +37,7 @@ if df.empty:
     st.warning("This run has no latency rows.")
     st.stop()
 meta = run.get("meta") or {}
-device = str(meta.get("device") or "")
-if (device or choice.device).startswith("cpu"):
+if str(meta.get("device") or choice.device).startswith("cpu"):
     st.info(CPU_NOTE, icon=":material/memory:")
 
 # ------------------------------------------------------------------------------- Figure 4
@@ -53,16 +54,32 @@ else:
 
 # ------------------------------------------------------------------------------- Figure 5
 st.subheader("Achieved arithmetic throughput")
-same_device = run.get("kind") != "reference" and device in ("", choice.device)
+here = str(meta.get("device_name") or "") == str(device_facts(choice.device).get("name"))
 peaks = meta.get("peaks") or {}  # {listed, measured} (saved runs) or {fp32_tflops} (reference)
-bench = peaks.get("measured") or (get_bench(choice.device, choice.dtype)
-                                  if same_device else None)
-roofs = ceilings(meta.get("device_name"), str(meta.get("dtype") or "float32"), bench,
+measured = peaks.get("measured")
+borrowed = False
+if not measured and here and run.get("kind") != "reference":
+    measured = device.bench(choice.device, str(meta.get("dtype") or choice.dtype))
+    borrowed = measured is not None
+roofs = ceilings(meta.get("device_name"), str(meta.get("dtype") or "float32"), measured,
                  peaks.get("fp32_tflops"))
-if not bench and same_device and st.button("Measure this device's peaks (about 3 s)",
-                                           key="flops_bench"):
-    bench = run_bench(choice.device, choice.dtype)
-    roofs = ceilings(meta.get("device_name"), str(meta.get("dtype") or "float32"), bench)
+if not measured and here and run.get("kind") != "reference":
+    if st.button("Measure this device's peaks (a few seconds)", key="flops_bench",
+                 disabled=jobs.running(device.PEAKS_KEY)):
+        device.start_peaks()
+
+    def _wait(job: Job) -> None:
+        if job.finished:
+            st.caption("Peaks measured: the roofs below use them.")
+
+    jobs.section(device.PEAKS_KEY, _wait, empty="This run carries no measured peaks.")
+elif not measured:
+    st.caption("No peak recorded for that machine: the run carries none, and this machine's "
+               "peaks would not describe it. Shares of peak use the datasheet's when the "
+               "device is listed.")
+if borrowed:
+    st.caption("The run carries no measured peaks; it was made on this device, so this "
+               "session's measured peaks stand in.")
 c1, c2 = st.columns([1, 2])
 as_pct = c1.toggle("as % of peak", False, key="flops_pct", disabled=not roofs)
 peak = None
@@ -76,8 +93,7 @@ st.caption("Figure 5: formula FLOPs per step divided by the measured step time. 
            "carry enough arithmetic to use a fair share of the device; cached steps use a tiny "
            "fraction of it: their time is not spent on arithmetic.")
 if not roofs:
-    st.caption("No peak known for this device: measure it (button above, or on the Overview "
-               "page) to see shares of peak and the roofline.")
+    st.caption("No peak known for this run's device: shares of peak and the roofline need one.")
 
 table = achieved_table(df, roofs[0] if roofs else None)
 fmt = {c: st.column_config.NumberColumn(c, format="%.4g") for c in table.columns
@@ -99,4 +115,4 @@ if roofs:
                "memory bandwidth, on the flat roof by arithmetic; points far below both are "
                "limited by something else — per-step overhead.")
 else:
-    st.info("The roofline needs a device peak: measure one above.")
+    st.info("The roofline needs a device peak.")

@@ -1,7 +1,8 @@
 """Overview: the device, the model and its weights, library versions, and a guide to the pages.
 
-Device facts come from ``engine.hardware.describe_device`` and ``lookup_peaks``; the quick
-microbenchmarks run only when asked (``ui.device.run_bench``) and stay in the session.
+Device facts come from the probe of this machine (``ui.state.device_facts``) and the datasheet
+table (``instruments.specs``); the peaks are measured only when asked, in the measuring process
+(the hardware experiment, ``ui.device``), and the model is loaded there too.
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ from importlib import metadata
 
 import streamlit as st
 
-from engine import costs
-from engine.hardware import describe_device, lookup_peaks
-from ui.device import get_bench, run_bench
-from ui.state import CPU_NOTE, current_choice, get_model, is_cpu
+from instruments import costs
+from instruments.client import Job
+from instruments.specs import lookup_peaks
+from ui import device, header, jobs
+from ui.state import CPU_NOTE, device_facts, is_cpu, machine
 
 GUIDE = [
     ("pages/generate.py", "Generate side by side",
@@ -32,7 +34,7 @@ GUIDE = [
     ("pages/results.py", "Results",
      "Every saved run, overlaid across machines, with the write-up's A40 numbers."),
 ]
-LIBRARIES = ("torch", "transformers", "streamlit", "plotly", "pandas", "numpy", "tiktoken")
+LIBRARIES = ("transformers", "streamlit", "plotly", "pandas", "numpy", "tiktoken")
 
 
 def _gib(n: float | None) -> str:
@@ -46,76 +48,77 @@ def _version(name: str) -> str:
         return "not installed"
 
 
-st.title("KV Cache Lab")
-st.markdown("A GPT-2 written from scratch, with a KV cache, measured live on this machine: "
-            "where the time and the memory of text generation actually go.")
-choice = current_choice()
+choice = header.page("KV Cache Lab", "A GPT-2 written from scratch, with a KV cache, measured "
+                     "live on this machine: where the time and the memory of text generation "
+                     "actually go.")
 if is_cpu(choice):
     st.info(CPU_NOTE, icon=":material/memory:")
 
 dev_col, model_col = st.columns(2)
 with dev_col:
     st.subheader("Device")
-    try:
-        facts = describe_device(choice.device)
-    except (RuntimeError, ValueError) as exc:
-        st.error(f"The device {choice.device!r} cannot be used: {exc}")
-        facts = None
-    if facts is not None:
-        st.markdown(f"**{facts['name']}** ({facts['kind']})")
-        a, b, c = st.columns(3)
-        a.metric("Memory", _gib(facts.get("total_memory_bytes")))
-        if facts["kind"] == "cpu":
-            b.metric("Cores / threads", f"{facts.get('cores') or '?'} / {facts.get('threads')}")
-            c.metric("torch threads", str(facts.get("torch_threads")))
-            if facts.get("capability"):
-                st.caption(f"Vector extensions: {facts['capability']}")
-        else:
-            b.metric("Compute capability", str(facts.get("capability")))
-            c.metric("SMs", str(facts.get("multiprocessors")))
-        spec = lookup_peaks(facts["name"]) if facts["kind"] == "cuda" else None
-        if spec is not None:
-            peak = spec.peak_tflops(choice.dtype) or spec.fp32_tflops
-            st.markdown(f"Listed peaks ({spec.source}): **{peak:g} TFLOP/s** {choice.dtype}, "
-                        f"**{spec.mem_bandwidth_gbps:g} GB/s** memory bandwidth.")
-        else:
-            st.caption("No datasheet peaks are listed for this device; measure them below.")
-        bench = get_bench(choice.device, choice.dtype)
-        if st.button("Measure peaks here (about 3 s)", key="overview_bench"):
-            bench = run_bench(choice.device, choice.dtype)
-        if bench:
-            a, b = st.columns(2)
-            a.metric(f"matmul {bench['matmul_n']}³ ({bench['dtype']})",
-                     f"{bench['matmul_tflops']:.3g} TFLOP/s")
-            b.metric("read bandwidth", f"{bench['read_gbps']:.1f} GB/s",
-                     help=f"sum of a {bench['bytes'] / 2**20:.0f} MiB tensor; copy: "
-                     f"{bench['copy_gbps']:.1f} GB/s (read + write)")
-            st.caption("Measured peaks are what a large matmul and a streaming read reach "
-                       "here; the FLOPs page draws them as the roofline.")
+    facts = device_facts(choice.device)
+    st.markdown(f"**{facts.get('name')}** ({facts.get('kind')})")
+    a, b, c = st.columns(3)
+    a.metric("Memory", _gib(facts.get("total_memory_bytes")))
+    if facts.get("kind") == "cpu":
+        b.metric("Cores / threads", f"{facts.get('cores') or '?'} / {facts.get('threads')}")
+        c.metric("torch threads", str(facts.get("torch_threads")))
+        if facts.get("capability"):
+            st.caption(f"Vector extensions: {facts['capability']}")
+    else:
+        b.metric("Compute capability", str(facts.get("capability")))
+        c.metric("SMs", str(facts.get("multiprocessors")))
+    spec = lookup_peaks(facts.get("name")) if facts.get("kind") == "cuda" else None
+    if spec is not None:
+        peak = spec.peak_tflops(choice.dtype) or spec.fp32_tflops
+        st.markdown(f"Listed peaks ({spec.source}): **{peak:g} TFLOP/s** {choice.dtype}, "
+                    f"**{spec.mem_bandwidth_gbps:g} GB/s** memory bandwidth.")
+    else:
+        st.caption("No datasheet peaks are listed for this device; measure them below.")
+    if st.button("Measure peaks here (a few seconds)", key="overview_bench",
+                 disabled=jobs.running(device.PEAKS_KEY)):
+        device.start_peaks()
+
+    def draw_peaks(job: Job) -> None:
+        measured = device.bench(choice.device, choice.dtype)
+        if not measured:
+            return
+        a, b = st.columns(2)
+        a.metric(f"matmul {measured['matmul_n']}³ ({measured['dtype']})",
+                 f"{measured['matmul_tflops']:.3g} TFLOP/s")
+        b.metric("read bandwidth", f"{measured['read_gbps']:.1f} GB/s",
+                 help=f"best of a sum and a matrix-vector product over "
+                 f"{measured['bandwidth_bytes'] / 2**20:.0f} MiB ({measured['read_kernel']} "
+                 f"won); copy: {measured['copy_gbps']:.1f} GB/s (read + write)")
+        st.caption("Measured in the measuring process: what a large matmul and a streaming "
+                   "read reach here. The FLOPs page draws them as the roofline.")
+
+    jobs.section(device.PEAKS_KEY, draw_peaks, empty="Peaks not measured in this session yet.")
 
 with model_col:
     st.subheader("Model")
-    model = get_model(quiet=True)
-    if model is not None:
-        cfg = model.config
-        label = model.weights_label
-        if label.startswith("random"):
-            st.warning(f"**Random weights** — {label}. Generated text is gibberish; timings and "
-                       "memory are those of the real shapes.")
-        else:
-            st.success(f"**{label}**")
-        a, b, c = st.columns(3)
-        a.metric("Preset", choice.model)
-        b.metric("Parameters", f"{model.num_params() / 1e6:.1f} M")
-        c.metric("Context limit (tokens)", f"{cfg.block_size:,}")
-        a, b, c = st.columns(3)
-        a.metric("Layers × heads × width", f"{cfg.n_layer} × {cfg.n_head} × {cfg.n_embd}")
-        b.metric(f"Weights ({choice.dtype})",
-                 f"{costs.weight_bytes(cfg, choice.dtype) / 2**20:.0f} MiB")
-        c.metric("KV cache per token",
-                 f"{costs.kv_bytes_per_token(cfg, choice.dtype) / 2**10:.0f} KiB")
-        st.caption(f"On {choice.device}, {choice.dtype}. Change the model, weights, device and "
-                   "dtype in the sidebar; every page uses the same choice.")
+    cfg = header.model(choice, quiet=True)
+    label = header.weights_label(choice)
+    if label is None:
+        st.caption("Weights: known once the model is loaded.")
+    elif label.startswith("random"):
+        st.warning(f"**Random weights** — {label}. Generated text is gibberish; timings and "
+                   "memory are those of the real shapes.")
+    else:
+        st.success(f"**{label}**")
+    a, b, c = st.columns(3)
+    a.metric("Preset", choice.model)
+    b.metric("Parameters", f"{costs.param_count(cfg) / 1e6:.1f} M")
+    c.metric("Context limit (tokens)", f"{cfg.block_size:,}")
+    a, b, c = st.columns(3)
+    a.metric("Layers × heads × width", f"{cfg.n_layer} × {cfg.n_head} × {cfg.n_embd}")
+    b.metric(f"Weights ({choice.dtype})",
+             f"{costs.weight_bytes(cfg, choice.dtype) / 2**20:.0f} MiB")
+    c.metric("KV cache per token",
+             f"{costs.kv_bytes_per_token(cfg, choice.dtype) / 2**10:.0f} KiB")
+    st.caption(f"On {choice.device}, {choice.dtype}. Change the model, weights, device and "
+               "dtype in the sidebar; every page uses the same choice.")
 
 st.subheader("The pages")
 for path, title, what in GUIDE:
@@ -124,6 +127,7 @@ for path, title, what in GUIDE:
     text.markdown(what)
 
 with st.expander("Library versions"):
-    versions = {name: _version(name) for name in LIBRARIES}
+    versions = {"torch (measuring process)": str(machine().get("torch"))}
+    versions.update({name: _version(name) for name in LIBRARIES})
     versions["python"] = platform.python_version()
     st.dataframe([{"library": k, "version": v} for k, v in versions.items()], hide_index=True)

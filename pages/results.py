@@ -1,7 +1,7 @@
 """Results: every saved run, several overlaid on one chart, downloads, and files that failed.
 
-Reads ``engine.results.load_runs(results_dir())`` (never raises: bad files come back as skipped
-with the reason) and the write-up's A40 reference (``reference_run``); overlays the selected
+Reads ``instruments.results.load_runs(results_dir())`` (never raises: bad files come back as
+skipped with the reason) and the write-up's A40 reference (``reference_run``); overlays the selected
 runs' "latency" tables with ``ui.figures.overlay_figure``. Nothing here measures anything.
 """
 
@@ -12,18 +12,18 @@ import json
 import pandas as pd
 import streamlit as st
 
-from engine.results import ResultsError, reference_run, run_label, table_frame
+from instruments.results import ResultsError, reference_run, run_label, table_frame
+from ui import header
 from ui.figures import overlay_figure
 from ui.runs import run_json, saved_runs
 from ui.state import results_dir
 
 REFERENCE = "write-up's A40 (published)"
 
-st.title("Results")
 folder = results_dir()
-st.caption(f"Every run saved in `{folder}` (and the shipped examples in its examples/ folder): "
-           "sweeps from the app and from the command line, from this machine or copied from "
-           "others.")
+header.page("Results", f"Every run saved in `{folder}` (and the shipped examples in its "
+            "examples/ folder): every experiment from the app and from the command line, from "
+            "this machine or copied from others.")
 loaded = saved_runs()
 runs = list(reversed(loaded.runs))  # newest first
 

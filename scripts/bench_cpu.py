@@ -32,10 +32,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from engine import GPT, GPTConfig, costs  # noqa: E402
-from engine.attribution import step_memory_growth  # noqa: E402
-from engine.modes import MODES, check_mode, make_decoder  # noqa: E402
+from engine import GPT, GPTConfig, make_decoder  # noqa: E402
+from engine.modes import MODES  # noqa: E402
 from engine.weights import to_transformers  # noqa: E402
+from instruments import costs  # noqa: E402
+from instruments.gate import check_mode  # noqa: E402
+from instruments.memory import step_memory_growth  # noqa: E402
 
 CACHED = ["concat", "prealloc", "prealloc_fused", "fast"]
 COMPILED = ["compiled", "fast_compiled"]
@@ -170,8 +172,7 @@ def memory(model: GPT, modes: list[str], ids: torch.Tensor, steps: int) -> dict[
     out = {}
     for mode in modes:
         dec = make_decoder(model, mode, capacity=16 + steps + 2)
-        logits = dec.prefill(ids[:, :16])
-        out[mode] = step_memory_growth(dec, logits, steps)["net_bytes_per_step"]
+        out[mode] = step_memory_growth(dec, ids[:, :16], steps)["net_bytes_per_step"]
     return out
 
 
@@ -285,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         verdict = "info" if args.tiny else ("PASS" if ok else "MISS")
         print(f"{verdict}: {text}")
     if args.save:
-        from engine.results import collect_meta, new_run, save_run
+        from instruments.results import collect_meta, new_run, save_run
 
         meta = collect_meta(model=what, weights="random", device="cpu", dtype="float32",
                             batch_size=1, note=cmd)

@@ -25,15 +25,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from engine import GPT, GPTConfig, costs  # noqa: E402
-from engine.attribution import Peaks, attribution_sweep, measure_peaks  # noqa: E402
-from engine.hardware import describe_device, device_available, lookup_peaks  # noqa: E402
-from engine.modes import MODES  # noqa: E402
-from engine.results import collect_meta, new_run, save_run  # noqa: E402
-from engine.staircase import default_ts, run_staircase  # noqa: E402
-from engine.sweep import SweepSpec, preset_contexts, run_latency_sweep  # noqa: E402
+from engine import modes  # noqa: E402
+from engine.config import GPTConfig  # noqa: E402
+from instruments import costs, params, results  # noqa: E402
+from instruments.contexts import preset_contexts  # noqa: E402
+from instruments.device import describe_device, device_available  # noqa: E402
+from instruments.experiments import get  # noqa: E402
+from instruments.spine import Event, Loaded, ModelSpec, load  # noqa: E402
 
-TINY = dict(n_layer=2, n_head=2, n_embd=64, block_size=128, vocab_size=512)
 SHARES = {"sweep float32": 0.33, "sweep bfloat16": 0.25, "attribution": 0.12,
           "staircase": 0.30}  # of the budget left after the peaks
 
@@ -64,33 +63,25 @@ class Clock:
         return lambda: time.monotonic() > self.stage_end
 
 
-def meta(args: argparse.Namespace, model: GPT, dev_name: str, **extra: Any) -> dict[str, Any]:
-    spec = lookup_peaks(dev_name) if args.device.startswith("cuda") else None
-    return collect_meta(model="tiny" if args.tiny else "gpt2", weights=model.weights_label,
-                        device=args.device, device_name=dev_name,
-                        dtype=str(model.dtype).removeprefix("torch."), batch_size=1,
-                        peaks=spec.to_dict() if spec else None, config=model.config.to_dict(),
-                        note="scripts/gpu_check.py", **extra)
+def save(args: argparse.Namespace, run: dict[str, Any]) -> None:
+    run["meta"]["command"] = "scripts/gpu_check.py"
+    path = results.save_run(run, args.out)
+    partial = " (partial)" if run["meta"].get("partial") else ""
+    print(f"saved {run['kind']}{partial}: {path}", flush=True)
 
 
-def save(args: argparse.Namespace, kind: str, m: dict[str, Any],
-         tables: dict[str, list[dict[str, Any]]]) -> None:
-    path = save_run(new_run(kind, m, tables), args.out)
-    print(f"saved {kind}: {path}", flush=True)
-
-
-def sweep_modes(model: GPT, allow_compile: bool) -> list[str]:
+def sweep_modes(device: str, allow_compile: bool) -> list[str]:
     out = []
-    for name, spec in MODES.items():
-        if spec.slow_setup and (not allow_compile or name == "fast_compiled"):
+    for name in modes.choices(device)[0]:
+        if modes.MODES[name].slow_setup and (not allow_compile or name == "fast_compiled"):
             continue  # fast_compiled is a CPU recipe; its GPU compile would eat the budget
-        if spec.available(model)[0]:
-            out.append(name)
+        out.append(name)
     # Compiled modes last: if their compile overruns the stage, the others are already timed.
-    return sorted(out, key=lambda n: MODES[n].slow_setup)
+    return sorted(out, key=lambda n: modes.MODES[n].slow_setup)
 
 
-def floor_lines(rows: list[dict[str, Any]], cfg: GPTConfig, peaks: Peaks, dtype: str) -> list:
+def floor_lines(rows: list[dict[str, Any]], cfg: GPTConfig, read_gbps: float,
+                dtype: str) -> list:
     """Each cached mode's step vs (weights + K/V bytes) / measured read bandwidth."""
     lines = []
     for mode in dict.fromkeys(r["mode"] for r in rows if r["cached"]):
@@ -99,7 +90,7 @@ def floor_lines(rows: list[dict[str, Any]], cfg: GPTConfig, peaks: Peaks, dtype:
             continue
         r = max(got, key=lambda r: r["context_len"])
         floor_ms = costs.step_bytes(cfg, dtype, r["context_len"], cached=True) / (
-            peaks.gbps * 1e9) * 1e3
+            read_gbps * 1e9) * 1e3
         ratio = r["latency_ms"] / floor_ms
         goal = " (goal ≤ 2×: " + ("met)" if ratio <= 2 else "missed)") if mode == "cuda_graph" \
             else ""
@@ -111,7 +102,7 @@ def floor_lines(rows: list[dict[str, Any]], cfg: GPTConfig, peaks: Peaks, dtype:
     return lines
 
 
-def _print_row(p: Any) -> None:  # engine.sweep.Progress: print finished points only
+def _print_row(p: Event) -> None:  # print finished points only
     if p.row is not None:
         print(f"  {p.message}", flush=True)
 
@@ -123,78 +114,70 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cannot run on {args.device}: {why}", file=sys.stderr)
         return 2
     cuda = args.device.startswith("cuda")
-    cfg = GPTConfig(**TINY) if args.tiny else GPTConfig.from_name("gpt2")
+    name = "tiny" if args.tiny else "gpt2"
     dev_name = str(describe_device(args.device)["name"])
-    print(f"# gpu_check on {dev_name} ({args.device}), torch {torch.__version__}, "
-          f"{'tiny' if args.tiny else 'gpt2'}", flush=True)
+    print(f"# gpu_check on {dev_name} ({args.device}), torch {torch.__version__}, {name}",
+          flush=True)
     t0 = time.monotonic()
-    quick = dict(nbytes=32 * 2**20, matmul_n=256, min_seconds=0.05) if args.tiny else {}
-    peaks = {dt: measure_peaks(args.device, dt, **quick) for dt in ("float32", "bfloat16")}
+    models = {dt: load(ModelSpec(name, "random", args.device, dt))
+              for dt in ("float32", "bfloat16")}
+    fp32: Loaded = models["float32"]
+    cfg = fp32.model.config
+    hw = get("hardware").run(fp32, params.HardwareParams(["float32", "bfloat16"],
+                                                         quick=args.tiny), _print_row)
+    save(args, hw)
+    read_gbps = {dt: r["read_gbps"] for dt, r in zip(("float32", "bfloat16"),
+                                                      hw["tables"]["peaks"], strict=True)}
     clock = Clock(args.budget_s - (time.monotonic() - t0))
-    model = GPT.random(cfg, seed=0, device=args.device)
-    save(args, "hardware", meta(args, model, dev_name),
-         {"measured_peaks": [p.to_dict() for p in peaks.values()]})
 
     contexts = preset_contexts("log-spaced (16)", cfg.block_size)
     summary: list[dict[str, Any]] = []
-    for dtype in ("float32", "bfloat16"):
+    for dtype, loaded in models.items():
         stop = clock.start(f"sweep {dtype}")
-        m = model if dtype == "float32" else GPT.random(cfg, seed=0, device=args.device,
-                                                         dtype=torch.bfloat16)
-        modes = sweep_modes(m, allow_compile=cuda and not args.no_compile and dtype ==
-                            "float32")
+        names = sweep_modes(args.device, cuda and not args.no_compile and dtype == "float32")
         repeats = 2 if cuda else 3  # a cached run is 1,023 steps: two fit the budget
-        spec = SweepSpec(contexts, modes, repeats=repeats, warmup=1, warmup_steps=32,
-                         check_tokens=16)
-        res = run_latency_sweep(m, spec, should_stop=stop, on_progress=_print_row)
-        for note in res.notes:
+        run = get("latency").run(loaded, params.LatencyParams(
+            contexts, names, repeats=repeats, warmup=1, warmup_steps=32, check_tokens=16),
+            _print_row, stop)
+        for note in run["meta"]["notes"]:
             print("  note:", note)
-        save(args, "latency_sweep", meta(args, m, dev_name, partial=res.cancelled,
-                                         contexts=contexts, modes=modes, repeats=repeats, warmup=1),
-             {"latency": res.rows, "checks": [vars(c) for c in res.checks]})
-        summary += floor_lines(res.rows, cfg, peaks[dtype], dtype)
-        if m is not model:
-            del m
+        save(args, run)
+        summary += floor_lines(run["tables"]["latency"], cfg, read_gbps[dtype], dtype)
 
     stop = clock.start("attribution")
-    rows: list[dict[str, Any]] = []
     att_modes = [x for x in ("concat", "prealloc_fused", "cuda_graph", "compiled", "fast")
-                 if x in sweep_modes(model, cuda and not args.no_compile)]
+                 if x in sweep_modes(args.device, cuda and not args.no_compile)]
     att_ctx = sorted({16, 128, 512, cfg.block_size - 16} & set(range(1, cfg.block_size - 15)))
-    for mode in att_modes:
-        if stop():
-            break
-        res = attribution_sweep(model, mode, att_ctx, steps=8, peaks=peaks["float32"],
-                                should_stop=stop)
-        rows += res.rows
-        for r in res.rows:
-            print(f"  {mode:15s} ctx {r['context_len']:5d}: step {r['step_ms']:.3f} ms, "
-                  f"{r['ops_per_step']:.0f} ops, launches {r['launches_per_step']}, "
-                  f"floor {r['floor_ms']:.3f} ms, overhead {r['overhead_ms']:.3f} ms")
-    save(args, "attribution", meta(args, model, dev_name, partial=stop(),
-                                   peaks_measured=peaks["float32"].to_dict()),
-         {"attribution": rows})
+    run = get("attribution").run(fp32, params.AttributionParams(att_modes, att_ctx, steps=8),
+                                 None, stop)
+    for r in run["tables"]["attribution"]:
+        print(f"  {r['mode']:15s} ctx {r['context_len']:5d}: step {r['step_ms']:.3f} ms, "
+              f"{r['ops_per_step']:.0f} ops, launches {r['launches_per_step']}, "
+              f"floor {r['floor_ms']:.3f} ms, overhead {r['overhead_ms']:.3f} ms")
+    save(args, run)
 
     stop = clock.start("staircase")
-    stair = run_staircase(cfg, model=model, ts=default_ts(cfg.block_size, args.device),
-                          include_forward=True, forward_every=8 if cuda else 1,
-                          min_sample_ms=1.0 if cuda else 0.0, should_stop=stop)
-    if stair.totals:
-        last = stair.totals[-1]
-        fwd = last["forward_ms"] or next((t["forward_ms"] for t in reversed(stair.totals)
+    run = get("staircase").run(fp32, params.StaircaseParams(
+        None, include_forward=True, forward_every=8 if cuda else 1), None, stop)
+    totals = run["tables"]["totals"]
+    if totals:
+        last = totals[-1]
+        fwd = last["forward_ms"] or next((t["forward_ms"] for t in reversed(totals)
                                            if t["forward_ms"]), None)
-        print(f"  {len(stair.totals)} T values; at T={last['T']} the matmuls sum to "
+        print(f"  {len(totals)} T values; at T={last['T']} the matmuls sum to "
               f"{last['total_ms']:.3f} ms (whole uncached step: "
               f"{'—' if fwd is None else f'{fwd:.3f} ms'})")
-    save(args, "staircase", meta(args, model, dev_name, partial=stair.cancelled),
-         {"staircase": stair.rows, "totals": stair.totals})
+    save(args, run)
 
-    print(f"\n== cached step vs the bandwidth floor (bytes ÷ {peaks['float32'].gbps:.0f} GB/s "
+    print(f"\n== cached step vs the bandwidth floor (bytes ÷ {read_gbps['float32']:.0f} GB/s "
           "measured read bandwidth), longest context measured")
     for line in summary:
         print(line["text"])
-    save(args, "floor_summary", meta(args, model, dev_name),
-         {"floor": [{k: v for k, v in s.items() if k != "text"} for s in summary]})
+    meta = results.collect_meta(model=name, device=args.device, device_name=dev_name,
+                                dtype="float32", batch_size=1, config=cfg.to_dict(),
+                                command="scripts/gpu_check.py")
+    results.save_run(results.new_run("floor_summary", meta, {
+        "floor": [{k: v for k, v in s.items() if k != "text"} for s in summary]}), args.out)
     print(f"\ndone in {time.monotonic() - t0:.0f} s")
     return 0
 

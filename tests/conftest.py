@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from engine import GPT, GPTConfig
+from instruments.spine import Loaded, ModelSpec
 
 _SHARED_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/gpt2_tokenizer/tiktoken_cache"
 if "TIKTOKEN_CACHE_DIR" not in os.environ and _SHARED_TOKENIZER.is_dir():
@@ -32,3 +33,10 @@ def random_prompt(n: int, batch: int = 1, vocab: int = 512, seed: int = 0) -> to
 @pytest.fixture
 def model() -> GPT:
     return small_model()
+
+
+def loaded_model(model: GPT, name: str = "tiny") -> Loaded:
+    """A model as the measuring process holds it (what every experiment's run takes)."""
+    dtype = str(model.dtype).removeprefix("torch.")
+    return Loaded(model, ModelSpec(name, "random", str(model.device), dtype),
+                  {"weights_label": model.weights_label})

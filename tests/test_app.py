@@ -1,5 +1,6 @@
-"""The dashboard through Streamlit's AppTest: every page renders, a tiny sweep runs, is saved,
-can be stopped, and reappears on the Results page; bad input gives a message, not a traceback.
+"""The dashboard through Streamlit's AppTest: every page renders, a tiny sweep runs in the
+measuring process, is saved, can be stopped, survives the process being killed, and reappears
+on the Results page; bad input gives a message, not a traceback.
 
 Runs on the "tiny" preset (KVLAB_TINY=1) with results written to a temporary folder
 (KVLAB_RESULTS_DIR), so it takes seconds on a CPU.
@@ -8,13 +9,15 @@ Runs on the "tiny" preset (KVLAB_TINY=1) with results written to a temporary fol
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from engine.results import collect_meta, load_runs, new_run, save_run
+from instruments.results import collect_meta, load_runs, new_run, save_run
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 PAGES = ["overview", "generate", "sweep", "flops", "floor", "memory", "correctness", "results"]
@@ -82,7 +85,7 @@ def test_tiny_sweep_draws_and_saves(results: Path) -> None:
     at.button[0].click().run()
     job = wait_job(at, "sweep_job")
     assert job.state == "done", job.error
-    assert {r["mode"] for r in job.rows} == {"uncached", "concat"}
+    assert {r["mode"] for r in job.tables["latency"]} == {"uncached", "concat"}
     assert len(charts(at)) == 2  # latency + end to end
     assert any("Finished" in s.value for s in at.success)
     runs = load_runs(results).runs
@@ -111,11 +114,34 @@ def test_stop_keeps_a_partial_run(results: Path) -> None:
     at.button(key="sweep_job_stop").click().run()
     job = wait_job(at, "sweep_job")
     assert job.state == "stopped"
-    assert 0 < len(job.rows) < job.total
+    rows = job.tables["latency"]
+    assert 0 < len(rows) < job.total
     saved = load_runs(results).runs
     assert len(saved) == 1 and saved[0]["meta"]["partial"] is True
-    assert len(saved[0]["tables"]["latency"]) == len(job.rows)
+    assert len(saved[0]["tables"]["latency"]) == len(rows)
     assert any("Stopped" in w.value for w in at.warning)
+
+
+def test_a_killed_measuring_process_keeps_what_it_measured(results: Path) -> None:
+    at = open_page("sweep")
+    configure_sweep(at, "2-128:2", repeats=3)
+    at.button[0].click().run()
+    job = at.session_state["sweep_job"]
+    end = time.monotonic() + 60
+    while len(job.tables.get("latency", [])) < 2 and time.monotonic() < end:
+        time.sleep(0.05)
+    os.kill(job.pid, signal.SIGKILL)  # a crash, the OOM killer, a kill -9
+    job = wait_job(at, "sweep_job")
+    assert job.state == "failed" and "measuring process died" in job.error
+    assert any("measuring process died" in e.value for e in at.error)
+    (saved,) = load_runs(results).runs
+    assert saved["meta"]["partial"] is True and len(saved["tables"]["latency"]) >= 2
+    assert saved["meta"]["model"] == "tiny" and "died" in saved["meta"]["note"]
+    # The next run starts a fresh process and completes.
+    configure_sweep(at, "4, 8", repeats=1)
+    at.button[0].click().run()
+    again = wait_job(at, "sweep_job")
+    assert again.state == "done" and again.pid != job.pid
 
 
 @pytest.mark.parametrize("text, says", [("abc", "cannot read"), ("0, 5", "outside 1..128"),
@@ -133,7 +159,9 @@ def test_generate_shows_identical_verdict(results: Path) -> None:
     at = open_page("generate")
     at.number_input(key="gen_new").set_value(8)
     at.button[0].click().run()
-    no_traceback(at)
+    job = wait_job(at, "gen_job")
+    assert job.state == "done", job.error
+    assert len(job.tables["tokens"]) == 16  # streamed token by token, both sides
     assert any(s.value.startswith("Identical: all 8 tokens") for s in at.success)
     assert len(charts(at)) == 1
     at.text_area(key="gen_prompt").set_value("").run()
@@ -173,7 +201,8 @@ def test_correctness_lab_catches_each_bug(results: Path) -> None:
     at.button[0].click().run()
     job = wait_job(at, "correct_job")
     assert job.state == "done", job.error
-    failed = {(r["bug"], r["check"].split(" ")[0]) for r in job.rows if not r["passed"]}
+    failed = {(r["bug"], r["check"].split(" ")[0]) for r in job.tables["checks"]
+              if r["passed"] is False}
     assert ("no bug", "logits") not in failed and not any(b == "no bug" for b, _ in failed)
     assert ("cache_order", "multi-token") in failed and ("cache_order", "cached") not in failed
     assert ("positions", "cached") in failed and ("mask_offset", "cached") in failed
@@ -186,7 +215,8 @@ def test_memory_measurement_runs_and_saves(results: Path) -> None:
     at.button[0].click().run()
     job = wait_job(at, "memory_job")
     assert job.state == "done", job.error
-    assert {r["baseline"] for r in job.rows} == {"after warm-up", "before warm-up"}
+    assert {r["baseline"] for r in job.tables["kv_memory"]} == {"after warm-up",
+                                                                 "before warm-up"}
     assert len(charts(at)) == 4
     at.radio(key="mem_baseline").set_value("before warm-up").run()
     no_traceback(at)
@@ -194,9 +224,8 @@ def test_memory_measurement_runs_and_saves(results: Path) -> None:
 
 
 def test_bug_switch_never_touches_the_shared_model() -> None:
-    from engine.checks import inject_bug
+    from instruments.checks import inject_bug, private_view
     from tests.conftest import small_model
-    from ui.state import private_view
 
     shared = small_model()
     view = private_view(shared)
@@ -206,13 +235,12 @@ def test_bug_switch_never_touches_the_shared_model() -> None:
 
 
 def test_closed_tab_stops_a_job(monkeypatch: pytest.MonkeyPatch) -> None:
-    import ui.live as live
+    from instruments import client
+    from instruments.spine import ModelSpec
 
-    job = live.Job("t", "test", "cpu", session_id="gone")
-    monkeypatch.setattr(live, "_session_alive", lambda sid: False)
-    monkeypatch.setattr(live, "ORPHAN_GRACE_S", 0.0)
+    job = client.Job("latency", {}, ModelSpec("tiny"), keep_alive=lambda: False)
+    monkeypatch.setattr(client, "ORPHAN_GRACE_S", 0.0)
     assert not job.should_stop()  # first sighting starts the grace period
-    job._checked_at = 0.0
     time.sleep(0.01)
     assert job.should_stop() and "went away" in job.message
 
@@ -223,7 +251,7 @@ def test_generate_compares_any_two_modes(results: Path) -> None:
     at.selectbox(key="gen_left").set_value("fast")
     at.selectbox(key="gen_right").set_value("concat")
     at.button[0].click().run()
-    no_traceback(at)
+    wait_job(at, "gen_job")
     assert any(s.value.startswith("Identical: all 6 tokens match, fast vs concat")
                for s in at.success), [s.value for s in at.success]
     at.selectbox(key="gen_right").set_value("fast")

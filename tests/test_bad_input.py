@@ -3,7 +3,7 @@
 Drives AppTest sessions with odd values: widget values the browser would clamp are checked at
 their bounds (and the engine's own validation behind them), requested choices the machine lacks
 (cuda without a GPU, an unknown preset, a dtype the device lacks) and bad weights folders show a
-message, an out-of-memory during a sweep is reported with its sizes and the next run works.
+message. (Out of memory and a crashed measuring process: tests/test_worker.py, test_app.py.)
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
-from engine.sweep import MAX_BATCH, SweepSpec
+from engine.config import GPTConfig
+from instruments.params import MAX_BATCH, LatencyParams
 
-from .conftest import small_model
 from .test_app import APP, configure_sweep, no_traceback, open_page, results, wait_job
 
 __all__ = ["results"]  # the fixture, re-exported for pytest
@@ -65,7 +65,7 @@ def test_generate_rejects_bad_prompts(results: Path, prompt: str, n: int, says: 
     at.button[0].click().run()
     no_traceback(at)
     assert any(says in e.value for e in at.error), [e.value for e in at.error]
-    assert "gen_result" not in at.session_state
+    assert "gen_job" not in at.session_state
 
 
 def test_sweep_widgets_bound_batch_and_repeats(results: Path) -> None:
@@ -82,36 +82,11 @@ def test_sweep_widgets_bound_batch_and_repeats(results: Path) -> None:
     (dict(contexts=[]), "context"), (dict(contexts=[0, 8]), "1.."),
     (dict(contexts=[8, 999]), "1.."),
 ])
-def test_sweep_spec_rejects_bad_values(kwargs: dict, says: str) -> None:
-    model = small_model(block_size=128)
-    spec = SweepSpec(**{**dict(contexts=[4, 8], modes=["uncached"]), **kwargs})
+def test_sweep_params_reject_bad_values(kwargs: dict, says: str) -> None:
+    params = LatencyParams(**{**dict(contexts=[4, 8], modes=["uncached"]), **kwargs})
     with pytest.raises(ValueError, match=says) as info:
-        spec.validate(model)
+        params.check(GPTConfig.from_name("tiny"), "cpu")
     assert "\n" not in str(info.value)
-
-
-def test_out_of_memory_is_reported_and_the_next_run_works(
-        results: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import engine.sweep
-
-    real = engine.sweep._time_cached
-
-    def oom(*args, **kwargs):
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
-
-    monkeypatch.setattr(engine.sweep, "_time_cached", oom)
-    at = open_page("sweep")
-    configure_sweep(at, "4, 8, 16")
-    at.button[0].click().run()
-    job = wait_job(at, "sweep_job")
-    assert job.state == "failed"
-    assert "Out of memory" in job.error and "batch 1 × context up to 16" in job.error
-    assert any("Out of memory" in e.value for e in at.error)
-    assert job.rows  # the uncached rows measured before the failure are kept
-    monkeypatch.setattr(engine.sweep, "_time_cached", real)
-    at.button[0].click().run()
-    job = wait_job(at, "sweep_job")
-    assert job.state == "done", job.error
 
 
 def test_duplicate_contexts_are_measured_once_and_said(results: Path) -> None:
@@ -121,4 +96,4 @@ def test_duplicate_contexts_are_measured_once_and_said(results: Path) -> None:
     no_traceback(at)
     assert any("measured once: 4, 8" in i.value for i in at.info), [i.value for i in at.info]
     job = wait_job(at, "sweep_job")
-    assert sorted({r["context_len"] for r in job.rows}) == [4, 8]
+    assert sorted({r["context_len"] for r in job.tables["latency"]}) == [4, 8]

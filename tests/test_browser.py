@@ -1,5 +1,7 @@
 """The real app in headless Chromium: every page opens without an exception, a tiny sweep draws
-its chart live and is saved, and the saved run reappears on the Results page.
+its chart live and is saved, and the saved run reappears on the Results page; a page opened
+first by its own URL on a fresh server has the titled navigation and the sidebar; a measuring
+process killed mid-sweep is reported, its partial run saved, and the next run completes.
 
 Starts ``streamlit run app.py`` on a free localhost port (tiny preset, results in a temporary
 folder) and drives it with Playwright using the Debian ``chromium`` binary. Screenshots go to a
@@ -10,6 +12,8 @@ Skipped when Chromium or Playwright is missing.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
 import socket
@@ -44,10 +48,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+@contextlib.contextmanager
+def streamlit_server(results: Path) -> Iterator[tuple[str, subprocess.Popen]]:
     port = free_port()
-    results = tmp_path_factory.mktemp("results")
     env = {**os.environ, "KVLAB_RESULTS_DIR": str(results),
            "KVLAB_TINY": "1" if MODEL == "tiny" else "0"}
     log = open(results / "server.log", "w")  # noqa: SIM115 - closed below
@@ -66,7 +69,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
                 time.sleep(0.5)
         else:
             pytest.fail("streamlit did not start: " + (results / "server.log").read_text())
-        yield url, results
+        yield url, proc
     finally:
         proc.terminate()
         try:
@@ -74,6 +77,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    results = tmp_path_factory.mktemp("results")
+    with streamlit_server(results) as (url, _):
+        yield url, results
 
 
 def shot(page, name: str, folder: Path) -> None:
@@ -149,12 +159,10 @@ def test_pages_in_chromium(server: tuple[str, Path], tmp_path: Path) -> None:
         wait_finished(page, 480_000)
         page.wait_for_selector('text=/Finished \\d+ points/', timeout=10_000)
         shot(page, "sweep", tmp_path)
-        assert len(list(results.glob("*.json"))) == 1
+        kinds = sorted(json.loads(p.read_text())["kind"] for p in results.glob("*.json"))
+        assert kinds == ["generation", "hardware", "latency_sweep"], kinds
 
-        go_to(page, "FLOPs vs time")
-        measure = page.get_by_role("button", name="Measure this device")
-        if measure.count():  # already measured on the Overview page in this session
-            measure.click()
+        go_to(page, "FLOPs vs time")  # the sweep carries the peaks it was measured with
         page.wait_for_selector('text="Roofline"', timeout=60_000)
         settle(page)
         assert page.locator(".js-plotly-plot").count() >= 3
@@ -185,10 +193,77 @@ def test_pages_in_chromium(server: tuple[str, Path], tmp_path: Path) -> None:
         shot(page, "correctness", tmp_path)
 
         go_to(page, "Results")
-        page.wait_for_selector('text=/Saved runs \\(3\\)/', timeout=30_000)  # sweep, floor, memory
+        # peaks, generation, sweep, attribution, memory, correctness
+        page.wait_for_selector('text=/Saved runs \\(6\\)/', timeout=30_000)
         assert page.locator(".js-plotly-plot").count() == 1
         shot(page, "results", tmp_path)
         browser.close()
     assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(
         f"{n}.png" for n in ("overview", "generate", "sweep", "flops", "floor", "memory",
                              "correctness", "results"))
+
+
+def test_a_deep_link_on_a_fresh_server_has_the_navigation(tmp_path: Path) -> None:
+    """A bookmark of /sweep, opened before anyone visited the root, after a restart."""
+    with streamlit_server(tmp_path) as (url, _), sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 1440, "height": 1000})
+        page.goto(f"{url}/sweep")
+        page.wait_for_selector('h1:has-text("Latency sweep")', timeout=60_000)
+        settle(page)
+        nav = page.locator('[data-testid="stSidebarNav"]').inner_text()
+        assert "Overview" in nav and "FLOPs vs time" in nav, nav
+        assert "correctness" not in nav and "app" not in nav.split(), nav  # not the bare folder
+        assert page.get_by_text("Model", exact=True).count() >= 1  # the shared sidebar
+        assert page.url.rstrip("/").endswith("/sweep")
+        shot(page, "deep_link", tmp_path)
+        browser.close()
+
+
+def test_killing_the_measuring_process_mid_sweep(tmp_path: Path) -> None:
+    import psutil
+
+    with streamlit_server(tmp_path) as (url, proc), sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 1440, "height": 1000})
+        page.goto(f"{url}/sweep")
+        page.wait_for_selector('h1:has-text("Latency sweep")', timeout=60_000)
+        settle(page)
+
+        def run_sweep(contexts: str) -> None:
+            choose = page.locator('[data-testid="stSelectbox"]', has_text="Context lengths")
+            for _ in range(3):  # the form folds away once a run exists: open it again
+                if choose.is_visible():
+                    break
+                page.locator('[data-testid="stExpander"] summary',
+                             has_text="What to measure").click()
+                page.wait_for_timeout(1500)  # the expander is inert while it opens
+            choose.click()
+            page.get_by_role("option", name="custom list / range").click()
+            box = page.get_by_role("textbox", name="Lengths (tokens)")
+            box.fill(contexts)
+            box.press("Enter")
+            settle(page)
+            page.get_by_role("button", name="Run sweep").click()
+
+        run_sweep("2-128:2")
+        end = time.monotonic() + 120  # until at least two points are measured and drawn
+        while time.monotonic() < end:
+            text = " ".join(page.locator('[data-testid="stProgress"]').all_inner_texts())
+            if (done := text.split(" / ")[0]).isdigit() and int(done) >= 2:
+                break
+            page.wait_for_timeout(300)
+        workers = [c for c in psutil.Process(proc.pid).children(recursive=True)
+                   if "instruments.worker" in " ".join(c.cmdline())]
+        assert len(workers) == 1
+        workers[0].kill()
+        page.wait_for_selector("text=/measuring process died/", timeout=60_000)
+        settle(page)
+        shot(page, "killed", tmp_path)
+        (saved,) = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")
+                    if json.loads(p.read_text())["kind"] == "latency_sweep"]
+        assert saved["meta"]["partial"] is True and saved["tables"]["latency"]
+        run_sweep("4, 8")  # the next run starts a fresh measuring process
+        wait_finished(page, 120_000)
+        page.wait_for_selector('text=/Finished \\d+ points/', timeout=10_000)
+        browser.close()

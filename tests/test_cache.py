@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from engine import generate
-from engine.checks import cached_equals_uncached, inject_bug, multi_token_append
 from engine.config import MASK_KINDS
 from engine.kv_cache import CACHE_KINDS
+from instruments.checks import cached_equals_uncached, inject_bug, multi_token_append
 
 from .conftest import random_prompt, small_model
 

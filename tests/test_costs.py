@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from engine import costs
 from engine.config import GPTConfig
+from instruments import costs
 
 GPT2 = GPTConfig.from_name("gpt2")
 TINY = GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=32, vocab_size=50)
@@ -267,7 +267,7 @@ def test_step_bytes_and_intensity():
 
 def test_published_throughput_is_reproduced_by_the_formula():
     """The write-up's achieved TFLOP/s are its FLOP estimate / its latency: check we agree."""
-    from engine.results import reference_run, table_frame
+    from instruments.results import reference_run, table_frame
 
     ref = [reference_run()]
     latency = table_frame(ref, "latency").set_index(["mode", "context_len"])["latency_ms"]

@@ -12,11 +12,12 @@ import os
 import pytest
 import torch
 
-from engine import GPT, GPTConfig
-from engine.attribution import step_memory_growth
+from engine import GPT, GPTConfig, decode, make_decoder, modes
 from engine.compiled import CompiledDecoder, CudaGraphDecoder
 from engine.fast import FastDecoder, PackedLinear, release_fast_weights
-from engine.modes import MODES, check_mode, default_modes, greedy_tokens, make_decoder
+from engine.modes import MODES
+from instruments.gate import check_mode
+from instruments.memory import step_memory_growth
 
 CFG = GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=128, vocab_size=256)
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -34,8 +35,8 @@ def prompt(batch: int = 2, n: int = 8, device: str = "cpu") -> torch.Tensor:
 
 
 def same_as_mode1(model: GPT, dec, p: torch.Tensor, n: int = 40) -> bool:
-    want = greedy_tokens(make_decoder(model, "uncached", batch_size=p.size(0)), p, n)
-    return torch.equal(want, greedy_tokens(dec, p, n))
+    want = decode(make_decoder(model, "uncached", batch_size=p.size(0)), p, n).tokens
+    return torch.equal(want, decode(dec, p, n).tokens)
 
 
 def test_all_modes_registered_with_labels() -> None:
@@ -136,9 +137,9 @@ def test_a_second_decoder_takes_the_static_cache_over() -> None:
 
 def test_cuda_graph_is_unavailable_on_a_cpu() -> None:
     model = tiny()
-    assert MODES["cuda_graph"].available(model) == (False, "needs a CUDA GPU")
-    assert "cuda_graph" not in default_modes(model)
-    assert "fast" in default_modes(model)
+    assert modes.available("cuda_graph", "cpu") == (False, "needs a CUDA GPU")
+    assert "cuda_graph" not in modes.defaults("cpu")
+    assert "fast" in modes.defaults("cpu")
     with pytest.raises(ValueError, match="CUDA GPU"):
         make_decoder(model, "cuda_graph")
 
@@ -159,8 +160,7 @@ def test_preallocated_steps_keep_no_memory() -> None:
     row = 2 * CFG.n_layer * CFG.n_embd * 4  # one token's K and V, every layer, fp32
     for mode, want in (("concat", row), ("prealloc_fused", 0), ("fast", 0)):
         dec = make_decoder(model, mode, capacity=64)
-        logits = dec.prefill(prompt(1))
-        assert step_memory_growth(dec, logits, 12)["net_bytes_per_step"] == want, mode
+        assert step_memory_growth(dec, prompt(1), 12)["net_bytes_per_step"] == want, mode
 
 
 @pytest.mark.slow

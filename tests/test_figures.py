@@ -6,10 +6,10 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
-from engine import GPTConfig, costs
-from engine.memory import crossover_grid
+from engine import GPTConfig
+from instruments import costs
+from instruments.costs import crossover_grid
 from ui.figures import (
-    MODE_COLORS,
     cumulative_figure,
     latency_figure,
     mode_color,
@@ -64,9 +64,8 @@ def assert_titled(fig: go.Figure, x_unit: str, y_unit: str) -> None:
 def test_every_ladder_mode_has_its_own_colour() -> None:
     from engine.modes import MODES
 
-    assert set(MODES) <= set(MODE_COLORS)
-    colours = [MODE_COLORS[m] for m in MODES]
-    assert len(set(colours)) == len(colours)
+    colours = [mode_color(m) for m in MODES]
+    assert len(set(colours)) == len(colours) and mode_color("zzz") not in colours
     assert mode_color("cached") == mode_color("concat")
     assert ordered_modes(["concat", "x", "uncached"]) == ["uncached", "concat", "x"]
 
@@ -76,7 +75,7 @@ def test_latency_figure_lines_samples_and_speedup_label() -> None:
     assert_titled(fig, "tokens", "ms")
     lines = [t for t in fig.data if t.mode == "lines+markers"]
     assert [t.name for t in lines] == ["label uncached", "label concat"]
-    assert lines[0].line.color == MODE_COLORS["uncached"]
+    assert lines[0].line.color == mode_color("uncached")
     faint = [t for t in fig.data if t.mode == "markers"]
     assert len(faint) == 2 and len(faint[0].x) == 2 * len(CONTEXTS)
     assert fig.layout.yaxis.type == "log"
@@ -117,7 +116,7 @@ def test_reductions_and_figure_4() -> None:
     assert_titled(fig, "tokens", "×")
     assert fig.layout.yaxis.type == "log"
     assert [t.line.dash for t in fig.data] == ["dash", None]  # FLOPs dashed, time solid
-    assert [t.line.color for t in fig.data] == [MODE_COLORS["concat"]] * 2
+    assert [t.line.color for t in fig.data] == [mode_color("concat")] * 2
     assert reductions(sweep_rows(), "missing").empty
 
 
@@ -179,3 +178,13 @@ def test_check_matrix() -> None:
     assert_titled(fig, "check", "bug")
     assert fig.data[0].z.tolist() == [[0.0, 0.0], [0.0, 1.0]]
     assert fig.data[0].text[1][1] == "FAILS"
+
+
+def test_a_check_that_could_not_run_is_grey_not_caught() -> None:
+    rows = pd.DataFrame([
+        {"bug": "positions", "check": "logits", "passed": None,
+         "detail": "could not run: ImportError: no transformers"},
+        {"bug": "positions", "check": "append", "passed": False, "detail": "differs"}])
+    fig = check_matrix_figure(rows)
+    assert fig.data[0].z.tolist() == [[0.5, 1.0]]
+    assert fig.data[0].text[0] == ["could not run", "FAILS"]

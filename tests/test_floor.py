@@ -4,7 +4,6 @@ smoke-runs, the figures build without Streamlit and the page runs a profile end 
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,17 +13,36 @@ import pytest
 import torch
 
 from engine import GPT, GPTConfig
-from engine.attribution import Peaks, attribute_step, attribution_sweep
-from engine.scope import batch_sweep, model_size_sweep, precision_compare
-from engine.staircase import SHAPES, default_ts, run_staircase
+from instruments.device import Peaks
+from instruments.experiments import get
+from instruments.experiments.attribution import attribute_step
+from instruments.experiments.staircase import SHAPES, default_ts
+from instruments.params import AttributionParams, PrecisionParams, ScopeParams, StaircaseParams
+from instruments.spine import Loaded
+
+from .conftest import loaded_model
 
 CFG = GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=128, vocab_size=256)
-PEAKS = Peaks("cpu", "float32", tflops=0.05, gbps=5.0, bandwidth_bytes=1)  # no re-measuring
+# Fixed rates: no re-measuring in every test (the routine itself is tested in test_hardware).
+PEAKS = Peaks("cpu", "float32", matmul_tflops=0.05, matmul_n=1, read_gbps=5.0,
+              read_kernel="sum", copy_gbps=5.0, bandwidth_bytes=1)
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def tiny() -> GPT:
     return GPT.random(CFG, seed=1, std=0.2)
+
+
+@pytest.fixture(autouse=True)
+def fixed_peaks(monkeypatch: pytest.MonkeyPatch) -> None:
+    from instruments import device
+
+    monkeypatch.setattr(device, "peaks", lambda *a, **k: PEAKS)
+
+
+def run(name: str, params: object, model: GPT | None = None, **kw: object) -> dict:
+    loaded: Loaded = loaded_model(model or tiny())
+    return get(name).run(loaded, params, **kw)
 
 
 @contextlib.contextmanager
@@ -55,59 +73,62 @@ def test_attribution_adds_up_within_its_error(mode: str) -> None:
     assert row["overhead_ms"] == pytest.approx(row["step_ms"] - row["floor_ms"])
 
 
-def test_attribution_sweep_rows_progress_and_stop() -> None:
-    model = tiny()
-    seen: list[tuple[int, int]] = []
-    res = attribution_sweep(model, "fast", [2, 32, 200], steps=3, peaks=PEAKS,
-                            on_progress=lambda d, t, m: seen.append((d, t)))
-    assert [r["context_len"] for r in res.rows] == [5, 32, 126]  # clipped to what fits
-    assert res.notes and seen[-1][0] == seen[-1][1]
-    stopped = attribution_sweep(model, "fast", [16, 32], steps=3, peaks=PEAKS,
-                                should_stop=lambda: True)
-    assert stopped.cancelled and not stopped.rows
+def test_attribution_rows_progress_and_stop() -> None:
+    seen = []
+    res = run("attribution", AttributionParams(["fast"], [2, 32, 128], steps=3),
+              progress=seen.append)
+    rows = res["tables"]["attribution"]
+    assert [r["context_len"] for r in rows] == [5, 32, 126]  # clipped to what fits
+    assert "clipped" in res["meta"]["note"] and seen[-1].done == seen[-1].total == 3
+    assert res["meta"]["peaks"]["measured"]["read_gbps"] == 5.0  # the run carries its peaks
+    stopped = run("attribution", AttributionParams(["fast"], [16, 32], steps=3),
+                  should_stop=lambda: True)
+    assert stopped["meta"]["partial"] and not stopped["tables"]["attribution"]
 
 
 def test_staircase_on_a_tiny_shape() -> None:
-    model = tiny()
     ts = [1, 7, 64, 128]
-    rows: list[dict] = []
-    res = run_staircase(CFG, ts=ts, model=model, include_forward=True, repeats=2,
-                        on_row=rows.append)
-    assert len(res.rows) == len(ts) * len(SHAPES) and len(res.totals) == len(ts) == len(rows)
-    for total in res.totals:
-        per = {r["shape"]: r["latency_ms"] for r in res.rows if r["T"] == total["T"]}
+    seen = []
+    res = run("staircase", StaircaseParams(ts, repeats=2, include_forward=True),
+              progress=seen.append)
+    shapes, totals = res["tables"]["staircase"], res["tables"]["totals"]
+    streamed = [e.row for e in seen if e.table == "totals"]
+    assert len(shapes) == len(ts) * len(SHAPES) and len(totals) == len(ts) == len(streamed)
+    for total in totals:
+        per = {r["shape"]: r["latency_ms"] for r in shapes if r["T"] == total["T"]}
         layer = sum(per[s] for s in SHAPES[:4])
         assert total["total_ms"] == pytest.approx(CFG.n_layer * layer + per["head"])
         assert total["forward_ms"] > 0
-    head = next(r for r in res.rows if r["shape"] == "head" and r["T"] == 64)
+    head = next(r for r in shapes if r["shape"] == "head" and r["T"] == 64)
     assert (head["m"], head["k"], head["n"]) == (64, 64, 256)
     assert default_ts(1024, "cpu")[:3] == [1, 32, 64] and len(default_ts(1024, "cuda")) == 1024
-    with pytest.raises(ValueError, match="within 1..128"):
-        run_staircase(CFG, ts=[0, 5])
+    with pytest.raises(ValueError, match="outside 1..128"):
+        run("staircase", StaircaseParams([0, 5]))
 
 
 def test_scope_batch_and_model_sweeps_bounded() -> None:
-    model = tiny()
-    res = batch_sweep(model, (1, 2, 4), 32, steps=2, repeats=1)
-    assert [r["batch_size"] for r in res.rows] == [1, 2, 4]
-    assert all(r["speedup"] > 0 and r["flop_ratio"] > 1 for r in res.rows)
-    capped = batch_sweep(model, (1, 1024), 32, steps=2, repeats=1, max_seconds=1e-6)
-    assert capped.rows[1]["skipped"] and capped.rows[1]["speedup"] is None
-    sizes = model_size_sweep(["gpt2", "gpt2-medium"], 16, steps=2, repeats=1,
-                             config_overrides=dict(n_layer=1, vocab_size=256, block_size=64))
-    assert [r["model"] for r in sizes.rows] == ["gpt2", "gpt2-medium"]
-    assert sizes.rows[1]["params"] > sizes.rows[0]["params"]
+    res = run("scope", ScopeParams("batch", [1, 2, 4], 32, steps=2, repeats=1))
+    rows = res["tables"]["scope"]
+    assert [r["batch_size"] for r in rows] == [1, 2, 4]
+    assert all(r["speedup"] > 0 and r["flop_ratio"] > 1 for r in rows)
+    capped = run("scope", ScopeParams("batch", [1, 256], 32, steps=2, repeats=1,
+                                      max_seconds=1e-6))["tables"]["scope"]
+    assert capped[1]["skipped"] and capped[1]["speedup"] is None
+    sizes = run("scope", ScopeParams("model", ["gpt2"], 16, steps=2, repeats=1,
+                                     max_seconds=1e-6))["tables"]["scope"]
+    assert [r["model"] for r in sizes] == ["gpt2"] and sizes[0]["params"] == 124_439_808
 
 
 def test_precision_compare_against_fp32() -> None:
-    res = precision_compare(tiny(), ["fp32", "bf16"], prompt_len=8, new_tokens=8, steps=2)
-    fp32, bf16 = res.rows
+    res = run("precision", PrecisionParams(["fp32", "bf16"], prompt_len=8, new_tokens=8,
+                                           steps=2))
+    fp32, bf16 = res["tables"]["precision"]
     assert fp32["top1_agreement"] == 1.0 and fp32["max_logit_diff"] == 0.0
     assert fp32["identical_prefix_tokens"] == 8
     assert bf16["weight_bytes"] * 2 == fp32["weight_bytes"]
     assert 0 < bf16["max_logit_diff"] < 5 and 0 <= bf16["top1_agreement"] <= 1
     with pytest.raises(ValueError, match="not offered"):
-        precision_compare(tiny(), ["tf32"])
+        run("precision", PrecisionParams(["tf32"]))
 
 
 def test_bench_smoke_tiny(capsys: pytest.CaptureFixture[str],
@@ -124,9 +145,8 @@ def test_bench_smoke_tiny(capsys: pytest.CaptureFixture[str],
 
 # ----------------------------------------------------------------------------------- figures
 def _attr_rows() -> pd.DataFrame:
-    model = tiny()
-    return pd.DataFrame(attribution_sweep(model, "fast", [16, 64], steps=2, peaks=PEAKS,
-                                          check=False).rows)
+    res = run("attribution", AttributionParams(["fast"], [16, 64], steps=2))
+    return pd.DataFrame(res["tables"]["attribution"])
 
 
 def test_figures_build_with_titled_axes() -> None:
@@ -148,46 +168,21 @@ def test_figures_build_with_titled_axes() -> None:
     assert "(ms)" in fig.layout.yaxis.title.text and "tokens" in fig.layout.xaxis.title.text
     assert fig.layout.barmode == "stack"
     assert len(counts_figure(df).data) == 1 and not attribution_table(df).empty
-    stair = run_staircase(CFG, ts=[1, 64], repeats=1)
-    assert len(staircase_figure(pd.DataFrame(stair.totals)).data) == 2
-    assert len(shapes_figure(pd.DataFrame(stair.rows)).data) == len(SHAPES)
-    scope = pd.DataFrame(batch_sweep(tiny(), (1, 2), 16, steps=2, repeats=1).rows)
+    stair = run("staircase", StaircaseParams([1, 64], repeats=1))["tables"]
+    assert len(staircase_figure(pd.DataFrame(stair["totals"])).data) == 2
+    assert len(shapes_figure(pd.DataFrame(stair["staircase"])).data) == len(SHAPES)
+    scope = pd.DataFrame(run("scope", ScopeParams("batch", [1, 2], 16, steps=2,
+                                                  repeats=1))["tables"]["scope"])
     sfig = scope_figure(scope)
     assert len(sfig.data) == 2 and "×" in sfig.layout.yaxis.title.text
     assert list(scope_table(scope)["batch_size"]) == [1, 2]
-    prec = pd.DataFrame(precision_compare(tiny(), ["fp32"], prompt_len=8, new_tokens=4,
-                                          steps=2).rows)
+    prec = pd.DataFrame(run("precision", PrecisionParams(["fp32"], prompt_len=8, new_tokens=4,
+                                                         steps=2))["tables"]["precision"])
     assert "MiB" in precision_table(prec).columns[2]
     assert precision_figure(prec).layout.yaxis.title.text == "time per decode step (ms)"
     for empty in (attribution_figure(pd.DataFrame()), staircase_figure(pd.DataFrame()),
                   scope_figure(pd.DataFrame()), precision_figure(pd.DataFrame())):
         assert isinstance(empty, go.Figure) and empty.layout.xaxis.title.text
-
-
-@pytest.mark.timeout(180)
-def test_floor_page_profiles_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from streamlit.testing.v1 import AppTest
-
-    monkeypatch.setenv("KVLAB_TINY", "1")
-    monkeypatch.setenv("KVLAB_RESULTS_DIR", str(tmp_path))
-    script = (f"import runpy, sys\nsys.path.insert(0, {str(ROOT)!r})\n"
-              "from ui.state import sidebar\nsidebar()\n"
-              f"runpy.run_path({str(ROOT / 'pages/floor.py')!r}, run_name='__main__')\n")
-    at = AppTest.from_string(script, default_timeout=60).run()
-    assert not at.exception, [e.message for e in at.exception]
-    at.multiselect(key="floor_attr_modes").set_value(["prealloc_fused"])
-    at.text_input(key="floor_attr_ctx").set_value("16, 64")
-    at.number_input(key="floor_attr_steps").set_value(2)
-    at.button(key="floor_attr_go").click().run()
-    end = time.monotonic() + 120
-    while not at.session_state["floor_attr_job"].finished and time.monotonic() < end:
-        time.sleep(0.3)
-    at.run()
-    assert not at.exception, [e.message for e in at.exception]
-    job = at.session_state["floor_attr_job"]
-    assert job.state == "done", job.error
-    assert len(job.rows) == 2 and job.saved_path and Path(job.saved_path).exists()
-    assert len(at.get("plotly_chart")) >= 2
 
 
 def _script(name: str, monkeypatch: pytest.MonkeyPatch):
@@ -205,7 +200,7 @@ def _script(name: str, monkeypatch: pytest.MonkeyPatch):
 def test_gpu_check_dry_run_on_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                   capsys: pytest.CaptureFixture[str]) -> None:
     """The script's logic end to end on a CPU with no time budget: every stage saves a file."""
-    from engine.results import load_runs
+    from instruments.results import load_runs
 
     gpu_check = _script("gpu_check", monkeypatch)
     if not torch.cuda.is_available():
@@ -218,7 +213,7 @@ def test_gpu_check_dry_run_on_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert "bandwidth floor" in capsys.readouterr().out
     rows = [{"mode": "cuda_graph", "cached": True, "phase": "decode", "context_len": 100,
              "latency_ms": 2.0}]
-    line = gpu_check.floor_lines(rows, CFG, PEAKS, "float32")[0]
+    line = gpu_check.floor_lines(rows, CFG, 5.0, "float32")[0]
     assert line["floor_ms"] == pytest.approx(
         (4 * (CFG.n_layer * 12 * 64 * 64 + 64 * 256) + 100 * 2 * 2 * 64 * 4) / 5e9 * 1e3)
     assert "goal ≤ 2×" in line["text"]

@@ -1,13 +1,16 @@
-"""Generation: sampling reproducibility, callbacks, cancellation, the logits switch, tokenizer."""
+"""The decode loop: sampling reproducibility, steps, timing, cancellation, teacher forcing, the
+logits switch, and the tokenizer."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from engine import generate, generate_detailed
-from engine.generate import first_difference
-from engine.tokenizer import decode, encode
+from engine import Decoder, decode, generate, make_decoder
+from engine.loop import first_difference
+from engine.tokenizer import decode as detokenize
+from engine.tokenizer import encode
+from instruments.timing import StepClock
 
 from .conftest import random_prompt
 
@@ -30,17 +33,42 @@ def test_top_k_one_is_greedy(model) -> None:
                        generate(model, p, 20))
 
 
-def test_callback_reports_each_token_and_stop(model) -> None:
+def test_loop_reports_each_step_times_it_and_stops(model) -> None:
     events = []
-    out = generate_detailed(model, [1, 2, 3], 10, on_token=events.append)
-    assert [e.step for e in events] == list(range(10))
+    prompt = torch.tensor([[1, 2, 3]])
+    clock = StepClock()
+    out = decode(Decoder(model, capacity=13), prompt, 10, timer=clock, on_step=events.append)
+    assert [e.index for e in events] == list(range(10))
     assert [e.context_len for e in events] == list(range(3, 13))
     assert events[0].phase == "prefill" and events[1].phase == "decode"
-    assert all(e.step_ms > 0 for e in events)
+    assert all(e.step_ms > 0 for e in events) and out.step_ms == clock.samples_ms
     assert out.tokens[0].tolist() == [e.token_ids[0] for e in events]
-    stopped = generate_detailed(model, [1, 2, 3], 10, should_stop=lambda: len(events) >= 13,
-                                on_token=events.append)
+    stopped = decode(Decoder(model), prompt, 10, should_stop=lambda: len(events) >= 13,
+                     on_step=events.append)
     assert stopped.stopped_early and stopped.tokens.shape == (1, 3)
+    uncached = decode(make_decoder(model, "uncached"), prompt, 3, on_step=events.append)
+    assert events[-1].phase == "uncached" and uncached.step_ms == []  # no timer, no times
+
+
+def test_skipped_calls_are_not_samples(model) -> None:
+    clock = StepClock(skip=3)
+    gen = decode(Decoder(model, capacity=20), torch.tensor([[5, 6]]), 8, timer=clock)
+    assert len(gen.step_ms) == len(clock.samples_ms) == 5
+
+
+def test_teacher_forcing_feeds_the_given_tokens(model) -> None:
+    prompt = random_prompt(4)
+    free = decode(Decoder(model, capacity=40), prompt, 12, keep_logits=True)
+    forced = decode(Decoder(model, capacity=40), prompt, 12, feed=free.tokens,
+                    keep_logits=True)
+    assert torch.equal(free.tokens, forced.tokens)  # fed its own picks: the same run
+    other = torch.randint(0, 512, (1, 12), generator=torch.Generator().manual_seed(3))
+    steered = decode(Decoder(model, capacity=40), prompt, 12, feed=other, keep_logits=True)
+    assert torch.equal(steered.logits[0], free.logits[0])  # the prefill sees no fed token
+    assert not torch.equal(steered.logits[2], free.logits[2])
+    # The fed tokens are what a cached step sees: the same as the uncached loop fed the same.
+    naive = decode(make_decoder(model, "uncached"), prompt, 12, feed=other, keep_logits=True)
+    assert torch.allclose(torch.stack(naive.logits), torch.stack(steered.logits), atol=1e-4)
 
 
 def test_last_only_projection_gives_same_tokens(model) -> None:
@@ -66,7 +94,7 @@ def test_first_difference() -> None:
 def test_tokenizer_round_trip() -> None:
     ids = encode("Hello, I'm a language model,")
     assert ids == [15496, 11, 314, 1101, 257, 3303, 2746, 11]
-    assert decode(ids) == "Hello, I'm a language model,"
+    assert detokenize(ids) == "Hello, I'm a language model,"
 
 
 def test_tokenizer_missing_files_message(monkeypatch, tmp_path) -> None:

@@ -5,20 +5,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import costs
 from engine.config import GPTConfig
-from engine.memory import (
-    crossover_grid,
+from engine.model import GPT
+from instruments import costs
+from instruments.costs import breakdown_formula, crossover_grid, peak_memory_estimate
+from instruments.memory import (
     cublas_workspace,
     cublas_workspace_bytes,
     fits,
     measure_kv_memory,
     memory_breakdown,
     model_memory,
-    peak_memory_estimate,
     storage_bytes,
 )
-from engine.model import GPT
 
 TINY = GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=128, vocab_size=256)
 GPT2 = GPTConfig.from_name("gpt2")
@@ -72,13 +71,12 @@ def test_storage_bytes_counts_shared_storage_once() -> None:
 
 
 def test_breakdown_rows(tiny: GPT) -> None:
-    formula = memory_breakdown(tiny, 1, 64, measure=False)
+    formula = breakdown_formula(TINY, "float32", 1, 64)
     assert {r["source"] for r in formula} <= {"formula", "measured"}
     comp = {r["component"]: r for r in formula}
     assert comp["KV cache"]["bytes"] == kv_per_token(TINY) * 64
     assert comp["weights"]["bytes"] == costs.weight_bytes(TINY, "float32")
-    seed_formula = {r["component"]: r for r in memory_breakdown(tiny, 1, 8, measure=False,
-                                                                mask="seed")}
+    seed_formula = {r["component"]: r for r in breakdown_formula(TINY, "float32", 1, 8, "seed")}
     assert seed_formula["causal-mask buffers"]["bytes"] == 2 * 128 * 128 * 4
     measured = {r["component"]: r for r in memory_breakdown(tiny, 2, 64, mask="seed")}
     assert measured["causal-mask buffers"]["bytes"] == 2 * 128 * 128 * 4 == tiny.mask_nbytes()

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine import GPT, GPTConfig, WeightsError, generate, load_model
-from engine.checks import logits_vs_transformers
+from instruments.checks import logits_vs_transformers
 
 from .conftest import random_prompt, small_model
 

@@ -1,4 +1,5 @@
-"""Every mode of the ladder available on this machine gives mode 1's greedy tokens."""
+"""Every mode of the ladder available on this machine gives mode 1's greedy tokens; the
+registry holds each mode once with its rung, label and colour."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ import os
 
 import pytest
 
-from engine.checks import inject_bug
-from engine.modes import MODES, check_mode, mode_available
+from engine import modes
+from engine.modes import MODES
+from instruments.checks import inject_bug
+from instruments.gate import check_mode, gate
 
 from .conftest import random_prompt, small_model
 
@@ -15,7 +18,7 @@ from .conftest import random_prompt, small_model
 @pytest.mark.parametrize("name", list(MODES))
 def test_mode_equals_naive_loop(name: str) -> None:
     model = small_model()
-    ok, why = mode_available(model, name)
+    ok, why = modes.available(name, str(model.device))
     if not ok:
         pytest.skip(why)
     if MODES[name].slow_setup and not os.environ.get("KV_LAB_COMPILE_TESTS"):
@@ -28,3 +31,37 @@ def test_check_mode_catches_a_broken_mode() -> None:
     model = small_model()
     with inject_bug(model, "positions"):
         assert not check_mode(model, "prealloc", random_prompt(8), n=20).passed
+
+
+def test_the_gate_refuses_a_mode_that_crashes(monkeypatch: pytest.MonkeyPatch) -> None:
+    import engine.fast
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("kernel exploded")
+
+    monkeypatch.setattr(engine.fast.FastDecoder, "step", broken)
+    verdict = gate(small_model(), "fast")
+    assert not verdict.passed and "kernel exploded" in verdict.detail
+    assert gate(small_model(), "uncached").passed  # mode 1 is the reference
+
+
+def test_registry_rungs_labels_colours_and_order() -> None:
+    assert [s.rung for s in MODES.values()] == list(range(1, len(MODES) + 1))
+    assert all(s.label.startswith(f"{s.rung} · ") for s in MODES.values())
+    assert len({s.color for s in MODES.values()}) == len(MODES)
+    assert modes.color("cached") == modes.color("concat")  # the write-up's name for mode 3
+    assert modes.ordered(["fast", "zzz", "uncached", "concat"]) == ["uncached", "concat", "fast",
+                                                                    "zzz"]
+    assert modes.UNCACHED == ("uncached", "uncached_last")
+
+
+def test_availability_is_decided_without_torch() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; from engine import modes; "
+            "print(modes.available('cuda_graph', 'cpu'), modes.defaults('cpu')); "
+            "assert 'torch' not in sys.modules")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert "needs a CUDA GPU" in out and "'fast'" in out and "'compiled'" not in out

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine import results
-from engine.results import (
+from instruments import results
+from instruments.results import (
     META_FIELDS,
     RUN_COLUMNS,
     SCHEMA_VERSION,

@@ -1,8 +1,9 @@
-"""Soak: 20 small sweeps back to back must not grow the process's memory.
+"""Soak: 20 small sweeps back to back through the measuring process must not grow memory.
 
-Resident memory is read after a first sweep (allocator pools and lazily built kernels are then
-in place) and again after twenty more. The bound is 40 MiB: the model is ~2.6 MB, and one
-sweep's caches and rows are well under 1 MiB, so steady growth of even 2 MiB per sweep fails it.
+Resident memory of the measuring process (and of this one, the server's side) is read after a
+first sweep (allocator pools and lazily built kernels are then in place) and again after twenty
+more. The bound is 40 MiB: the model is a few MB, and one sweep's caches and rows are well under
+1 MiB, so steady growth of even 2 MiB per sweep fails it.
 """
 
 from __future__ import annotations
@@ -10,50 +11,54 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+import time
+from pathlib import Path
 
 import psutil
 import pytest
-import torch
 
-from engine.results import collect_meta, load_runs, new_run, save_run
-from engine.runner import RUNNER
-from engine.sweep import SweepSpec, run_latency_sweep
-
-from .conftest import small_model
+from instruments import client
+from instruments.params import LatencyParams, to_dict
+from instruments.results import load_runs
+from instruments.spine import ModelSpec
 
 GROWTH_BOUND_BYTES = 40 * 2**20
 
 
-def _rss() -> int:
+def _rss(pid: int) -> int:
     gc.collect()
     # Return freed heap pages to the OS so RSS reflects live memory (glibc only).
     with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    return psutil.Process().memory_info().rss
+    return psutil.Process(pid).memory_info().rss
 
 
 @pytest.mark.soak
-def test_twenty_sweeps_do_not_grow_memory(tmp_path) -> None:
-    model = small_model()
-    spec = SweepSpec(contexts=[4, 16, 32], modes=["uncached", "concat", "prealloc"],
-                     warmup=1, repeats=1, check_tokens=4, warmup_steps=4)
+@pytest.mark.timeout(600)
+def test_twenty_sweeps_do_not_grow_memory(tmp_path: Path) -> None:
+    params = to_dict(LatencyParams(contexts=[4, 16, 32], modes=["uncached", "concat", "prealloc"],
+                                   warmup=1, repeats=1, check_tokens=4, warmup_steps=4,
+                                   measure_peaks=False))
 
-    def one_sweep(i: int) -> None:
-        with RUNNER.turn("cpu", owner="soak", what=f"sweep {i}"):
-            result = run_latency_sweep(model, spec)
-        assert len(result.rows) == 9 and not result.cancelled
-        save_run(new_run("latency_sweep", collect_meta(model="small"), {"latency": result.rows}),
-                 tmp_path)
+    def one_sweep() -> int:
+        job = client.submit("latency", params, ModelSpec("tiny"), owner="soak",
+                            results_dir=tmp_path)
+        end = time.monotonic() + 120
+        while not job.finished and time.monotonic() < end:
+            time.sleep(0.05)
+        assert job.state == "done", job.error
+        assert len(job.run["tables"]["latency"]) == 9
+        return job.pid
 
-    one_sweep(0)
-    before = _rss()
-    alloc_before = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
-    for i in range(1, 21):
-        one_sweep(i)
-    growth = _rss() - before
-    print(f"resident memory growth over 20 sweeps: {growth / 2**20:.2f} MiB")
-    assert growth < GROWTH_BOUND_BYTES, f"resident memory grew by {growth / 2**20:.1f} MiB"
-    if torch.cuda.is_available():
-        assert torch.cuda.memory_allocated() == alloc_before
+    pid = one_sweep()
+    before, server_before = _rss(pid), _rss(psutil.Process().pid)
+    for _ in range(20):
+        assert one_sweep() == pid  # the same measuring process holds the model throughout
+    growth = _rss(pid) - before
+    server_growth = _rss(psutil.Process().pid) - server_before
+    print(f"resident memory growth over 20 sweeps: measuring process {growth / 2**20:.2f} MiB, "
+          f"this process {server_growth / 2**20:.2f} MiB")
+    assert growth < GROWTH_BOUND_BYTES, f"the measuring process grew by {growth / 2**20:.1f} MiB"
+    assert server_growth < GROWTH_BOUND_BYTES, f"this process grew by {server_growth / 2**20:.1f}"
     loaded = load_runs(tmp_path)
     assert len(loaded.runs) == 21 and not loaded.skipped

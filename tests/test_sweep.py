@@ -1,35 +1,36 @@
-"""Timed sweeps on a tiny model: shape of the rows, progress, cancelling, refusing a wrong mode."""
+"""Timed sweeps on a tiny model: shape of the rows, progress, stopping, refusing a wrong mode."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from engine import costs
-from engine.checks import inject_bug
+from engine import Decoder
 from engine.config import GPTConfig
 from engine.model import GPT
-from engine.modes import MODES, Decoder, ModeSpec, register_mode
-from engine.sweep import (
-    CONTEXT_PRESETS,
-    Progress,
-    SweepSpec,
-    default_spec,
-    format_summary,
-    parse_contexts,
-    preset_contexts,
-    run_end_to_end,
-    run_latency_sweep,
-    summary_table,
-)
+from engine.modes import MODES, ModeSpec
+from instruments import costs
+from instruments.checks import inject_bug
+from instruments.contexts import CONTEXT_PRESETS, parse_contexts, preset_contexts
+from instruments.experiments import get
+from instruments.params import EndToEndParams, LatencyParams
+from instruments.spine import Event, Loaded
+from instruments.tables import format_summary, summary_table
+
+from .conftest import loaded_model
 
 TINY = GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=128, vocab_size=256)
 
 
 @pytest.fixture(scope="module")
-def tiny() -> GPT:
+def tiny() -> Loaded:
     # std 0.2: peaked, varied predictions, so a wrong cache changes the greedy tokens
-    return GPT.random(TINY, seed=3, std=0.2)
+    return loaded_model(GPT.random(TINY, seed=3, std=0.2))
+
+
+def sweep(tiny: Loaded, params: LatencyParams, progress=None, should_stop=None) -> dict:
+    params.measure_peaks = False  # measured once per process elsewhere: not the point here
+    return get("latency").run(tiny, params, progress, should_stop)
 
 
 # ------------------------------------------------------------------------------ contexts
@@ -71,97 +72,111 @@ def test_parse_contexts_bad(text: str) -> None:
     (dict(modes=["nope"]), "cannot run"), (dict(batch_size=0), "batch"),
     (dict(batch_size=257), "batch"), (dict(repeats=0), "repeats"), (dict(warmup=-1), "warmup"),
 ])
-def test_spec_validation(tiny: GPT, change: dict, match: str) -> None:
-    spec = SweepSpec(**{**dict(contexts=[8], modes=["uncached"]), **change})
+def test_params_validation(change: dict, match: str) -> None:
+    params = LatencyParams(**{**dict(contexts=[8], modes=["uncached"]), **change})
     with pytest.raises(ValueError, match=match):
-        spec.validate(tiny)
+        params.check(TINY, "cpu")
 
 
-def test_default_spec_is_quick_on_cpu_and_thorough_on_cuda() -> None:
-    cpu, gpu = default_spec("cpu", 1024), default_spec("cuda", 1024)
+def test_default_params_are_quick_on_cpu_and_thorough_on_cuda() -> None:
+    cpu, gpu = LatencyParams.defaults("cpu", 1024), LatencyParams.defaults("cuda", 1024)
     assert cpu.contexts == CONTEXT_PRESETS["log-spaced (16)"]
     assert cpu.repeats == 3 and cpu.warmup_steps is not None
     assert gpu.repeats == 5 and gpu.warmup_steps is None
-    assert default_spec("cpu", 128).contexts[-1] == 128
+    assert LatencyParams.defaults("cpu", 128).contexts[-1] == 128
 
 
 # --------------------------------------------------------------------------------- sweep
-def test_sweep_rows_one_per_mode_and_context(tiny: GPT) -> None:
+def test_sweep_rows_one_per_mode_and_context(tiny: Loaded) -> None:
     contexts = [1, 4, 9, 16]
     modes = ["uncached", "uncached_last", "concat"]
-    seen: list[Progress] = []
-    res = run_latency_sweep(tiny, SweepSpec(contexts, modes, repeats=2, warmup=1, check_tokens=8),
-                            on_progress=seen.append)
-    assert not res.cancelled and all(c.passed for c in res.checks)
-    assert len(res.rows) == len(contexts) * len(modes)
+    seen: list[Event] = []
+    run = sweep(tiny, LatencyParams(contexts, modes, repeats=2, warmup=1, check_tokens=8),
+                seen.append)
+    rows = run["tables"]["latency"]
+    assert run["kind"] == "latency_sweep" and run["meta"]["partial"] is False
+    assert all(c["passed"] for c in run["tables"]["checks"])
+    assert len(rows) == len(contexts) * len(modes)
     for mode in modes:
-        rows = [r for r in res.rows if r["mode"] == mode]
-        assert [r["context_len"] for r in rows] == contexts  # monotone, one per length
-        for r in rows:
+        mode_rows = [r for r in rows if r["mode"] == mode]
+        assert [r["context_len"] for r in mode_rows] == contexts  # monotone, one per length
+        for r in mode_rows:
             assert r["latency_ms"] > 0 and len(r["samples_ms"]) == 2
             assert all(s > 0 for s in r["samples_ms"]) and r["tflops"] > 0 and r["gbps"] > 0
             assert r["cached"] == MODES[mode].cached and r["dtype"] == "float32"
             assert r["mode_label"] == MODES[mode].label
-    by = {(r["mode"], r["context_len"]): r for r in res.rows}
+    by = {(r["mode"], r["context_len"]): r for r in rows}
     assert by["uncached", 9]["flops"] == costs.step_flops(TINY, 9, cached=False)
     assert by["uncached_last", 9]["flops"] == costs.step_flops(TINY, 9, False, last_only=True)
     assert by["concat", 9]["flops"] == costs.step_flops(TINY, 9, cached=True)
     assert by["concat", 1]["phase"] == "prefill"  # nothing cached yet at one token
     assert by["concat", 9]["bytes"] == costs.step_bytes(TINY, "float32", 9, cached=True)
-    rows_seen = [p.row for p in seen if p.row is not None]
-    assert rows_seen == res.rows
-    assert seen[-1].done == seen[-1].total == len(res.rows)
+    rows_seen = [p.row for p in seen if p.table == "latency"]
+    assert rows_seen == rows
+    assert seen[-1].done == seen[-1].total == len(rows)
     assert all(p.eta_s is None or p.eta_s >= 0 for p in seen)
+    assert run["meta"]["contexts"] == contexts and run["meta"]["repeats"] == 2
 
 
 @pytest.mark.parametrize("mode", ["uncached", "concat"])
-def test_cancel_keeps_rows_done(tiny: GPT, mode: str) -> None:
+def test_stop_keeps_rows_done(tiny: Loaded, mode: str) -> None:
     got: list[dict] = []
 
-    def on_progress(p: Progress) -> None:
-        if p.row is not None:
+    def on_progress(p: Event) -> None:
+        if p.table == "latency":
             got.append(p.row)
 
-    spec = SweepSpec([4, 8, 12, 16, 20, 24], [mode], repeats=1, warmup=0)
-    res = run_latency_sweep(tiny, spec, on_progress, should_stop=lambda: len(got) >= 3)
-    assert res.cancelled
-    assert res.rows == got and len(res.rows) == 3
-    assert [r["context_len"] for r in res.rows] == [4, 8, 12]
+    params = LatencyParams([4, 8, 12, 16, 20, 24], [mode], repeats=1, warmup=0)
+    run = sweep(tiny, params, on_progress, should_stop=lambda: len(got) >= 3)
+    assert run["meta"]["partial"] is True and "stopped" in run["meta"]["note"]
+    assert run["tables"]["latency"] == got and len(got) == 3
+    assert [r["context_len"] for r in got] == [4, 8, 12]
 
 
-def test_a_mode_that_disagrees_is_not_timed(tiny: GPT) -> None:
-    with inject_bug(tiny, "positions"):
-        res = run_latency_sweep(tiny, SweepSpec([8, 16], ["uncached", "prealloc"], repeats=1))
-    assert {r["mode"] for r in res.rows} == {"uncached"}
-    check = {c.mode: c for c in res.checks}["prealloc"]
-    assert not check.passed and "differs from mode 1" in check.detail
-    assert any("prealloc not timed" in n for n in res.notes)
+def test_a_mode_that_disagrees_is_not_timed(tiny: Loaded) -> None:
+    with inject_bug(tiny.model, "positions"):
+        run = sweep(tiny, LatencyParams([8, 16], ["uncached", "prealloc"], repeats=1))
+    assert {r["mode"] for r in run["tables"]["latency"]} == {"uncached"}
+    check = {c["mode"]: c for c in run["tables"]["checks"]}["prealloc"]
+    assert not check["passed"] and "differs from mode 1" in check["detail"]
+    assert "prealloc not timed" in run["meta"]["note"]
 
 
-def test_a_registered_mode_that_crashes_is_refused(tiny: GPT) -> None:
-    class Broken(Decoder):
-        def step(self, token: torch.Tensor) -> torch.Tensor:
-            raise RuntimeError("boom")
+class Broken(Decoder):
+    def step(self, token: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("boom")
 
-    register_mode(ModeSpec("test_broken", "x · broken", True, "always fails",
-                           lambda m, **kw: Broken(m, cache_kind="prealloc", **kw)))
-    try:
-        res = run_latency_sweep(tiny, SweepSpec([8], ["test_broken", "concat"], repeats=1))
-    finally:
-        del MODES["test_broken"]
-    assert [r["mode"] for r in res.rows] == ["concat"]
-    assert "boom" in res.notes[0]
+
+def test_a_registered_mode_that_crashes_is_refused(tiny: Loaded,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(MODES, "test_broken", ModeSpec(
+        "test_broken", 99, "99 · broken", "#000000", True, "always fails",
+        "tests.test_sweep:Broken", dict(cache_kind="prealloc")))
+    run = sweep(tiny, LatencyParams([8], ["test_broken", "concat"], repeats=1))
+    assert [r["mode"] for r in run["tables"]["latency"]] == ["concat"]
+    assert "boom" in run["meta"]["note"]
+
+
+def test_a_sweep_that_cannot_fit_is_refused_before_it_starts(tiny: Loaded,
+                                                             monkeypatch) -> None:
+    from instruments import memory
+
+    monkeypatch.setattr(memory, "free_bytes", lambda device: 1024)
+    with pytest.raises(ValueError, match="would not fit in memory"):
+        sweep(tiny, LatencyParams([8, 128], ["uncached", "concat"]))
 
 
 # ---------------------------------------------------------------------------- end to end
-def test_end_to_end_totals_and_cumulative(tiny: GPT) -> None:
-    res = run_end_to_end(tiny, ["uncached", "concat"], prompt_len=4, new_tokens=10, repeats=2)
-    assert not res.cancelled and [r["mode"] for r in res.totals] == ["uncached", "concat"]
-    for row in res.totals:
+def test_end_to_end_totals_and_cumulative(tiny: Loaded) -> None:
+    run = get("end_to_end").run(tiny, EndToEndParams(["uncached", "concat"], prompt_len=4,
+                                                     new_tokens=10, repeats=2))
+    totals, cumulative = run["tables"]["end_to_end"], run["tables"]["cumulative"]
+    assert not run["meta"]["partial"] and [r["mode"] for r in totals] == ["uncached", "concat"]
+    for row in totals:
         assert len(row["samples_s"]) == 2 and row["total_s"] > 0
         assert row["flops_total"] == costs.generation_flops(
             TINY, 4, 10, cached=row["cached"], last_only=row["cached"])
-        curve = [c for c in res.cumulative if c["mode"] == row["mode"]]
+        curve = [c for c in cumulative if c["mode"] == row["mode"]]
         assert [c["step"] for c in curve] == list(range(10))
         assert [c["context_len"] for c in curve] == list(range(4, 14))
         cum = [c["cumulative_s"] for c in curve]
@@ -169,11 +184,20 @@ def test_end_to_end_totals_and_cumulative(tiny: GPT) -> None:
             sum(c["step_ms"] for c in curve) / 1e3)
 
 
-def test_end_to_end_rejects_too_long_and_cancels(tiny: GPT) -> None:
+def test_end_to_end_rejects_too_long_and_stops(tiny: Loaded) -> None:
     with pytest.raises(ValueError, match="1..128"):
-        run_end_to_end(tiny, ["concat"], prompt_len=8, new_tokens=200)
-    res = run_end_to_end(tiny, ["concat"], 4, 50, should_stop=lambda: True)
-    assert res.cancelled and res.totals == []
+        get("end_to_end").run(tiny, EndToEndParams(["concat"], prompt_len=8, new_tokens=200))
+    run = get("end_to_end").run(tiny, EndToEndParams(["concat"], 4, 50),
+                                should_stop=lambda: True)
+    assert run["meta"]["partial"] and run["tables"]["end_to_end"] == []
+
+
+def test_a_sweep_with_end_to_end_holds_both_in_one_run(tiny: Loaded) -> None:
+    run = sweep(tiny, LatencyParams([4, 8], ["uncached", "concat"], repeats=1,
+                                    e2e_new_tokens=6, e2e_prompt_len=4))
+    assert len(run["tables"]["latency"]) == 4
+    assert [r["new_tokens"] for r in run["tables"]["end_to_end"]] == [6, 6]
+    assert len(run["tables"]["cumulative"]) == 12 and run["tables"]["summary"]
 
 
 # ------------------------------------------------------------------------------- summary

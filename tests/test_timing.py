@@ -6,8 +6,8 @@ import statistics
 
 import pytest
 
-from engine import timing
-from engine.timing import StepClock, Timing, time_call
+from instruments import timing
+from instruments.timing import StepClock, Timing, time_call
 
 
 class FakeClock:

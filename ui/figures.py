@@ -1,7 +1,7 @@
 """Pure figure builders: a DataFrame in, a plotly Figure out. No Streamlit; tests call them alone.
 
-Contract: one colour per decode mode everywhere (``MODE_COLORS``, keyed by ``engine.modes``
-names; the reference run's "cached" shares mode 3's colour), every axis titled with its unit,
+Contract: one colour per decode mode everywhere (``engine.modes``, where each mode is registered
+with its colour; the reference run's "cached" shares mode 3's), every axis titled with its unit,
 every trace with a hover template. Inputs are the engine's row schemas (columns named with their
 unit: ``latency_ms``, ``context_len``, ``cumulative_s``); missing optional columns are tolerated.
 This module holds the latency-type charts; ``figures_perf`` and ``figures_memory`` the others.
@@ -15,33 +15,15 @@ from collections.abc import Iterable
 import pandas as pd
 import plotly.graph_objects as go
 
-MODE_COLORS = {
-    "uncached": "#d62728",
-    "uncached_last": "#ff7f0e",
-    "concat": "#1f77b4",
-    "cached": "#1f77b4",  # the write-up's cache = mode 3 (concat)
-    "prealloc": "#2ca02c",
-    "prealloc_fused": "#17becf",
-    "cuda_graph": "#9467bd",
-    "compiled": "#8c564b",
-    "fast": "#e377c2",
-    "fast_compiled": "#bcbd22",
-}
-MODE_ORDER = list(MODE_COLORS)
-UNCACHED_MODES = ("uncached", "uncached_last")
+from engine import modes
+
+UNCACHED_MODES = modes.UNCACHED
 DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
 MIB = 2**20
 
 
-def mode_color(mode: str) -> str:
-    return MODE_COLORS.get(mode, "#7f7f7f")
-
-
-def ordered_modes(modes: Iterable[str]) -> list[str]:
-    """Modes in ladder order (known ones first, in MODE_ORDER), unknown ones after, unique."""
-    seen = list(dict.fromkeys(str(m) for m in modes))
-    rank = {m: i for i, m in enumerate(MODE_ORDER)}
-    return sorted(seen, key=lambda m: (rank.get(m, len(rank)), seen.index(m)))
+mode_color = modes.color  # one colour per mode, from the registry
+ordered_modes = modes.ordered  # ladder order
 
 
 def mode_names(df: pd.DataFrame) -> dict[str, str]:

@@ -1,6 +1,6 @@
 """Pure builders for the Memory page and the Correctness lab: DataFrames in, plotly Figures out.
 
-Memory rows follow ``engine.memory`` (bytes everywhere, converted to MiB = 2**20 B for display):
+Memory rows follow ``instruments.memory`` (bytes everywhere, shown in MiB = 2**20 B):
   breakdown  component, bytes, source (+ optional bar: one stacked bar per value)
   KV         context_len, kv_formula_bytes, kv_tensor_bytes, allocated_delta_bytes,
              reserved_delta_bytes, rss_delta_bytes (None where not measurable), baseline
@@ -142,19 +142,22 @@ def mask_figure(df: pd.DataFrame, kv_full_bytes: float | None = None) -> go.Figu
 
 
 def check_matrix_figure(df: pd.DataFrame) -> go.Figure:
-    """Which check catches which bug: rows = bug switched on, columns = check; red = failed."""
+    """Which check catches which bug: rows = bug switched on, columns = check; red = failed,
+    grey = the check could not run (``passed`` is None: neither caught nor missed)."""
     bugs = list(dict.fromkeys(df["bug"].astype(str)))
     checks = list(dict.fromkeys(df["check"].astype(str)))
-    table = df.assign(failed=~df["passed"].astype(bool)).pivot_table(
-        index="bug", columns="check", values="failed", aggfunc="max").reindex(
+    state = df["passed"].map(lambda p: 0.5 if p is None or p != p else 0.0 if p else 1.0)
+    table = df.assign(state=state).pivot_table(
+        index="bug", columns="check", values="state", aggfunc="max").reindex(
         index=bugs, columns=checks)
     z = table.to_numpy(dtype=float)
-    text = [["FAILS" if v == 1 else "passes" if v == 0 else "" for v in row] for row in z]
+    text = [["FAILS" if v == 1 else "passes" if v == 0 else "could not run" if v == 0.5 else ""
+             for v in row] for row in z]
     detail = df.pivot_table(index="bug", columns="check", values="detail",
                             aggfunc="first").reindex(index=bugs, columns=checks)
     fig = go.Figure(go.Heatmap(
         x=checks, y=bugs, z=z, text=text, texttemplate="%{text}", zmin=0, zmax=1,
-        colorscale=[[0, "#d9f0d3"], [1, "#f4a582"]], showscale=False,
+        colorscale=[[0, "#d9f0d3"], [0.5, "#d9d9d9"], [1, "#f4a582"]], showscale=False,
         customdata=detail.to_numpy(dtype=object),
         hovertemplate="bug: %{y}<br>check: %{x}<br>%{customdata}<extra></extra>", xgap=3,
         ygap=3))

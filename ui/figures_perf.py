@@ -2,18 +2,20 @@
 and a roofline. DataFrames in (sweep rows: mode, context_len, latency_ms, flops, tflops, bytes),
 plotly Figures or DataFrames out; no Streamlit, no measurement.
 
-Units: FLOPs and bytes per step as counted by ``engine.costs`` (formulas), time measured;
+Units: FLOPs and bytes per step as counted by ``instruments.costs`` (formulas), time measured;
 TFLOP/s = 1e12 FLOP/s, GB/s = 1e9 B/s, arithmetic intensity in FLOP per byte.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from instruments.specs import lookup_peaks
 from ui.figures import UNCACHED_MODES, mode_color, mode_names, ordered_modes, style
 
 
@@ -173,3 +175,27 @@ def roofline_figure(df: pd.DataFrame, ceilings: list[Ceiling]) -> go.Figure:
     return style(fig, "arithmetic intensity (FLOP per byte moved, formula)",
                  "achieved TFLOP/s (measured)", log_x=True, log_y=True, height=460,
                  legend=None)
+
+
+def ceilings(device_name: str | None, dtype: str, measured: dict[str, Any] | None,
+             listed_tflops: float | None = None) -> list[Ceiling]:
+    """Roofs to draw: the datasheet's (when the device is listed) and the measured ones."""
+    out: list[Ceiling] = []
+    spec = lookup_peaks(device_name)
+    if spec is not None:
+        peak = spec.peak_tflops(dtype) or spec.fp32_tflops
+        out.append(Ceiling("listed", float(peak), float(spec.mem_bandwidth_gbps)))
+    elif listed_tflops:
+        out.append(Ceiling("listed", float(listed_tflops), None))
+    if measured:
+        out.append(Ceiling("measured here", float(measured["matmul_tflops"]),
+                           float(measured["read_gbps"])))
+    return out
+
+
+def run_ceilings(run: dict[str, Any]) -> list[Ceiling]:
+    """The roofs a saved run carries: its listed peaks and the peaks measured with it."""
+    meta = run.get("meta") or {}
+    peaks = meta.get("peaks") or {}
+    return ceilings(meta.get("device_name"), str(meta.get("dtype") or "float32"),
+                    peaks.get("measured"), peaks.get("fp32_tflops"))

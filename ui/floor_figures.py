@@ -1,8 +1,9 @@
 """Pure figure builders for the Floor lab page: rows in, plotly Figures / DataFrames out.
 
-No Streamlit, no measurement. Inputs are the row schemas of ``engine.attribution``
-(``attribute_step`` rows), ``engine.staircase`` (``rows`` and ``totals``) and ``engine.scope``
-(speedup and precision rows). Every axis is titled with its unit; times in ms, memory in MiB.
+No Streamlit, no measurement. Inputs are the row schemas of the experiments in
+``instruments.experiments``: ``attribution`` (``attribute_step`` rows), ``staircase``
+(``staircase`` and ``totals``), ``scope`` and ``precision``. Every axis is titled with its
+unit; times in ms, memory in MiB.
 """
 
 from __future__ import annotations

@@ -1,68 +1,26 @@
-"""Saving what a page measured, and offering it for download.
+"""Saved runs for the pages: listing them, picking a sweep, offering downloads. Torch-free.
 
-Contract: ``save_measurement(kind, model_name, model, device, tables, ...)`` builds a schema-1 run
-(``engine.results.new_run`` + ``collect_meta``: versions, git revision, device name, listed peaks)
-and writes it atomically into ``ui.state.results_dir()``; it returns the run and the path, or
-raises ``ResultsError`` with a message for the user (read-only or full disk). The run dict is
-also what ``download_buttons`` offers as JSON, so a run that could not be saved is not lost.
+Runs are written by ``instruments.client`` when a job ends (the same schema-1 files the CLI
+writes); pages read them here: ``saved_runs()`` (results/ and the shipped examples),
+``pick_sweep_run`` (this session's last sweep, any saved one, or the write-up's A40 figures),
+``latency_frame`` (a sweep's rows with formula FLOPs/bytes filled where absent) and
+``download_buttons``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import streamlit as st
 
-from engine import GPTConfig, costs
-from engine.hardware import describe_device, lookup_peaks
-from engine.model import GPT
-from engine.results import (
-    LoadResult,
-    ResultsError,
-    collect_meta,
-    load_runs,
-    new_run,
-    reference_run,
-    run_label,
-    save_run,
-)
+from engine import modes
+from engine.config import GPTConfig
+from instruments import costs
+from instruments.results import LoadResult, ResultsError, load_runs, reference_run, run_label
 from ui.state import results_dir
-
-
-def device_name(device: str) -> str:
-    try:
-        return str(describe_device(device)["name"])
-    except (RuntimeError, ValueError):
-        return device
-
-
-def build_run(kind: str, model_name: str, model: GPT, device: str,
-              tables: dict[str, list[dict[str, Any]]], *, partial: bool = False,
-              note: str = "", measured_peaks: dict[str, Any] | None = None,
-              **meta: Any) -> dict[str, Any]:
-    """A run in the CLI's layout (``engine.experiments``): meta.peaks = {listed, measured}."""
-    name = device_name(device)
-    spec = lookup_peaks(name) if device.startswith("cuda") else None
-    fields = dict(
-        model=model_name, weights=model.weights_label, device=device, device_name=name,
-        dtype=str(model.dtype).removeprefix("torch."), partial=partial, note=note,
-        peaks={"listed": spec.to_dict() if spec else None, "measured": measured_peaks},
-        config=model.config.to_dict(),
-    )
-    fields.update(meta)
-    return new_run(kind, collect_meta(**fields), tables)
-
-
-def save_measurement(kind: str, model_name: str, model: GPT, device: str,
-                     tables: dict[str, list[dict[str, Any]]], *, partial: bool = False,
-                     note: str = "", **meta: Any) -> tuple[dict[str, Any], Path]:
-    """Build the run (see ``build_run``) and write it to results_dir(); returns (run, path)."""
-    run = build_run(kind, model_name, model, device, tables, partial=partial, note=note, **meta)
-    return run, save_run(run, results_dir())
 
 
 def run_json(run: dict[str, Any]) -> str:
@@ -86,7 +44,7 @@ def latency_frame(run: dict[str, Any]) -> pd.DataFrame:
     """A run's "latency" rows, with formula FLOPs/bytes and achieved rates filled where absent.
 
     Saved sweeps carry them already; the reference run (published A40 numbers) has only
-    latencies, so they are computed from ``engine.costs`` for the run's model shape.
+    latencies, so they are computed from ``instruments.costs`` for the run's model shape.
     """
     rows = pd.DataFrame((run.get("tables") or {}).get("latency") or [])
     if rows.empty:
@@ -99,7 +57,7 @@ def latency_frame(run: dict[str, Any]) -> pd.DataFrame:
         cfg = GPTConfig.from_name("gpt2")
     dtype = meta.get("dtype") or "float32"
     batch = int(meta.get("batch_size") or 1)
-    cached = rows["mode"].astype(str).map(lambda m: m not in ("uncached", "uncached_last"))
+    cached = rows["mode"].astype(str).map(lambda m: m not in modes.UNCACHED)
     if "flops" not in rows.columns:
         rows["flops"] = [costs.step_flops(cfg, int(t), cached=bool(c), batch_size=batch)
                          for t, c in zip(rows["context_len"], cached, strict=True)]
@@ -117,14 +75,15 @@ def latency_frame(run: dict[str, Any]) -> pd.DataFrame:
 def session_sweep_run() -> dict[str, Any] | None:
     """The last sweep of this session as a run (saved or not), None if there is none."""
     job = st.session_state.get("sweep_job")
-    if job is None or not getattr(job, "rows", None):
+    if job is None:
         return None
-    run = job.results.get("run")
-    if run is not None:
-        return run
+    if job.run is not None:
+        return job.run
+    if not job.tables.get("latency"):
+        return None
     return {"run_id": "session", "kind": "latency_sweep", "created_utc": "",
-            "meta": {"model": job.params.get("model_name"), "device": job.device,
-                     "partial": True}, "tables": {"latency": list(job.rows)}}
+            "meta": {**(job.meta or {}), "partial": True},
+            "tables": {"latency": list(job.tables["latency"])}}
 
 
 def pick_sweep_run(key: str) -> dict[str, Any] | None:

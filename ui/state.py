@@ -1,33 +1,27 @@
-"""Sidebar choices shared by every page, the model cache, and small session helpers.
+"""Sidebar choices shared by every page, and small session helpers. Torch-free.
 
 Contract: ``sidebar()`` draws the model / weights / device / dtype pickers (their widget keys keep
-the choice across page switches) and stores a ``Choice`` in ``st.session_state["choice"]``;
-``get_model()`` loads that choice once per server (``st.cache_resource``, bounded entries) or
-shows a one-line error and returns None. The cached model is SHARED by every browser session:
-pages must never change it; ``private_view`` gives a copy whose switches (the bug switch) are
-its own. ``results_dir()`` is ``$KVLAB_RESULTS_DIR`` or ``results/``. With ``KVLAB_TINY=1`` a
-"tiny" preset (2 layers, width 64, 128 tokens, GPT-2's vocabulary) is offered first: tests and
-smoke runs use it.
+the choice across page switches) and stores a ``Choice`` in ``st.session_state["choice"]``.
+The devices and dtypes offered come from ``instruments.client.devices()`` (asked once of a
+short-lived process: the server never imports torch); the model itself lives in the device's
+measuring process, never here. ``results_dir()`` is ``$KVLAB_RESULTS_DIR`` or ``results/``.
+With ``KVLAB_TINY=1`` the "tiny" test shape is offered first: tests and smoke runs use it.
 """
 
 from __future__ import annotations
 
-import copy
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import streamlit as st
-import torch
 
-from engine import PRESETS, GPTConfig, load_model
-from engine.model import GPT
-from engine.modes import MODES
-from engine.weights import WeightsError
+from engine import modes
+from engine.config import PRESETS
+from instruments import client
+from instruments.spine import ModelSpec
 
-MODEL_CACHE_ENTRIES = 2  # a gpt2-xl in fp32 is 6 GB: keep at most two models resident
 REPO_ROOT = Path(__file__).resolve().parent.parent
-TINY = dict(n_layer=2, n_head=2, n_embd=64, block_size=128, vocab_size=50257)
 WEIGHT_CHOICES = ["auto", "random", "pretrained", "local folder"]
 RUN_ICON = ":material/play_arrow:"  # material icons render everywhere; emoji need a font
 
@@ -38,6 +32,9 @@ class Choice:
     weights: str
     device: str
     dtype: str
+
+    def spec(self) -> ModelSpec:
+        return ModelSpec(self.model, self.weights, self.device, self.dtype)
 
 
 def tiny_enabled() -> bool:
@@ -54,27 +51,24 @@ def results_dir() -> Path:
     return Path(env) if env else REPO_ROOT / "results"
 
 
+def machine() -> dict:
+    """This machine's devices (cached for the server's life; the first call takes seconds)."""
+    with st.spinner("Looking at this machine's devices…"):
+        return client.devices()
+
+
 def available_devices() -> list[str]:
-    return ["cuda", "cpu"] if torch.cuda.is_available() else ["cpu"]
+    found = machine()["devices"]
+    return [d for d in ("cuda", "cpu") if d in found] or ["cpu"]
 
 
 def available_dtypes(device: str) -> list[str]:
-    if device == "cuda":
-        out = ["float32", "float16"]
-        if torch.cuda.is_bf16_supported():
-            out.insert(1, "bfloat16")
-        return out
-    return ["float32", "bfloat16"]
+    dtypes = machine()["devices"].get(device, {}).get("dtypes") or ["float32"]
+    return [d for d in ("float32", "bfloat16", "float16") if d in dtypes]
 
 
-@st.cache_resource(max_entries=MODEL_CACHE_ENTRIES, show_spinner=False)
-def cached_model(model: str, weights: str, device: str, dtype: str) -> GPT:
-    if model == "tiny":  # a testing shape: always seeded random weights, lively enough to differ
-        torch_dtype = getattr(torch, dtype)
-        tiny = GPT.random(GPTConfig(**TINY), seed=0, device=device, dtype=torch_dtype, std=0.2)
-        tiny.weights_fallback = None  # type: ignore[assignment]
-        return tiny.requires_grad_(False)
-    return load_model(model, weights=weights, device=device, dtype=dtype)
+def device_facts(device: str) -> dict:
+    return machine()["devices"].get(device, {"name": device, "kind": device})
 
 
 def _keep_valid(key: str, options: list[str], what: str) -> None:
@@ -109,6 +103,9 @@ def sidebar() -> Choice:
     dtype = sb.selectbox("dtype", dtypes, key="dtype")
     choice = Choice(model, weights, device, dtype)
     st.session_state["choice"] = choice
+    pid = client.running_pid(device)
+    sb.caption("Measurements run in a process of their own"
+               + (f" (pid {pid} on {device})." if pid else ", started on the first run."))
     return choice
 
 
@@ -117,64 +114,44 @@ def current_choice() -> Choice:
                                                     "float32")
 
 
-def get_model(choice: Choice | None = None, quiet: bool = False) -> GPT | None:
-    """Load (once) the model the sidebar names; show an error and return None if it fails."""
-    choice = choice or current_choice()  # the sidebar's, or the defaults on a page's first load
-    try:
-        with st.spinner(f"Loading {choice.model} ({choice.weights}) on {choice.device}…"):
-            model = cached_model(choice.model, choice.weights, choice.device, choice.dtype)
-    except (WeightsError, ValueError, RuntimeError, OSError) as exc:
-        st.error(f"Could not load the model: {exc} Choose random weights in the sidebar to "
-                 "measure with the same shapes.")
-        return None
-    label = model.weights_label
-    if label.startswith("random") and not quiet:
-        reason = getattr(model, "weights_fallback", None)
-        st.warning(
-            f"**Random weights** ({label}). Text will be gibberish; timings and memory are "
-            "the real ones for these shapes." + (f" Pretrained weights: {reason}." if reason
-                                                 else "")
-        )
-    return model
-
-
-def private_view(model: GPT) -> GPT:
-    """A GPT object of its own that shares the (read-only) weights of ``model``.
-
-    ``copy.copy`` of an nn.Module copies its attribute dict, not its parameters: switches set on
-    the view (``bugs``) stay on the view, while sessions using the shared model see none of
-    them. It costs no memory, unlike a deepcopy (500 MB for gpt2), and keeps the real weights.
-    """
-    view = copy.copy(model)
-    view.bugs = frozenset()
-    return view
-
-
-def mode_choices(model: GPT) -> tuple[list[str], dict[str, str]]:
-    """Decode modes this model can run now, and why each other one cannot."""
-    usable: list[str] = []
-    missing: dict[str, str] = {}
-    for name, spec in MODES.items():
-        try:
-            ok, why = spec.available(model)
-        except Exception as exc:  # a mode module that fails to import is just unavailable
-            ok, why = False, f"{type(exc).__name__}: {exc}"
-        if ok:
-            usable.append(name)
-        else:
-            missing[name] = why
-    return usable, missing
+def mode_choices(device: str) -> tuple[list[str], dict[str, str]]:
+    """Decode modes that can run on ``device`` now, and why each other one cannot."""
+    return modes.choices(device)
 
 
 def mode_label(name: str) -> str:
-    spec = MODES.get(name)
+    spec = modes.MODES.get(name)
     if spec is None:
         return name
-    return spec.label + (" ⏳" if getattr(spec, "slow_setup", False) else "")
+    return spec.label + (" ⏳" if spec.slow_setup else "")
 
 
 def is_cpu(choice: Choice | None = None) -> bool:
     return (choice or current_choice()).device == "cpu"
+
+
+def session_id() -> str | None:
+    try:
+        from streamlit.runtime.scriptrunner_utils.script_run_context import get_script_run_ctx
+
+        ctx = get_script_run_ctx(suppress_warning=True)
+        return ctx.session_id if ctx is not None else None
+    except Exception:  # no runtime (bare mode, tests): never orphaned
+        return None
+
+
+def session_alive(sid: str | None) -> bool:
+    """False once the browser session ``sid`` has gone (a closed tab)."""
+    if sid is None:
+        return True
+    try:
+        from streamlit.runtime import Runtime
+
+        if not Runtime.exists():
+            return True
+        return Runtime.instance().is_active_session(sid)
+    except Exception:
+        return True
 
 
 CPU_NOTE = (

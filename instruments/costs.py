@@ -9,26 +9,15 @@ Names carry their unit: `*_flops`, `*_bytes`, `context_len` in tokens.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
+from engine import dtypes
 from engine.config import GPTConfig
 
-# Element sizes by canonical name; aliases map onto these. Kept torch-free so the cost model
-# imports instantly (the UI uses it on every rerun).
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8, "int8": 1}
-_DTYPE_ALIASES = {
-    "fp32": "float32",
-    "float": "float32",
-    "f32": "float32",
-    "bf16": "bfloat16",
-    "fp16": "float16",
-    "half": "float16",
-    "f16": "float16",
-    "fp64": "float64",
-    "double": "float64",
-}
 MASK_BYTE_KINDS = ("seed", "shared_bool", "none")
+# Transient bytes an estimate adds on a GPU for cuBLAS/cuBLASLt workspaces (conservative).
+GPU_WORKSPACE_ESTIMATE_BYTES = 32 * 2**20
 
 
 def _check_positive(name: str, value: int, allow_zero: bool = False) -> None:
@@ -166,17 +155,7 @@ def cumulative_generation_flops(
 # ---------------------------------------------------------------------------------------- bytes
 def dtype_bytes(dtype: Any) -> int:
     """Bytes per element of a torch dtype or a name ("float32", "bf16", "torch.float16", ...)."""
-    if not isinstance(dtype, str):
-        itemsize = getattr(dtype, "itemsize", None)  # torch.dtype has .itemsize since 2.1
-        if isinstance(itemsize, int):
-            return itemsize
-        dtype = str(dtype)
-    name = dtype.strip().lower().removeprefix("torch.")
-    name = _DTYPE_ALIASES.get(name, name)
-    if name not in _DTYPE_BYTES:
-        allowed = ", ".join(sorted(set(_DTYPE_BYTES) | set(_DTYPE_ALIASES)))
-        raise ValueError(f"unknown dtype {dtype!r}; allowed: {allowed}")
-    return _DTYPE_BYTES[name]
+    return dtypes.itemsize(dtype)
 
 
 def param_count(cfg: GPTConfig) -> int:
@@ -285,3 +264,62 @@ def cost_table(
             }
         )
     return rows
+
+
+# ---------------------------------------------------------------------------- memory
+def crossover_grid(cfg: GPTConfig, dtype: Any, batch_sizes: Sequence[int],
+                   contexts: Sequence[int]) -> list[dict]:
+    """KV cache vs weights for each batch x context; crossover_tokens is where KV = weights."""
+    w = weight_bytes(cfg, dtype)
+    cross = kv_overtakes_weights_tokens(cfg, dtype)
+    rows = []
+    for b in batch_sizes:
+        for t in contexts:
+            kv = kv_bytes(cfg, dtype, b, t)
+            rows.append({"batch_size": b, "context_len": t, "kv_bytes": kv, "weights_bytes": w,
+                         "kv_over_weights": kv / w, "crossover_tokens": cross})
+    return rows
+
+
+def peak_memory_estimate(cfg: GPTConfig, dtype: Any, batch_size: int, context_len: int,
+                         cache_kind: str | None = "prealloc", *, logits_all: bool = True,
+                         device: Any = "cuda", mask: str = "seed") -> dict[str, int]:
+    """A generous upper estimate of the bytes one run needs at its largest step (a prefill).
+
+    cache_kind None is an uncached run (no cache kept; mode 1 projects every position, hence
+    logits_all). Activations: the t x t scores of explicit attention (about three live copies),
+    the MLP's 4d hidden layer and the logits. Weights are included: subtract them if loaded.
+    """
+    b, t, d = batch_size, context_len, cfg.n_embd
+    el = dtype_bytes(dtype)
+    scores = 3 * b * cfg.n_head * t * t * el
+    hidden = b * t * (4 * d * 2 + 6 * d) * el
+    logits = b * (t if logits_all or cache_kind is None else 1) * cfg.vocab_size * el
+    kv = 0 if cache_kind is None else kv_bytes(cfg, dtype, b, t)
+    if cache_kind == "concat":
+        kv += kv // cfg.n_layer  # torch.cat holds the old and the new copy of one layer
+    est = {
+        "weights_bytes": weight_bytes(cfg, dtype), "kv_bytes": kv,
+        "activation_bytes": scores + hidden + logits, "mask_bytes": mask_bytes(cfg, mask),
+        "workspace_bytes": GPU_WORKSPACE_ESTIMATE_BYTES if str(device).startswith("cuda") else 0,
+    }
+    est["total_bytes"] = sum(est.values())
+    return est
+
+
+def breakdown_formula(cfg: GPTConfig, dtype: Any, batch_size: int, context_len: int,
+                      mask: str | None = None, device: str = "cpu") -> list[dict[str, Any]]:
+    """Rows (component, bytes, source, note) of a run's memory by formula: the bar drawn beside
+    the measured one (``instruments.memory.memory_breakdown``)."""
+    ws = GPU_WORKSPACE_ESTIMATE_BYTES if str(device).startswith("cuda") else 0
+    kinds = {k: mask_bytes(cfg, k) for k in MASK_BYTE_KINDS}
+    return [
+        {"component": "weights", "bytes": weight_bytes(cfg, dtype), "source": "formula",
+         "note": "parameters, tied embedding counted once"},
+        {"component": "causal-mask buffers", "bytes": mask_bytes(cfg, mask), "source": "formula",
+         "note": f"{mask or cfg.mask} variant; per kind: {kinds}"},
+        {"component": "KV cache", "bytes": kv_bytes(cfg, dtype, batch_size, context_len),
+         "source": "formula", "note": f"2·L·d·bytes × batch {batch_size} × {context_len} tokens"},
+        {"component": "cuBLAS workspace", "bytes": ws, "source": "formula",
+         "note": "upper estimate" if ws else "none on a CPU"},
+    ]

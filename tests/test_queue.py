@@ -1,18 +1,15 @@
-"""The device runner serialises measurements across sessions; out-of-memory is reported."""
+"""The device queue serialises measurements across sessions, shows positions, and cancels."""
 
 from __future__ import annotations
 
 import threading
 import time
 
-import pytest
-import torch
-
-from engine.runner import Cancelled, DeviceRunner, OutOfMemory, oom_guard
+from instruments.queue import Cancelled, DeviceQueue
 
 
 def test_two_runs_never_overlap_and_both_finish() -> None:
-    runner = DeviceRunner()
+    runner = DeviceQueue()
     spans: list[tuple[float, float]] = []
     waits: list[int] = []
 
@@ -35,7 +32,7 @@ def test_two_runs_never_overlap_and_both_finish() -> None:
 
 
 def test_cancel_while_waiting_releases_the_queue() -> None:
-    runner = DeviceRunner()
+    runner = DeviceQueue()
     stop = threading.Event()
     hold = threading.Event()
     errors: list[BaseException] = []
@@ -67,14 +64,3 @@ def test_cancel_while_waiting_releases_the_queue() -> None:
     assert runner.status("cpu") == (None, [])
     with runner.turn("cpu"):  # the device is free again
         pass
-
-
-def test_oom_is_reported_with_sizes() -> None:
-    def boom() -> None:
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
-
-    with pytest.raises(OutOfMemory, match="batch 64 × context 1024"), \
-            oom_guard("cpu", "batch 64 × context 1024"):
-        boom()
-    with oom_guard("cpu", "x"):  # and the next run works
-        torch.zeros(10).sum()

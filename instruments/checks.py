@@ -2,25 +2,22 @@
 
 Each check returns a ``CheckResult`` (passed, a one-line detail, the measured number). The bug
 switch ``inject_bug(model, kind)`` turns on one of the write-up's silent bugs for the duration of
-a ``with`` block, so the correctness lab can show which check catches which bug.
+a ``with`` block, so the correctness lab can show which check catches which bug; it is thrown on
+a ``private_view`` of the loaded model, never on the model other requests use.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from .generate import as_prompt_tensor, first_difference, generate_detailed
-from .model import BUG_KINDS, GPT
-
-BUG_DESCRIPTIONS = {
-    "cache_order": "new keys/values concatenated before the cached ones (torch.cat([new, old]))",
-    "positions": "decode positions restarted at 0 instead of continuing after the cache",
-    "mask_offset": "causal-mask slice not offset by the cached length",
-}
+from engine.config import BUG_KINDS
+from engine.loop import as_prompt_tensor, first_difference, generate
+from engine.model import GPT
 
 
 @dataclass
@@ -30,6 +27,18 @@ class CheckResult:
     detail: str
     value: float | None = None  # e.g. the max abs logit difference
     first_diff: int | None = None
+
+
+def private_view(model: GPT) -> GPT:
+    """A GPT object of its own that shares the (read-only) weights of ``model``.
+
+    ``copy.copy`` of an nn.Module copies its attribute dict, not its parameters: switches set on
+    the view (``bugs``) stay on the view, while requests using the loaded model see none of
+    them. It costs no memory, unlike a deepcopy (500 MB for gpt2), and keeps the real weights.
+    """
+    view = copy.copy(model)
+    view.bugs = frozenset()
+    return view
 
 
 @contextlib.contextmanager
@@ -50,7 +59,7 @@ def logits_vs_transformers(
     model: GPT, prompt_ids: Sequence[int], tol: float = 1e-4
 ) -> CheckResult:
     """Max abs logit difference against ``transformers``' GPT-2 holding the same weights."""
-    from .weights import to_transformers
+    from engine.weights import to_transformers
 
     idx = as_prompt_tensor(prompt_ids, model)
     ours, _ = model(idx, use_cache=False)
@@ -67,10 +76,10 @@ def cached_equals_uncached(
     model: GPT, prompt_ids: object, new_tokens: int, cache_kind: str = "prealloc"
 ) -> CheckResult:
     """Greedy generation with the cache must give exactly the uncached loop's tokens."""
-    a = generate_detailed(model, prompt_ids, new_tokens, use_cache=True, cache_kind=cache_kind)
-    b = generate_detailed(model, prompt_ids, new_tokens, use_cache=False)
+    a = generate(model, prompt_ids, new_tokens, use_cache=True, cache_kind=cache_kind)
+    b = generate(model, prompt_ids, new_tokens, use_cache=False)
     worst = None
-    for row_a, row_b in zip(a.tokens.tolist(), b.tokens.tolist(), strict=True):
+    for row_a, row_b in zip(a.tolist(), b.tolist(), strict=True):
         d = first_difference(row_a, row_b)
         if d is not None and (worst is None or d < worst):
             worst = d

@@ -1,7 +1,7 @@
 """Memory accounting: weights, KV cache (formula / tensors / allocator), masks, cuBLAS workspace.
 
 Contract: every function returns plain dicts with byte counts in `*_bytes` fields, so the app and
-the CLI can store and plot them. Formulas come from engine.costs; measurements come from the
+the CLI can store and plot them. Formulas come from instruments.costs; measurements come from the
 tensors themselves, from torch's CUDA allocator (allocated / requested / reserved) on a GPU, and
 from the process's resident set size (psutil) on a CPU, where torch keeps no allocator counts.
 A measurement is a difference against a baseline; which baseline was used is recorded per row,
@@ -17,12 +17,11 @@ from typing import Any
 
 import torch
 
-from . import costs
-from .model import GPT
+from engine.model import GPT
+from instruments import costs
 
 MIB = 2**20
-# Transient bytes the estimate adds on a GPU for cuBLAS/cuBLASLt workspaces (conservative).
-GPU_WORKSPACE_ESTIMATE_BYTES = 32 * MIB
+STEP_SPAN = "kv_lab.decode_step"
 
 
 def _is_cuda(device: Any) -> bool:
@@ -227,36 +226,26 @@ def measure_kv_memory(model: GPT, contexts: Sequence[int], batch_size: int = 1,
 
 @torch.no_grad()
 def memory_breakdown(model: GPT, batch_size: int, context_len: int,
-                     cache_kind: str = "prealloc", measure: bool = True,
-                     mask: str | None = None) -> list[dict]:
-    """Rows (component, bytes, source, note) for a stacked bar of one run's memory.
+                     cache_kind: str = "prealloc", mask: str | None = None) -> list[dict]:
+    """Rows (component, bytes, source, note) for a stacked bar of one run's memory, measured.
 
-    measure=False uses formulas only (nothing is allocated). measure=True fills a cache of
-    `context_len` tokens and reads tensors and counters; the last row is what the device holds
-    beyond the listed parts (CUDA: reserved - allocated; CPU: RSS minus everything above).
-    `mask`: the causal-mask variant the run uses (its buffers are built if missing, as running
-    such a mode would); None counts whatever buffers the model holds now.
+    Fills a cache of `context_len` tokens and reads tensors and counters; the last row is what
+    the device holds beyond the listed parts (CUDA: reserved - allocated; CPU: RSS minus
+    everything above). `mask`: the causal-mask variant the run uses (its buffers are built if
+    missing, as running such a mode would); None counts whatever buffers the model holds now.
+    The formula bar is ``instruments.costs.breakdown_formula``.
     """
     cfg, device, dtype = model.config, model.device, model.dtype
-    if mask is not None and measure:
+    if mask is not None:
         model._ensure_mask(mask)  # modes 1-4 build the write-up's fp32 buffers on first use
     kv_formula = costs.kv_bytes(cfg, dtype, batch_size, context_len)
     rows = [
-        {"component": "weights", "bytes": weights_bytes(model) if measure else
-         costs.weight_bytes(cfg, dtype), "source": "measured" if measure else "formula",
+        {"component": "weights", "bytes": weights_bytes(model), "source": "measured",
          "note": "parameters, tied embedding counted once"},
-        {"component": "causal-mask buffers", "bytes": model.mask_nbytes() if measure else
-         costs.mask_bytes(cfg, mask), "source": "measured" if measure else "formula",
+        {"component": "causal-mask buffers", "bytes": model.mask_nbytes(), "source": "measured",
          "note": f"{mask or cfg.mask} variant; per kind: "
          f"{ {k: costs.mask_bytes(cfg, k) for k in costs.MASK_BYTE_KINDS} }"},
     ]
-    if not measure:
-        ws = GPU_WORKSPACE_ESTIMATE_BYTES if _is_cuda(device) else 0
-        rows += [{"component": "KV cache", "bytes": kv_formula, "source": "formula",
-                  "note": f"2·L·d·bytes × batch {batch_size} × {context_len} tokens"},
-                 {"component": "cuBLAS workspace", "bytes": ws, "source": "formula",
-                  "note": "upper estimate" if ws else "none on a CPU"}]
-        return rows
     ws_bytes, ws_how = cublas_workspace(device)
     _warm_up(model, batch_size, context_len)
     _sync_and_collect(device, full=True)
@@ -292,46 +281,6 @@ def memory_breakdown(model: GPT, batch_size: int, context_len: int,
     return rows
 
 
-def crossover_grid(cfg: Any, dtype: Any, batch_sizes: Sequence[int],
-                   contexts: Sequence[int]) -> list[dict]:
-    """KV cache vs weights for each batch x context; crossover_tokens is where KV = weights."""
-    w = costs.weight_bytes(cfg, dtype)
-    cross = costs.kv_overtakes_weights_tokens(cfg, dtype)
-    rows = []
-    for b in batch_sizes:
-        for t in contexts:
-            kv = costs.kv_bytes(cfg, dtype, b, t)
-            rows.append({"batch_size": b, "context_len": t, "kv_bytes": kv, "weights_bytes": w,
-                         "kv_over_weights": kv / w, "crossover_tokens": cross})
-    return rows
-
-
-def peak_memory_estimate(cfg: Any, dtype: Any, batch_size: int, context_len: int,
-                         cache_kind: str | None = "prealloc", *, logits_all: bool = True,
-                         device: Any = "cuda", mask: str = "seed") -> dict[str, int]:
-    """A generous upper estimate of the bytes one run needs at its largest step (a prefill).
-
-    cache_kind None is an uncached run (no cache kept; mode 1 projects every position, hence
-    logits_all). Activations: the t x t scores of explicit attention (about three live copies),
-    the MLP's 4d hidden layer and the logits. Weights are included: subtract them if loaded.
-    """
-    b, t, d = batch_size, context_len, cfg.n_embd
-    el = costs.dtype_bytes(dtype)
-    scores = 3 * b * cfg.n_head * t * t * el
-    hidden = b * t * (4 * d * 2 + 6 * d) * el
-    logits = b * (t if logits_all or cache_kind is None else 1) * cfg.vocab_size * el
-    kv = 0 if cache_kind is None else costs.kv_bytes(cfg, dtype, b, t)
-    if cache_kind == "concat":
-        kv += kv // cfg.n_layer  # torch.cat holds the old and the new copy of one layer
-    est = {
-        "weights_bytes": costs.weight_bytes(cfg, dtype), "kv_bytes": kv,
-        "activation_bytes": scores + hidden + logits, "mask_bytes": costs.mask_bytes(cfg, mask),
-        "workspace_bytes": GPU_WORKSPACE_ESTIMATE_BYTES if _is_cuda(device) else 0,
-    }
-    est["total_bytes"] = sum(est.values())
-    return est
-
-
 def free_bytes(device: Any) -> int | None:
     """Bytes that could still be allocated: free GPU memory, or available system memory."""
     if _is_cuda(device):
@@ -363,3 +312,54 @@ def fits(device: Any, estimate: dict[str, int], resident_bytes: int = 0,
     verdict = "fits" if ok else "does not fit"
     return ok, (f"{verdict}: needs ~{need / MIB:,.0f} MiB more ({parts}); "
                 f"{free / MIB:,.0f} MiB free on {device}")
+
+
+@torch.no_grad()
+def step_memory_growth(decoder: Any, prompt: torch.Tensor, n_steps: int = 100) -> dict[str, Any]:
+    """Bytes a decoder keeps per decode step (net growth) and allocates per step (churn).
+
+    Runs ``n_steps`` greedy steps under ``torch.profiler(profile_memory=True)``, reads the
+    allocator's running total at the end of each step from the trace, and returns
+    ``net_bytes_per_step`` = (total after the last step - total after the first) / (n - 1):
+    0 when a step frees everything it allocates (a preallocated cache), ~the K/V row when the
+    cache grows by concatenation. ``churn_bytes_per_step`` counts every allocation, freed or
+    not. ``decoder`` needs room for ``prompt`` and ``n_steps`` more tokens; the prefill is not
+    counted.
+    """
+    import json
+    import os
+    import tempfile
+
+    if n_steps < 2:
+        raise ValueError(f"n_steps must be >= 2, got {n_steps}")
+    from torch.profiler import ProfilerActivity, profile
+
+    from engine.loop import decode
+    from instruments.timing import Spans
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        decode(decoder, prompt, 1 + n_steps, timer=Spans(STEP_SPAN, prompt.device, skip=1))
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path, encoding="utf-8") as fh:
+            trace = json.load(fh)["traceEvents"]
+    finally:
+        os.unlink(path)
+    bounds = sorted((e["ts"], e["ts"] + e["dur"]) for e in trace if e.get("name") == STEP_SPAN)
+    spans = [end for _, end in bounds]
+    mem = sorted((e["ts"], e["args"]) for e in trace if e.get("name") == "[memory]"
+                 and int(e["args"].get("Device Type", 0)) == 0)  # 0 = CPU
+    if len(spans) < 2 or not mem:
+        return {"n_steps": n_steps, "net_bytes_per_step": None, "churn_bytes_per_step": None}
+
+    def total_at(t: float) -> int:
+        before = [a["Total Allocated"] for ts, a in mem if ts <= t]
+        return int(before[-1]) if before else int(mem[0][1]["Total Allocated"])
+
+    churn = sum(int(a["Bytes"]) for ts, a in mem if int(a["Bytes"]) > 0
+                and any(lo <= ts <= hi for lo, hi in bounds))  # the steps only, not the prefill
+    return {"n_steps": n_steps,
+            "net_bytes_per_step": (total_at(spans[-1]) - total_at(spans[0])) / (len(spans) - 1),
+            "churn_bytes_per_step": churn / n_steps}

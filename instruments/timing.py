@@ -3,8 +3,10 @@
 Contract: `time_call(fn, warmup=W, repeats=R)` calls `fn` W + R times; only the last R are timed,
 each between a device sync + clock read before and after, so queued GPU work lands inside the
 region that launched it. Samples are in milliseconds. `StepClock` does the same for the steps of
-a loop the caller drives (e.g. one generated token at a time). The clock is injectable for tests.
-CUDA is touched only when a CUDA device is named.
+a loop the caller drives (the engine's decode loop takes it as its timer; ``skip`` leaves the
+first calls untimed, e.g. a prefill and warm-up steps). `Spans` marks each timed call as a
+profiler span instead. The clock is injectable for tests. CUDA is touched only when a CUDA
+device is named.
 """
 
 from __future__ import annotations
@@ -116,11 +118,14 @@ class StepClock:
     `samples_ms` holds one entry per finished step, in order (so index i is step i).
     """
 
-    def __init__(self, device: Any = "cpu", clock: Clock = time.perf_counter) -> None:
+    def __init__(self, device: Any = "cpu", clock: Clock = time.perf_counter,
+                 skip: int = 0) -> None:
         self.device = device
         self._clock = clock
         self._start_s: float | None = None
         self.samples_ms: list[float] = []
+        self.skip = skip  # the first `skip` start/stop pairs are not samples
+        self._calls = 0
 
     @property
     def running(self) -> bool:
@@ -129,15 +134,19 @@ class StepClock:
     def start(self) -> None:
         if self._start_s is not None:
             raise RuntimeError("StepClock.start() called twice without stop()")
+        self._calls += 1
         synchronize(self.device)
         self._start_s = self._clock()
 
-    def stop(self) -> float:
+    def stop(self) -> float | None:
+        """The step's time in ms (None for a skipped call, which is not a sample)."""
         if self._start_s is None:
             raise RuntimeError("StepClock.stop() called without start()")
         synchronize(self.device)
         elapsed_ms = (self._clock() - self._start_s) * 1000.0
         self._start_s = None
+        if self._calls <= self.skip:
+            return None
         self.samples_ms.append(elapsed_ms)
         return elapsed_ms
 
@@ -154,6 +163,7 @@ class StepClock:
     def reset(self) -> None:
         self._start_s = None
         self.samples_ms = []
+        self._calls = 0
 
     @property
     def total_ms(self) -> float:
@@ -169,3 +179,31 @@ class StepClock:
                 f"skip_first={skip_first}"
             )
         return Timing(samples_ms=list(kept), warmup=skip_first, repeats=len(kept))
+
+
+class Spans:
+    """A decode-loop timer that marks each call after the first ``skip`` as a profiler span.
+
+    Inside ``torch.profiler.profile``, every timed call becomes one ``record_function(name)``
+    span whose end waits for the device, so the span covers the device's work too. ``stop``
+    returns None: the profiler, not this object, holds the times.
+    """
+
+    def __init__(self, name: str, device: Any = "cpu", skip: int = 0) -> None:
+        self.name, self.device, self.skip = name, device, skip
+        self._calls = 0
+        self._span: Any = None
+
+    def start(self) -> None:
+        self._calls += 1
+        if self._calls > self.skip:
+            from torch.profiler import record_function
+
+            self._span = record_function(self.name)
+            self._span.__enter__()
+
+    def stop(self) -> None:
+        if self._span is not None:
+            synchronize(self.device)
+            self._span.__exit__(None, None, None)
+            self._span = None

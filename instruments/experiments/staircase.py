@@ -9,36 +9,35 @@ uncached step in isolation, ``(T x in) @ (in x out)`` through ``F.linear`` with 
   mlp_up     T x d  @ d x 4d        mlp_down   T x 4d @ 4d x d
   head       T x d  @ d x V  (the output projection on every position, as mode 1 does)
 
-Contract: ``run_staircase(cfg, device, dtype, ts, ...) -> StaircaseResult`` with
-``rows`` (T, shape, m, k, n, latency_ms, samples_ms, tflops) and ``totals`` (one per T:
+Contract: ``run(loaded, StaircaseParams, progress, should_stop)`` -> run (kind "staircase")
+with tables ``staircase`` (T, shape, m, k, n, latency_ms, samples_ms, tflops) and ``totals``
+(one per T:
 ``total_ms`` = n_layer x the four layer matmuls + the head on T rows; ``total_last_ms`` the same
 with the head on one row, as mode 2 does; and, with ``model`` given, ``forward_ms``: the whole
 uncached forward at T, measured in the same run for the overlay, at every ``forward_every``-th
 T). Each sample runs ``inner`` calls back to back (calibrated to ~``min_sample_ms``) so launch
 and clock overheads on a GPU do not drown a microsecond kernel. ``should_stop()`` is polled
-between T values; ``on_row`` gets each T's totals as they are measured.
+between T values; each T's totals are streamed as they are measured.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from .config import GPTConfig
-from .hardware import to_torch_dtype
-from .model import GPT
-from .timing import time_call
+from engine.config import GPTConfig
+from engine.model import GPT
+from instruments.params import StaircaseParams
+from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, record
+from instruments.timing import time_call
 
 SHAPES = ("qkv", "attn_proj", "mlp_up", "mlp_down", "head")
 LAYER_SHAPES = SHAPES[:4]
-ProgressFn = Callable[[int, int, str], None]
-StopFn = Callable[[], bool]
 
 
 def shape_dims(cfg: GPTConfig) -> dict[str, tuple[int, int]]:
@@ -55,31 +54,14 @@ def default_ts(block_size: int, device: Any) -> list[int]:
     return sorted({1, *range(32, block_size + 1, 32), block_size})
 
 
-@dataclass
-class StaircaseResult:
-    rows: list[dict[str, Any]]
-    totals: list[dict[str, Any]]
-    cancelled: bool = False
-    notes: list[str] = field(default_factory=list)
-
-
-def _weights(cfg: GPTConfig, device: torch.device, dtype: torch.dtype,
-             model: GPT | None) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
-    if model is not None:  # the real tensors: same layout, same memory placement
-        blk = model.transformer.h[0]
-        return {"qkv": (blk.attn.c_attn.weight, blk.attn.c_attn.bias),
-                "attn_proj": (blk.attn.c_proj.weight, blk.attn.c_proj.bias),
-                "mlp_up": (blk.mlp.c_fc.weight, blk.mlp.c_fc.bias),
-                "mlp_down": (blk.mlp.c_proj.weight, blk.mlp.c_proj.bias),
-                "head": (model.lm_head.weight, None)}
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    out = {}
-    for name, (k, n) in shape_dims(cfg).items():
-        # Small normal values: timings do not depend on them, but denormals would slow a CPU.
-        w = (torch.randn(n, k, generator=gen) * 0.02).to(device, dtype)
-        b = None if name == "head" else torch.zeros(n, device=device, dtype=dtype)
-        out[name] = (w, b)
-    return out
+def _weights(model: GPT) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+    """The real tensors of layer 0 and the head: same layout, same memory placement."""
+    blk = model.transformer.h[0]
+    return {"qkv": (blk.attn.c_attn.weight, blk.attn.c_attn.bias),
+            "attn_proj": (blk.attn.c_proj.weight, blk.attn.c_proj.bias),
+            "mlp_up": (blk.mlp.c_fc.weight, blk.mlp.c_fc.bias),
+            "mlp_down": (blk.mlp.c_proj.weight, blk.mlp.c_proj.bias),
+            "head": (model.lm_head.weight, None)}
 
 
 def _time(fn: Callable[[], Any], device: torch.device, warmup: int, repeats: int,
@@ -98,39 +80,30 @@ def _time(fn: Callable[[], Any], device: torch.device, warmup: int, repeats: int
 
 
 @torch.no_grad()
-def run_staircase(
-    cfg: GPTConfig, device: Any = "cpu", dtype: Any = "float32",
-    ts: Sequence[int] | None = None, *, model: GPT | None = None, include_forward: bool = False,
-    forward_every: int = 1, repeats: int = 3, warmup: int = 1, min_sample_ms: float | None = None,
-    on_progress: ProgressFn | None = None, should_stop: StopFn | None = None,
-    on_row: Callable[[dict[str, Any]], None] | None = None,
-) -> StaircaseResult:
-    """Time each matmul shape at every T in ``ts`` (see the module docstring)."""
-    if model is not None:
-        cfg, device, dtype = model.config, model.device, model.dtype
-    dev, tdtype = torch.device(device), to_torch_dtype(dtype)
-    ts = sorted({int(t) for t in (ts or default_ts(cfg.block_size, dev))})
-    if not ts or ts[0] < 1 or ts[-1] > cfg.block_size:
-        raise ValueError(f"T values must be within 1..{cfg.block_size}, got {ts[:1]}..{ts[-1:]}")
-    if include_forward and model is None:
-        raise ValueError("include_forward needs the model itself (pass model=...)")
-    if min_sample_ms is None:
-        min_sample_ms = 2.0 if dev.type == "cuda" else 0.0
-    weights = _weights(cfg, dev, tdtype, model)
+def run(loaded: Loaded, params: StaircaseParams, progress: ProgressFn | None = None,
+        should_stop: StopFn | None = None) -> dict[str, Any]:
+    """Time each matmul shape at every T (see the module docstring)."""
+    model = loaded.model
+    cfg, dev, tdtype = model.config, model.device, model.dtype
+    params.check(cfg, str(dev))
+    ts = sorted(set(params.ts or default_ts(cfg.block_size, dev)))
+    min_sample_ms = 2.0 if dev.type == "cuda" else 0.0
+    weights = _weights(model)
     dims = shape_dims(cfg)
     gen = torch.Generator(device="cpu").manual_seed(1)
     x_full = {k: torch.randn(ts[-1], k, generator=gen).to(dev, tdtype)
               for k in {k for k, _ in dims.values()}}
     ids = torch.randint(0, cfg.vocab_size, (1, ts[-1]), generator=gen).to(dev)
-    result = StaircaseResult([], [])
+    tr = Tracker(progress, should_stop, len(ts), unit="T values")
+    shapes: list[dict[str, Any]] = []
 
     def timed(name: str, m: int) -> float:
         w, b = weights[name]
         k, n = dims[name]
         x = x_full[k][:m]
-        ms, samples, inner = _time(lambda: F.linear(x, w, b), dev, warmup, repeats,
+        ms, samples, inner = _time(lambda: F.linear(x, w, b), dev, 1, params.repeats,
                                    min_sample_ms)
-        result.rows.append({
+        shapes.append({
             "T": m, "context_len": m, "shape": name, "m": m, "k": k, "n": n,
             "latency_ms": ms, "samples_ms": samples, "calls_per_sample": inner,
             "tflops": 2 * m * k * n / (ms / 1e3) / 1e12 if ms > 0 else None,
@@ -138,27 +111,26 @@ def run_staircase(
         return ms
 
     head_one_ms = timed("head", 1)  # mode 2's head: one row, whatever T is
-    result.rows.pop()  # kept only for the totals; T=1 is timed again below if asked for
+    shapes.pop()  # kept only for the totals; T=1 is timed again below if asked for
+    stopped = False
     for i, t in enumerate(ts):
-        if should_stop and should_stop():
-            result.cancelled = True
-            result.notes.append("cancelled; T values already timed are kept")
+        if tr.stop():
+            stopped = True
+            tr.note("stopped: T values already timed are kept")
             break
-        if on_progress:
-            on_progress(i, len(ts), f"timing the matmuls at T = {t}")
+        tr.emit(f"timing the matmuls at T = {t}")
         per = {name: timed(name, t) for name in SHAPES}
         layer_ms = sum(per[name] for name in LAYER_SHAPES)
         total = {"T": t, "context_len": t, "layer_ms": layer_ms, "head_ms": per["head"],
                  "total_ms": cfg.n_layer * layer_ms + per["head"],
                  "total_last_ms": cfg.n_layer * layer_ms + head_one_ms, "forward_ms": None}
-        if include_forward and model is not None and i % max(1, forward_every) == 0:
+        if params.include_forward and i % params.forward_every == 0:
             idx = ids[:, :t]
             total["forward_ms"], _, _ = _time(
                 lambda idx=idx: model(idx, use_cache=False, logits="all", mask="seed"), dev,
-                warmup, repeats, min_sample_ms)
-        result.totals.append(total)
-        if on_row:
-            on_row(total)
-    if on_progress and not result.cancelled:
-        on_progress(len(ts), len(ts), "done")
-    return result
+                1, params.repeats, min_sample_ms)
+        tr.work += 1
+        tr.row("totals", total, f"T = {t}: {total['total_ms']:.2f} ms of matmuls")
+    return record(loaded, "staircase", params,
+                  {"staircase": shapes, "totals": tr.tables.get("totals", [])},
+                  partial=stopped, notes=tr.notes)

@@ -1,31 +1,23 @@
 """One measurement at a time per device, across every browser session of the server.
 
-``RUNNER.turn(device, owner, what, estimate_s, should_stop, on_wait)`` is a context manager:
+``QUEUE.turn(device, owner, what, estimate_s, should_stop, on_wait)`` is a context manager:
 it queues the caller (first come, first served), calls ``on_wait(position, running)`` while
 it waits, raises ``Cancelled`` if ``should_stop()`` turns true before its turn, and holds the
-device until the block ends — so timings from two runs never overlap. ``oom_guard`` turns an
-out-of-memory error into ``OutOfMemory`` with the sizes that failed, after freeing the cache.
+device until the block ends -- so two runs never share a measuring process. Torch-free.
 """
 
 from __future__ import annotations
 
 import contextlib
-import gc
 import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-import torch
-
 
 class Cancelled(Exception):
     """The caller asked to stop while waiting for the device."""
-
-
-class OutOfMemory(RuntimeError):
-    """A run did not fit in memory; the message names the sizes that failed."""
 
 
 @dataclass
@@ -43,7 +35,7 @@ class Ticket:
         return f"{self.what} (session {self.owner}{eta})"
 
 
-class DeviceRunner:
+class DeviceQueue:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._queues: dict[str, list[Ticket]] = {}
@@ -97,29 +89,4 @@ class DeviceRunner:
                 self._cond.notify_all()
 
 
-RUNNER = DeviceRunner()  # one per process: Streamlit sessions are threads of one process
-
-
-def free_memory(device: str | torch.device = "cpu") -> None:
-    gc.collect()
-    if torch.device(device).type == "cuda" and torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-@contextlib.contextmanager
-def oom_guard(device: str | torch.device, sizes: str) -> Iterator[None]:
-    """Catch out-of-memory inside the block, free what can be freed, say what did not fit."""
-    try:
-        yield
-    except torch.OutOfMemoryError as exc:
-        free_memory(device)
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "out of memory"
-        raise OutOfMemory(
-            f"Out of memory on {device} at {sizes}: {first[:200]}. Try a smaller batch size or "
-            "context, a smaller model, or a lower-precision dtype."
-        ) from exc
-    except RuntimeError as exc:  # CPU allocators report failure as a plain RuntimeError
-        if "out of memory" in str(exc).lower() or "can't allocate memory" in str(exc).lower():
-            free_memory(device)
-            raise OutOfMemory(f"Out of memory on {device} at {sizes}: {str(exc)[:200]}") from exc
-        raise
+QUEUE = DeviceQueue()  # one per server process: Streamlit sessions are threads of it

@@ -109,20 +109,20 @@ def collect_meta(**fields: Any) -> dict[str, Any]:
     return meta
 
 
-def _jsonable(value: Any) -> Any:
+def to_jsonable(value: Any) -> Any:
     """Plain JSON types: numpy/torch scalars -> Python, NaN/inf -> None (JSON has no NaN)."""
     if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
         return value
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): to_jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [to_jsonable(v) for v in value]
     if isinstance(value, Path):
         return str(value)
     if hasattr(value, "tolist") and callable(value.tolist):  # numpy scalar/array, torch tensor
-        return _jsonable(value.tolist())
+        return to_jsonable(value.tolist())
     if hasattr(value, "isoformat"):
         return value.isoformat()
     raise ResultsError(f"cannot store a {type(value).__name__} in a results file: {value!r}")
@@ -250,7 +250,7 @@ def save_run(
     _raise_if_invalid(run)
     payload = {k: v for k, v in run.items() if k != "path"}  # "path" is added by load_runs
     # Serialise before touching the disk, so an unstorable value can't leave a half file.
-    text = json.dumps(_jsonable(payload), indent=1, allow_nan=False) + "\n"
+    text = json.dumps(to_jsonable(payload), indent=1, allow_nan=False) + "\n"
     folder = Path(results_dir)
     filename = safe_filename(name) if name is not None else _default_filename(run)
     try:

@@ -1,0 +1,106 @@
+"""The ``Decoder``: one sequence at a time through a decode mode, the same two calls for every mode.
+
+  decoder.prefill(idx)  -> logits (B, vocab) for the token after ``idx`` (B, T); starts a sequence
+  decoder.step(token)   -> logits (B, vocab) after appending ``token`` (B, 1)
+Uncached modes keep the whole sequence and re-run it every step; cached modes keep a KV cache.
+This base class is modes 1-5 (eager PyTorch through ``GPT.forward`` with a cache kind, a mask
+variant and a logits choice); modes 6-9 subclass it in ``engine.compiled`` and ``engine.fast``.
+``make_decoder(model, name)`` builds any mode of ``engine.modes.MODES``.
+
+Every decoder reports two set-up costs that are never part of a step's time:
+  ``decoder.compile_s``    seconds spent compiling / capturing before the first step (0 if none)
+  ``decoder.extra_bytes``  bytes held besides the model and the KV cache (packed weight copies)
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from . import modes
+from .model import GPT
+
+
+class Decoder:
+    """Base: eager PyTorch through ``GPT.forward`` with a cache kind, mask and logits choice."""
+
+    def __init__(
+        self,
+        model: GPT,
+        *,
+        batch_size: int = 1,
+        capacity: int | None = None,
+        cache_kind: str | None = "prealloc",
+        mask: str | None = "none",
+        logits: str = "last",
+    ) -> None:
+        self.model = model
+        self.batch_size = batch_size
+        self.capacity = capacity or model.config.block_size
+        self.cache_kind = cache_kind
+        self.mask = mask  # None: the model's own variant (its config's)
+        self.logits = logits
+        self.cache = None
+        self.seq: torch.Tensor | None = None
+        self.compile_s = 0.0  # set-up time kept out of every step (compile, graph capture)
+        self.extra_bytes = 0  # memory besides weights and cache (e.g. packed weight copies)
+
+    @property
+    def length(self) -> int:
+        return 0 if self.seq is None else self.seq.size(1)
+
+    def _start_seq(self, idx: torch.Tensor) -> None:
+        # Tokens live in a buffer sized once, so a step appends without allocating.
+        self._tokens = idx.new_empty(idx.size(0), max(self.capacity, idx.size(1)))
+        self._tokens[:, : idx.size(1)] = idx
+        self.seq = self._tokens[:, : idx.size(1)]
+
+    def _push(self, token: torch.Tensor) -> None:
+        assert self.seq is not None, "prefill first"
+        n = self.seq.size(1)
+        if n >= self._tokens.size(1):  # past the capacity: grow (the model will refuse later)
+            self._tokens = torch.cat([self._tokens, torch.empty_like(self._tokens)], dim=1)
+        self._tokens[:, n] = token[:, 0]
+        self.seq = self._tokens[:, : n + 1]
+
+    def rewind(self, length: int) -> None:
+        """Forget every token from ``length`` on, so a step can be re-timed at the same context.
+
+        Cached modes crop their cache (the next step overwrites the dropped rows).
+        """
+        if self.seq is None or not 1 <= length <= self.seq.size(1):
+            raise ValueError(f"rewind length must be within 1..{self.length}, got {length}")
+        self.seq = self._tokens[:, :length]
+        if self.cache is not None:
+            self.cache.crop(length)
+
+    @torch.no_grad()
+    def prefill(self, idx: torch.Tensor) -> torch.Tensor:
+        self._start_seq(idx)
+        if self.cache_kind is None:
+            out, _ = self.model(idx, use_cache=False, logits=self.logits, mask=self.mask)
+        else:
+            self.cache = self.model.make_cache(self.cache_kind, idx.size(0), self.capacity)
+            out, _ = self.model(idx, self.cache, logits="last", mask=self.mask)
+        return out[:, -1, :]
+
+    @torch.no_grad()
+    def step(self, token: torch.Tensor) -> torch.Tensor:
+        self._push(token)
+        if self.cache_kind is None:
+            out, _ = self.model(self.seq, use_cache=False, logits=self.logits, mask=self.mask)
+        else:
+            out, _ = self.model(token, self.cache, logits="last", mask=self.mask)
+        return out[:, -1, :]
+
+
+def make_decoder(model: GPT, name: str, **kwargs: object) -> Decoder:
+    """A decoder of mode ``name`` for ``model`` (ValueError if the mode cannot run there)."""
+    ok, why = modes.available(name, str(model.device))
+    if not ok:
+        raise ValueError(f"mode {name!r} cannot run here: {why}")
+    spec = modes.MODES[name]
+    module, attr = spec.factory.split(":")
+    factory = getattr(importlib.import_module(module), attr)
+    return factory(model, **spec.options, **kwargs)

@@ -1,0 +1,261 @@
+"""Where a decode step's time goes: profiler counts, host vs device time, and the floors
+(kind "attribution").
+
+``run(loaded, AttributionParams, progress, should_stop)`` -> run with table ``attribution``: for
+each mode (gated first) and context, ``attribute_step``'s row. ``steps`` decode steps are timed
+plainly (``step_ms``, the median), then the same number run under ``torch.profiler``, each
+inside a ``record_function`` span (``instruments.timing.Spans``). From the trace, per step: ATen
+operator calls (all, and top-level), kernel launches and device time (CUDA), time inside
+top-level operators or the compiled region (``ops_ms``) and the host time between them
+(``python_ms``). The floors are formulas over measured rates: ``flop_floor_ms`` = FLOPs /
+measured matmul peak, ``byte_floor_ms`` = bytes / measured read bandwidth (FLOPs and bytes from
+``instruments.costs``, peaks from ``instruments.device.peaks``); ``overhead_ms`` = step_ms -
+max(floors).
+
+The chart splits ``step_ms`` into three parts that add up to it exactly:
+  ``floor_part_ms``   the part of the busy time the floor explains (min(busy, floor))
+  ``excess_ms``       busy time above the floor (kernels slower than peak rate)
+  ``idle_ms``         step time with nothing busy: host gaps (CPU) or an idle device (CUDA)
+"busy" is time inside operators on a CPU and kernel time on a GPU, measured under the
+profiler and rescaled to the plain step. The profiled parts themselves (``ops_ms`` +
+``python_ms``) are compared with the plain ``step_ms``: they agree within ``error_ms``, the
+profiler's own cost (calibrated per operator on this device) plus the timing spread.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from engine import modes
+from engine.decoders import make_decoder
+from engine.loop import decode
+from engine.model import GPT
+from instruments import costs, device, gate
+from instruments.device import Peaks
+from instruments.params import AttributionParams
+from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, random_prompt, record
+from instruments.timing import Spans, StepClock, synchronize
+
+STEP_SPAN = "kv_lab.decode_step"
+_LAUNCH_NAMES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cudaGraphLaunch")
+
+
+_PROFILER_COST_US: dict[str, float] = {}
+
+
+def profiler_cost_us(device: Any = "cpu", n_ops: int = 400) -> float:
+    """Extra wall time the profiler adds per ATen operator here (µs), measured once per device.
+
+    Tiny ops timed with and without the profiler; the difference per op is what the profiled
+    step carries on top of the plain one.
+    """
+    key = str(torch.device(device))
+    if key in _PROFILER_COST_US:
+        return _PROFILER_COST_US[key]
+    x = torch.zeros(4, device=device)
+
+    def loop() -> float:
+        synchronize(device)
+        start = time.perf_counter()
+        for _ in range(n_ops):
+            x.add_(1.0)
+        synchronize(device)
+        return time.perf_counter() - start
+
+    loop()
+    plain = min(loop() for _ in range(3))
+    with profile(activities=_activities(device)):
+        profiled = min(loop() for _ in range(3))
+    cost = max(0.0, (profiled - plain) / n_ops * 1e6)
+    _PROFILER_COST_US[key] = cost
+    return cost
+
+
+def _activities(device: Any) -> list[ProfilerActivity]:
+    acts = [ProfilerActivity.CPU]
+    if torch.device(device).type == "cuda":
+        acts.append(ProfilerActivity.CUDA)
+    return acts
+
+
+@dataclass
+class _Trace:
+    profiled_step_ms: float
+    ops_ms: float
+    python_ms: float
+    host_ms: float
+    device_ms: float | None
+    ops_per_step: float
+    top_ops_per_step: float
+    kernels_per_step: float | None
+    launches_per_step: float | None
+    spread_ms: float  # interquartile range of the profiled steps' wall times
+
+
+def _read_trace(prof: Any, cuda: bool) -> _Trace:
+    """Per-step figures from the trace: counts are means, times come from the median step.
+
+    Only events inside a step span count. "Busy" host time is every direct child of a span:
+    ATen operators in eager modes, the compiled region in compiled ones.
+    """
+    events = list(prof.events())
+    spans = sorted((e for e in events if e.name == STEP_SPAN), key=lambda e: e.time_range.start)
+    if not spans:
+        raise RuntimeError("the profiler recorded no decode-step spans")
+    n = len(spans)
+    bounds = [(e.time_range.start, e.time_range.end) for e in spans]
+
+    def inside(e: Any) -> bool:
+        start, end = e.time_range.start, e.time_range.end
+        return any(lo <= start and end <= hi for lo, hi in bounds)
+
+    per_step = []  # (wall, busy, host issue) in µs for each step
+    top = 0
+    for span in spans:
+        start, end = span.time_range.start, span.time_range.end
+        children = list(span.cpu_children)
+        top += sum(1 for c in children if c.name.startswith("aten::"))
+        busy = sum(c.time_range.end - c.time_range.start for c in children)
+        issued = max((c.time_range.end for c in children), default=start) - start
+        per_step.append((end - start, busy, issued))
+    # The median step by wall time: its parts add up to its wall time exactly, and one noisy
+    # step (another process taking the core) does not drag the parts of the others.
+    wall, busy, issued = sorted(per_step)[n // 2]
+    walls = sorted(w for w, _, _ in per_step)
+    spread = (walls[(3 * n) // 4] - walls[n // 4]) if n >= 4 else 0.0
+    cpu_ops = sum(1 for e in events if e.name.startswith("aten::")
+                  and e.device_type == torch.autograd.DeviceType.CPU and inside(e))
+    kernels = launches = device_ms = None
+    if cuda:
+        dev_events = [e for e in events
+                      if e.device_type == torch.autograd.DeviceType.CUDA and inside(e)]
+        kernels = len(dev_events) / n
+        device_ms = sum(e.time_range.end - e.time_range.start for e in dev_events) / n / 1e3
+        launches = sum(1 for e in events if e.name in _LAUNCH_NAMES and inside(e)) / n
+    return _Trace(
+        profiled_step_ms=wall / 1e3, ops_ms=busy / 1e3, python_ms=(wall - busy) / 1e3,
+        host_ms=issued / 1e3, device_ms=device_ms, ops_per_step=cpu_ops / n,
+        top_ops_per_step=top / n, kernels_per_step=kernels, launches_per_step=launches,
+        spread_ms=spread / 1e3,
+    )
+
+
+@torch.no_grad()
+def attribute_step(
+    model: GPT, mode: str, context_len: int, *, steps: int = 8, warmup: int = 3,
+    batch_size: int = 1, peaks: Peaks | None = None, decoder: Any = None,
+) -> dict[str, Any]:
+    """One attribution row for ``mode`` with ``context_len`` tokens in view at the first step.
+
+    The timed steps run at contexts context_len .. context_len + steps - 1. Pass a ``decoder``
+    (of ``mode``, capacity >= context_len + warmup + steps) to reuse it across rows.
+    """
+    cfg = model.config
+    if steps < 1 or warmup < 0:
+        raise ValueError(f"steps must be >= 1 and warmup >= 0, got {steps} and {warmup}")
+    start_len = context_len - 1 - warmup  # cached tokens before the warm-up steps
+    if start_len < 1 or context_len + steps - 1 > cfg.block_size:
+        raise ValueError(
+            f"context {context_len} with {warmup} warm-up and {steps} timed steps does not fit; "
+            f"allowed: {warmup + 2}..{cfg.block_size - steps + 1}")
+    dev = model.device
+    peaks = peaks or device.peaks(dev, model.dtype)
+    dec = decoder or make_decoder(model, mode, batch_size=batch_size,
+                                  capacity=min(cfg.block_size, context_len + steps + warmup))
+    prompt = random_prompt(model, batch_size, start_len)
+    calls = 1 + warmup + steps  # the prefill and the warm-up steps are never timed
+    clock = StepClock(dev, skip=1 + warmup)
+    decode(dec, prompt, calls, timer=clock)
+    samples = clock.samples_ms
+    cuda = dev.type == "cuda"
+    with profile(activities=_activities(dev)) as prof:  # only the spans are read
+        decode(dec, prompt, calls, timer=Spans(STEP_SPAN, dev, skip=1 + warmup))
+    tr = _read_trace(prof, cuda)
+
+    step_ms = statistics.median(samples)
+    spec = modes.MODES[mode]
+    last_only = spec.cached or getattr(dec, "logits", "last") == "last"
+    flops = costs.step_flops(cfg, context_len, cached=spec.cached, batch_size=batch_size,
+                             last_only=last_only)
+    nbytes = costs.step_bytes(cfg, model.dtype, context_len, cached=spec.cached,
+                              batch_size=batch_size)
+    flop_floor = flops / (peaks.matmul_tflops * 1e12) * 1e3
+    byte_floor = nbytes / (peaks.read_gbps * 1e9) * 1e3
+    floor = max(flop_floor, byte_floor)
+    busy_profiled = tr.device_ms if cuda and tr.device_ms is not None else tr.ops_ms
+    busy = step_ms * min(1.0, busy_profiled / tr.profiled_step_ms)  # rescaled to the plain step
+    floor_part = min(busy, floor)
+    quart = statistics.quantiles(samples, n=4) if len(samples) >= 2 else [step_ms] * 3
+    spread = max(quart[2] - quart[0], 0.02 * step_ms) + tr.spread_ms
+    prof_cost = profiler_cost_us(dev) * tr.ops_per_step / 1e3
+    return {
+        "mode": mode, "mode_label": spec.label, "context_len": context_len,
+        "batch_size": batch_size, "dtype": str(model.dtype).removeprefix("torch."),
+        "device": str(dev), "steps": steps,
+        "step_ms": step_ms, "samples_ms": samples,
+        "ops_per_step": tr.ops_per_step, "top_ops_per_step": tr.top_ops_per_step,
+        "kernels_per_step": tr.kernels_per_step, "launches_per_step": tr.launches_per_step,
+        "profiled_step_ms": tr.profiled_step_ms, "ops_ms": tr.ops_ms,
+        "python_ms": tr.python_ms, "host_ms": tr.host_ms, "device_ms": tr.device_ms,
+        "flops": flops, "bytes": nbytes, "peak_tflops": peaks.matmul_tflops,
+        "bandwidth_gbps": peaks.read_gbps, "flop_floor_ms": flop_floor,
+        "byte_floor_ms": byte_floor, "floor_ms": floor,
+        "bound": "memory" if byte_floor >= flop_floor else "compute",
+        "overhead_ms": step_ms - floor,
+        "busy_ms": busy, "floor_part_ms": floor_part, "excess_ms": busy - floor_part,
+        "idle_ms": step_ms - busy,
+        "profiler_cost_ms": prof_cost, "error_ms": prof_cost + 2 * spread,
+        "compile_s": getattr(dec, "compile_s", 0.0),
+    }
+
+
+def profile_mode(model: GPT, mode: str, contexts: list[int], p: AttributionParams,
+                 peaks: Peaks, tr: Tracker) -> bool:
+    """Rows of ``attribute_step`` for one mode over ``contexts``, one decoder. True if stopped."""
+    dec = make_decoder(model, mode, batch_size=p.batch_size, capacity=model.config.block_size)
+    for t in contexts:
+        if tr.stop():
+            return True
+        tr.emit(f"{mode}: profiling context {t}")
+        r = attribute_step(model, mode, t, steps=p.steps, warmup=p.warmup,
+                           batch_size=p.batch_size, peaks=peaks, decoder=dec)
+        tr.work += 1
+        tr.row("attribution", r, f"{mode}: context {t}, {r['step_ms']:.2f} ms a step")
+    return False
+
+
+@torch.no_grad()
+def run(loaded: Loaded, params: AttributionParams, progress: ProgressFn | None = None,
+        should_stop: StopFn | None = None) -> dict[str, Any]:
+    model = loaded.model
+    cfg = model.config
+    params.check(cfg, str(model.device))
+    lo, hi = params.warmup + 2, cfg.block_size - params.steps + 1
+    contexts = sorted({min(max(int(t), lo), hi) for t in params.contexts})
+    tr = Tracker(progress, should_stop, len(params.modes) * len(contexts))
+    if set(contexts) != set(params.contexts):
+        tr.note(f"context lengths clipped to {lo}..{hi} (warm-up and timed steps must fit)")
+    tr.emit("measuring the matmul peak and read bandwidth (once per measuring process)")
+    peaks = device.peaks(model.device, model.dtype)
+    stopped = False
+    for mode in params.modes:
+        check = gate.gate(model, mode, params.batch_size)
+        tr.tables.setdefault("checks", []).append(check.to_row())
+        if not check.passed:
+            tr.done += len(contexts)
+            tr.note(f"{mode} not profiled: {check.detail}")
+            continue
+        if profile_mode(model, mode, contexts, params, peaks, tr):
+            stopped = True
+            tr.note("stopped: rows already measured are kept")
+            break
+    tables = {"attribution": tr.tables.get("attribution", []),
+              "checks": tr.tables.get("checks", [])}
+    return record(loaded, "attribution", params, tables, partial=stopped, notes=tr.notes,
+                  measured_peaks=peaks.to_dict())

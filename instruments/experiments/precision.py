@@ -1,0 +1,108 @@
+"""Precision: what lower precision does to time, memory and the answers (kind "precision").
+
+``run(loaded, PrecisionParams, progress, should_stop)`` -> run with table ``precision``: one row
+per precision (fp32, TF32 on CUDA, bf16, fp16 on CUDA) with the cached step time, the uncached
+forward, weight and KV bytes and, against fp32 on the same tokens (teacher forcing), the top-1
+agreement and the largest logit difference. Lower precisions run on a converted copy of the
+model; the loaded model is never changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from engine.decoders import make_decoder
+from engine.loop import decode
+from engine.model import GPT
+from instruments import costs, device, gate
+from instruments.experiments.scope import measure_speedup
+from instruments.params import PrecisionParams, precisions_for
+from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, random_prompt, record
+
+_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
+           "fp16": torch.float16}
+
+
+@contextlib.contextmanager
+def _tf32(enabled: bool) -> Iterator[None]:
+    """Switch TF32 matmuls on or off for the block, restoring the previous settings."""
+    old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
+def _teacher_forced(model: GPT, prompt: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Logits (n, B, vocab) in fp32 for each step when ``tokens`` (B, n) are fed back."""
+    dec = make_decoder(model, "prealloc_fused", batch_size=prompt.size(0),
+                       capacity=prompt.size(1) + tokens.size(1))
+    gen = decode(dec, prompt, tokens.size(1), feed=tokens, keep_logits=True)
+    return torch.stack(gen.logits)
+
+
+@torch.no_grad()
+def run(loaded: Loaded, params: PrecisionParams, progress: ProgressFn | None = None,
+        should_stop: StopFn | None = None) -> dict[str, Any]:
+    """Time, memory and agreement with fp32 for each precision (see the module docstring)."""
+    model = loaded.model
+    cfg, dev = model.config, model.device
+    params.check(cfg, str(dev))
+    offered = precisions_for(str(dev), device.supported_dtypes(dev))
+    wanted = list(params.precisions or offered)
+    bad = [p for p in wanted if p not in offered]
+    if bad:
+        raise ValueError(f"precision {bad[0]!r} is not offered on {dev.type}; "
+                         f"allowed: {', '.join(offered)}")
+    prompt_len, new_tokens, steps = params.prompt_len, params.new_tokens, params.steps
+    ref_model = model if model.dtype == torch.float32 else _converted(model, torch.float32)
+    prompt = random_prompt(model, 1, prompt_len)
+    tr = Tracker(progress, should_stop, len(wanted), unit="precisions")
+    with _tf32(False):
+        ref_tokens = gate.greedy(ref_model, "prealloc_fused", prompt, new_tokens)
+        ref_logits = _teacher_forced(ref_model, prompt, ref_tokens)
+    for prec in wanted:
+        if tr.stop():
+            tr.note("stopped: precisions already compared are kept")
+            break
+        tr.emit(f"{prec}: timing and comparing with fp32")
+        dtype = _DTYPES[prec]
+        m = ref_model if dtype == torch.float32 else _converted(ref_model, dtype)
+        with _tf32(prec == "tf32"):
+            logits = _teacher_forced(m, prompt, ref_tokens)
+            own = gate.greedy(m, "prealloc_fused", prompt, new_tokens)
+            row = measure_speedup(m, 1, prompt_len, cached_mode="prealloc_fused",
+                                  uncached_mode="uncached_last", steps=steps, repeats=2)
+        diff = (logits - ref_logits).abs()
+        same = (own == ref_tokens)[0]
+        prefix = int(same.long().cumprod(0).sum())
+        tr.work += 1
+        tr.row("precision", {
+            "precision": prec, "dtype": str(dtype).removeprefix("torch."),
+            "tf32": prec == "tf32", "step_ms": row["cached_ms"],
+            "uncached_ms": row["uncached_ms"],
+            "weight_bytes": sum(p.numel() * p.element_size() for p in m.parameters()),
+            "kv_bytes_per_token": costs.kv_bytes_per_token(cfg, dtype),
+            "top1_agreement": float((logits.argmax(-1) == ref_logits.argmax(-1)).float().mean()),
+            "max_logit_diff": float(diff.max()), "mean_logit_diff": float(diff.mean()),
+            "identical_prefix_tokens": prefix, "new_tokens": new_tokens,
+        }, f"{prec}: {row['cached_ms']:.2f} ms a step")
+        if m is not ref_model:
+            del m
+    rows = tr.tables.get("precision", [])
+    return record(loaded, "precision", params, {"precision": rows},
+                  partial=len(rows) < len(wanted), notes=tr.notes)
+
+
+def _converted(model: GPT, dtype: torch.dtype) -> GPT:
+    """A copy of ``model`` in ``dtype`` (the shared model itself is never changed)."""
+    out = GPT.empty(model.config, model.device, dtype)
+    out.load_state_dict(model.state_dict())  # copies and casts; the head stays tied to wte
+    out.weights_label = model.weights_label
+    return out.eval()

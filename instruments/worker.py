@@ -1,0 +1,182 @@
+"""The measuring process: one per device, its own interpreter, nothing else running in it.
+
+    python -m instruments.worker --device cpu
+
+Started on demand by ``instruments.client`` (the dashboard's server) and spoken to in the
+line protocol of ``instruments.protocol``: requests on stdin, messages on stdout (library
+output is moved to stderr, which the client keeps as a log). It loads and holds one model on its
+device -- a request naming another model replaces it, memory freed first -- and runs one
+experiment at a time, the same ``run(loaded, params, progress, should_stop)`` the CLI calls.
+A reader thread waits on stdin (blocked in a read, it holds no interpreter lock) and turns a
+"stop" into the flag the experiment polls between steps; end of input (the server went away)
+stops the run and ends the process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import queue
+import sys
+import threading
+import traceback
+from dataclasses import asdict
+from typing import Any, TextIO
+
+from instruments import experiments, params, protocol
+from instruments.spine import Loaded, ModelSpec, base_meta, load
+
+
+class Channel:
+    """Messages out, one JSON line each, on the stdout this process started with."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.lock = threading.Lock()
+
+    def send(self, message: dict[str, Any]) -> None:
+        with self.lock:
+            self.out.write(protocol.encode(message))
+            self.out.flush()
+
+
+class Worker:
+    def __init__(self, device: str, channel: Channel) -> None:
+        self.device = device
+        self.channel = channel
+        self.loaded: Loaded | None = None
+        self.requests: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self.stopped: set[str] = set()  # ids of requests asked to stop (a stop may come early)
+        self.closed = threading.Event()
+
+    # -- input -------------------------------------------------------------------------------
+    def read(self, stream: TextIO) -> None:
+        for line in stream:
+            msg = protocol.decode(line)
+            if msg is None:
+                continue
+            if msg["type"] == "stop":
+                self.stopped.add(str(msg.get("id")))
+            elif msg["type"] == "exit":
+                break
+            else:
+                self.requests.put(msg)
+        self.closed.set()  # end of input: the server is gone; stop whatever runs
+        self.requests.put(None)
+
+    # -- the model ---------------------------------------------------------------------------
+    def ensure(self, spec: ModelSpec) -> Loaded:
+        if spec.device != self.device:
+            raise ValueError(f"this measuring process holds {self.device}; asked for "
+                             f"{spec.device}")
+        if self.loaded is None or self.loaded.spec != spec:
+            self.release()
+            self.loaded = load(spec)
+        return self.loaded
+
+    def release(self) -> None:
+        """Drop the model and everything built on it (packed copies, compiled steps)."""
+        self.loaded = None
+        free_memory(self.device)
+
+    # -- requests ----------------------------------------------------------------------------
+    def handle(self, msg: dict[str, Any]) -> None:
+        rid = str(msg.get("id"))
+        oom = None
+        try:
+            spec = ModelSpec(**msg["model"])
+            loaded = self.ensure(spec)
+            self.channel.send({"type": "loaded", "id": rid, "info": loaded.info})
+            if msg["type"] == "load":
+                self.channel.send({"type": "done", "id": rid})
+                return
+            exp = experiments.get(str(msg.get("experiment")))
+            p = params.from_dict(exp.params, dict(msg.get("params") or {}))
+            p.check(loaded.model.config, self.device)
+            self.channel.send({"type": "start", "id": rid, "kind": exp.kind,
+                               "meta": base_meta(loaded, exp.kind, p)})
+
+            def progress(event: Any) -> None:
+                self.channel.send({"type": "event", "id": rid, **asdict(event)})
+
+            def should_stop() -> bool:
+                return rid in self.stopped or self.closed.is_set()
+
+            run = exp.run(loaded, p, progress, should_stop)
+            self.channel.send({"type": "result", "id": rid, "run": run})
+        except Exception as exc:
+            category, message = classify(exc)
+            if category == "crash":
+                traceback.print_exc()
+            if category == "oom":
+                oom = message  # free memory below, once the exception no longer holds tensors
+            else:
+                self.channel.send({"type": "error", "id": rid, "category": category,
+                                   "message": message})
+        finally:
+            self.stopped.discard(rid)
+        if oom is not None:
+            free_memory(self.device)
+            self.channel.send({"type": "error", "id": rid, "category": "oom", "message": oom})
+
+    def serve(self) -> None:
+        import torch
+
+        from instruments.device import describe_device
+
+        self.channel.send({"type": "hello", "pid": os.getpid(), "device": self.device,
+                           "torch": torch.__version__, "facts": describe_device(self.device)})
+        while True:
+            msg = self.requests.get()
+            if msg is None:
+                return
+            self.handle(msg)
+
+
+def classify(exc: BaseException) -> tuple[str, str]:
+    """(category, message for the page): "input" for what the user can fix, "oom", "crash"."""
+    import torch
+
+    from engine.tokenizer import TokenizerError
+    from engine.weights import WeightsError
+
+    text = str(exc).strip()
+    if isinstance(exc, torch.OutOfMemoryError) or (
+            isinstance(exc, RuntimeError) and ("out of memory" in text.lower()
+                                               or "can't allocate memory" in text.lower())):
+        first = text.splitlines()[0][:200] if text else "out of memory"
+        return "oom", (f"Out of memory: {first}. Try a smaller batch size or context, a smaller "
+                       "model, or a lower-precision dtype.")
+    if isinstance(exc, (ValueError, WeightsError, TokenizerError)):
+        return "input", text.splitlines()[0] if text else type(exc).__name__
+    return "crash", f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+
+
+def free_memory(device: str) -> None:
+    import torch
+
+    gc.collect()
+    if device.startswith("cuda") and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m instruments.worker")
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args(argv)
+    # Keep a private copy of stdout for messages; anything else printed goes to stderr.
+    channel = Channel(os.fdopen(os.dup(1), "w", encoding="utf-8"))
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    worker = Worker(args.device, channel)
+    threading.Thread(target=worker.read, args=(sys.stdin,), name="requests", daemon=True).start()
+    try:
+        worker.serve()
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""The layers' arrows point one way, the dashboard's server never imports torch, files stay small.
+
+  engine       imports nothing of instruments, ui, pages, streamlit or plotly
+  instruments  imports neither streamlit, plotly, ui nor pages
+  ui, pages    import no torch -- not directly, and not through anything they import: every page
+               is rendered in a fresh interpreter and torch must not be in sys.modules after
+A measuring experiment runs in a process of its own; nothing that draws may even load torch.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_LINES = 420  # "no file over ~400 lines"
+
+
+def sources(*folders: str) -> list[Path]:
+    return sorted(p for f in folders for p in (ROOT / f).rglob("*.py"))
+
+
+def imported(path: Path) -> set[str]:
+    """Top-level package names a file imports (absolute imports; relative ones stay inside)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+@pytest.mark.parametrize("folder, forbidden", [
+    ("engine", {"instruments", "ui", "pages", "streamlit", "plotly"}),
+    ("instruments", {"streamlit", "plotly", "ui", "pages"}),
+    ("ui", {"torch"}),
+    ("pages", {"torch"}),
+])
+def test_arrows_point_one_way(folder: str, forbidden: set[str]) -> None:
+    bad = {str(p.relative_to(ROOT)): sorted(imported(p) & forbidden) for p in sources(folder)}
+    assert not {k: v for k, v in bad.items() if v}
+
+
+def test_the_arrow_check_sees_a_wrong_import(tmp_path: Path) -> None:
+    wrong = tmp_path / "page.py"
+    wrong.write_text("import os\nfrom torch.nn import functional as F\nimport streamlit as st\n")
+    assert imported(wrong) == {"os", "torch", "streamlit"}
+
+
+def test_no_source_file_over_about_400_lines() -> None:
+    long = {str(p.relative_to(ROOT)): n for p in sources("engine", "instruments", "ui", "pages",
+                                                        "scripts")
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert not long
+
+
+SERVER = """
+import os, sys
+os.environ["KVLAB_TINY"] = "1"
+os.environ["KVLAB_RESULTS_DIR"] = sys.argv[1]
+from streamlit.testing.v1 import AppTest
+for page in ["overview", "generate", "sweep", "flops", "floor", "memory", "correctness",
+             "results"]:
+    at = AppTest.from_file("app.py", default_timeout=120)
+    at.run()
+    at.switch_page(f"pages/{page}.py")
+    at.run()
+    assert not at.exception, (page, [e.message for e in at.exception])
+    assert at.title[0].value, page
+import instruments.client
+instruments.client.shutdown()
+print("torch loaded:", "torch" in sys.modules)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_every_page_renders_without_torch_in_the_server(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-c", SERVER, str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=280)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "torch loaded: False" in out.stdout, out.stdout
+
+
+BLOCKED = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("streamlit", "plotly", "playwright", "ui", "pages"):
+            raise ImportError(f"{name} is not installed here")
+sys.meta_path.insert(0, Block())
+import pkgutil, importlib, engine, instruments
+for pkg in (engine, instruments):
+    for info in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
+        if not info.name.endswith("__main__"):
+            importlib.import_module(info.name)
+from instruments import cli
+sys.exit(cli.main(["sweep", "--model", "tiny", "--contexts", "4,8", "--repeats", "1",
+                   "--new-tokens", "3", "--no-peaks", "--no-progress", "--results-dir",
+                   sys.argv[1]]))
+"""
+
+
+@pytest.mark.timeout(180)
+def test_engine_and_instruments_run_without_the_ui_packages(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-c", BLOCKED, str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=170)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert list(tmp_path.glob("*.json"))

@@ -1,0 +1,182 @@
+"""The measuring process and its client: requests, streams, Stop, faults, model switches.
+
+The ``Worker`` is driven in this process for the cases a real process cannot be made to hit on
+demand (out of memory); everything else runs through ``instruments.client`` against a real
+``python -m instruments.worker`` subprocess, as the dashboard does.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from instruments import client, experiments, protocol
+from instruments.experiments import Experiment
+from instruments.params import LatencyParams, to_dict
+from instruments.results import load_runs
+from instruments.spine import ModelSpec
+from instruments.worker import Channel, Worker, classify
+
+pytestmark = pytest.mark.timeout(240)
+TINY = ModelSpec("tiny")
+
+
+def small_sweep(**kw: object) -> dict:
+    base = dict(contexts=[4, 8, 16], modes=["uncached", "concat"], repeats=1, warmup=0,
+                measure_peaks=False)
+    return to_dict(LatencyParams(**{**base, **kw}))
+
+
+def wait(job: client.Job, timeout_s: float = 120.0) -> client.Job:
+    end = time.monotonic() + timeout_s
+    while not job.finished and time.monotonic() < end:
+        time.sleep(0.05)
+    assert job.finished, f"job still {job.state}: {job.message}"
+    return job
+
+
+# ------------------------------------------------------------------------- in this process
+def _worker() -> tuple[Worker, io.StringIO]:
+    out = io.StringIO()
+    return Worker("cpu", Channel(out)), out
+
+
+def _messages(out: io.StringIO) -> list[dict]:
+    return [json.loads(line) for line in out.getvalue().splitlines()]
+
+
+def _oom(loaded, params, progress, should_stop):  # an experiment that runs out of memory
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
+
+
+def test_out_of_memory_is_reported_and_the_next_request_works(monkeypatch) -> None:
+    import sys
+    import types
+
+    fake = types.ModuleType("instruments.experiments.fake_oom")
+    fake.run = _oom
+    monkeypatch.setitem(sys.modules, "instruments.experiments.fake_oom", fake)
+    monkeypatch.setitem(experiments.EXPERIMENTS, "fake_oom", Experiment(
+        "fake_oom", "latency_sweep", "oom", LatencyParams, "fake_oom"))
+    worker, out = _worker()
+    worker.handle({"type": "run", "id": "a", "experiment": "fake_oom", "model": TINY.to_dict(),
+                   "params": small_sweep()})
+    error = _messages(out)[-1]
+    assert error["type"] == "error" and error["category"] == "oom"
+    assert "Out of memory" in error["message"] and "smaller batch" in error["message"]
+    worker.handle({"type": "run", "id": "b", "experiment": "latency", "model": TINY.to_dict(),
+                   "params": small_sweep()})
+    result = _messages(out)[-1]
+    assert result["type"] == "result" and len(result["run"]["tables"]["latency"]) == 6
+
+
+def test_bad_requests_say_what_is_allowed() -> None:
+    worker, out = _worker()
+    worker.handle({"type": "run", "id": "a", "experiment": "warp", "model": TINY.to_dict()})
+    worker.handle({"type": "run", "id": "b", "experiment": "latency", "model": TINY.to_dict(),
+                   "params": small_sweep(contexts=[4, 999])})
+    worker.handle({"type": "run", "id": "c", "experiment": "latency", "model": TINY.to_dict(),
+                   "params": {"contexts": [4], "modes": ["concat"], "bogus": 1}})
+    worker.handle({"type": "load", "id": "d",
+                   "model": ModelSpec("tiny", device="cuda").to_dict()})
+    errors = [m for m in _messages(out) if m["type"] == "error"]
+    assert [e["category"] for e in errors] == ["input"] * 4
+    text = [e["message"] for e in errors]
+    assert "unknown experiment 'warp'" in text[0] and "allowed" in text[0]
+    assert "outside 1..128" in text[1] and "unknown parameter 'bogus'" in text[2]
+    assert "holds cpu" in text[3]  # one process per device: never another device's model
+
+
+def test_a_stop_that_arrives_first_still_stops_its_request() -> None:
+    worker, out = _worker()
+    worker.read(io.StringIO(protocol.encode({"type": "stop", "id": "x"})))
+    worker.handle({"type": "run", "id": "x", "experiment": "latency", "model": TINY.to_dict(),
+                   "params": small_sweep(contexts=list(range(4, 64, 4)))})
+    run = _messages(out)[-1]["run"]
+    assert run["meta"]["partial"] and len(run["tables"]["latency"]) < 30
+
+
+def test_crashes_and_input_errors_are_told_apart() -> None:
+    assert classify(ValueError("context 0 is outside 1..128"))[0] == "input"
+    assert classify(RuntimeError("DefaultCPUAllocator: can't allocate memory: 9 GB"))[0] == "oom"
+    category, message = classify(ZeroDivisionError("division by zero"))
+    assert category == "crash" and message == "ZeroDivisionError: division by zero"
+
+
+def test_protocol_round_trip_and_junk() -> None:
+    line = protocol.encode({"type": "event", "row": {"x": float("nan"), "t": torch.tensor(3)}})
+    assert protocol.decode(line) == {"type": "event", "row": {"x": None, "t": 3}}
+    assert protocol.decode("Warning: something printed\n") is None
+    assert protocol.decode("[1, 2]") is None
+
+
+# ------------------------------------------------------------------------- a real process
+def test_a_sweep_streams_rows_and_is_saved(tmp_path: Path) -> None:
+    job = wait(client.submit("latency", small_sweep(), TINY, results_dir=tmp_path))
+    assert job.state == "done", job.error
+    assert job.info["weights_label"].startswith("random") and job.pid != os.getpid()
+    assert len(job.tables["latency"]) == 6 == len(job.run["tables"]["latency"])
+    (saved,) = load_runs(tmp_path).runs
+    assert saved["run_id"] == job.run["run_id"] and saved["meta"]["partial"] is False
+
+
+def test_stop_ends_it_after_the_current_step(tmp_path: Path) -> None:
+    job = client.submit("latency", small_sweep(contexts=list(range(2, 128, 2)), repeats=3),
+                        TINY, results_dir=tmp_path)
+    while len(job.tables.get("latency", [])) < 2 and not job.finished:
+        time.sleep(0.02)
+    asked = time.monotonic()
+    job.request_stop()
+    wait(job)
+    assert time.monotonic() - asked < 5  # one step of a tiny model, plus the round trip
+    assert job.state == "stopped" and job.run["meta"]["partial"]
+    (saved,) = load_runs(tmp_path).runs
+    assert len(saved["tables"]["latency"]) == len(job.tables["latency"]) >= 2
+
+
+def test_a_killed_process_keeps_its_rows_and_the_next_run_starts_afresh(tmp_path: Path) -> None:
+    job = client.submit("latency", small_sweep(contexts=list(range(2, 128, 2)), repeats=3),
+                        TINY, results_dir=tmp_path)
+    while len(job.tables.get("latency", [])) < 3 and not job.finished:
+        time.sleep(0.02)
+    os.kill(job.pid, signal.SIGKILL)
+    wait(job)
+    assert job.state == "failed" and "SIGKILL" in job.error and "kept" in job.error
+    (saved,) = load_runs(tmp_path).runs
+    assert saved["meta"]["partial"] and len(saved["tables"]["latency"]) >= 3
+    assert saved["meta"]["contexts"] == list(range(2, 128, 2))  # the meta sent at the start
+    again = wait(client.submit("latency", small_sweep(), TINY))
+    assert again.state == "done" and again.pid != job.pid and again.saved_path is None
+
+
+def test_a_model_switch_reaches_the_process() -> None:
+    small = ModelSpec("tiny", seed=1)
+    a = wait(client.submit("latency", small_sweep(contexts=[4]), small))
+    b = wait(client.submit("load", {}, ModelSpec("tiny", seed=2)))
+    assert a.pid == b.pid  # one process per device, holding one model at a time
+    assert a.info["weights_label"] == "random (seed 1, test shape)"
+    assert b.info["weights_label"] == "random (seed 2, test shape)"
+    assert client.model_info(ModelSpec("tiny", seed=2)) == b.info  # known: no new request
+
+
+def test_the_queue_runs_one_measurement_per_device_in_order() -> None:
+    first = client.submit("latency", small_sweep(contexts=list(range(2, 64, 2))), TINY)
+    second = client.submit("latency", small_sweep(contexts=[4]), TINY)
+    third = client.submit("latency", small_sweep(), TINY)
+    time.sleep(0.3)
+    assert second.state == "queued" and "position 1" in second.message
+    assert "position 2" in third.message
+    assert client.model_info(ModelSpec("tiny", seed=9)) is None  # never queued behind a run
+    third.request_stop()  # leaves the queue without running
+    wait(first)
+    wait(second)
+    wait(third)
+    assert second.started_s >= first.ended_s - 0.01
+    assert third.state == "stopped" and third.run is None and third.pid is None

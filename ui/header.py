@@ -1,0 +1,86 @@
+"""The one page header: the router guard, the title, and what the chosen model is.
+
+``page(title, caption)`` -> the sidebar's ``Choice``. ``model(choice)`` -> the model's shape
+(``GPTConfig``) after loading it in its device's measuring process when that process is free,
+with a yellow banner for random weights; it shows the error and stops the page when the model
+cannot be loaded. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from engine.config import PRESETS, TEST_PRESETS, GPTConfig
+from instruments import client
+from ui.state import Choice, current_choice, sidebar
+
+
+def ensure_router() -> None:
+    """A page opened first by its own URL on a fresh server runs without ``app.py``: Streamlit
+    has not yet seen ``st.navigation`` and serves the bare ``pages/`` folder (its v1 mode, on
+    while that flag is set). Switch that mode off and run again, this time through the router:
+    same URL, same page, titled navigation and sidebar. Should a page still run without the
+    router later in the session (AppTest resets the flag on every run), it draws the sidebar
+    itself rather than rerun forever."""
+    from streamlit.runtime.pages_manager import PagesManager
+
+    if not PagesManager.uses_pages_directory:
+        return  # the router ran in this script run
+    PagesManager.uses_pages_directory = False
+    if not st.session_state.get("_rerouted"):
+        st.session_state["_rerouted"] = True
+        st.rerun()
+    sidebar()
+
+
+def page(title: str, caption: str) -> Choice:
+    ensure_router()
+    st.title(title)
+    st.caption(caption)
+    return current_choice()
+
+
+def _preset_config(choice: Choice) -> GPTConfig | None:
+    if choice.model in {**PRESETS, **TEST_PRESETS} and not _is_folder(choice.weights):
+        return GPTConfig.from_name(choice.model)
+    return None
+
+
+def _is_folder(weights: str) -> bool:
+    return weights not in ("auto", "random", "pretrained")
+
+
+def model(choice: Choice | None = None, quiet: bool = False) -> GPTConfig:
+    """The chosen model's shape; loads it in the measuring process if that process is free."""
+    choice = choice or current_choice()
+    spec = choice.spec()
+    info = client.known_info(spec)
+    if info is None:
+        try:
+            with st.spinner(f"Loading {spec.describe()} in the measuring process…"):
+                info = client.model_info(spec)
+        except ValueError as exc:
+            st.error(f"Could not load the model: {exc} Choose random weights in the sidebar to "
+                     "measure with the same shapes.")
+            st.stop()
+    cfg = GPTConfig(**info["config"]) if info else _preset_config(choice)
+    if cfg is None:
+        st.info(f"The device is busy; {spec.describe()} loads when it is free.")
+        st.stop()
+    label = (info or {}).get("weights_label") or ("random" if choice.weights == "random"
+                                                  else None)
+    if not quiet:
+        if label and label.startswith("random"):
+            reason = (info or {}).get("weights_fallback")
+            st.warning(f"**Random weights** ({label}). Text will be gibberish; timings and "
+                       "memory are the real ones for these shapes."
+                       + (f" Pretrained weights: {reason}." if reason else ""))
+        elif label is None:
+            st.caption("Which weights load is known once the model is loaded (the device is "
+                       "busy now).")
+    return cfg
+
+
+def weights_label(choice: Choice) -> str | None:
+    info = client.known_info(choice.spec())
+    return info.get("weights_label") if info else None

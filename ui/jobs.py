@@ -1,0 +1,125 @@
+"""The one job section every measuring page uses: start, queue, progress, Stop, result.
+
+Contract: ``start(key, experiment, params, what)`` sends a request for the sidebar's model to
+its device's measuring process (``instruments.client.submit``: queued behind other sessions'
+runs, saved to ``results_dir()`` when it ends) and keeps the ``Job`` in
+``st.session_state[key]``. ``section(key, draw, empty=...)`` then shows, while the job runs, an
+auto-refreshing fragment -- queue position or progress, time left, Stop, and ``draw(job)`` (the
+live chart) -- and, once it has ended, how it ended, ``draw(job)`` and the downloads.
+``rows(job, table)`` is a table of the final run, or the rows streamed so far. The page itself
+holds no orchestration and measures nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from instruments import client
+from instruments.client import Job
+from ui.runs import download_buttons
+from ui.state import current_choice, results_dir, session_alive, session_id
+
+REFRESH_S = 1.0
+
+
+def start(key: str, experiment: str, params: dict[str, Any], what: str,
+          estimate_s: float | None = None) -> Job:
+    sid = session_id()
+    job = client.submit(experiment, params, current_choice().spec(), owner=(sid or "local")[:6],
+                        what=what, results_dir=results_dir(), estimate_s=estimate_s,
+                        keep_alive=lambda: session_alive(sid))
+    st.session_state[key] = job
+    return job
+
+
+def get(key: str) -> Job | None:
+    job = st.session_state.get(key)
+    return job if isinstance(job, Job) else None
+
+
+def running(key: str) -> bool:
+    job = get(key)
+    return job is not None and not job.finished
+
+
+def rows(job: Job, table: str) -> pd.DataFrame:
+    """``table`` of the job's run when it has one, else the rows streamed so far."""
+    if job.run is not None:
+        return pd.DataFrame((job.run.get("tables") or {}).get(table) or [])
+    return pd.DataFrame(list(job.tables.get(table, [])))
+
+
+def notes(job: Job) -> list[str]:
+    meta = (job.run or {}).get("meta") or {}
+    return list(meta.get("notes") or ([meta["note"]] if meta.get("note") else []))
+
+
+def _fmt_s(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def progress_text(job: Job) -> str:
+    if job.state == "queued":
+        return job.message
+    eta = f" · about {_fmt_s(job.eta_s)} left" if job.eta_s is not None else ""
+    where = f" · process {job.pid}" if job.pid else ""
+    return (f"{job.done} / {job.total or '?'} {job.unit} · {_fmt_s(job.seconds())} elapsed"
+            f"{eta}{where} · {job.message}")
+
+
+@st.fragment(run_every=REFRESH_S)
+def live_panel(key: str, draw: Callable[[Job], None]) -> None:
+    """Progress, Stop and the live chart; reruns the page once when the job has finished."""
+    job = get(key)
+    if job is None:
+        return
+    if job.finished:
+        st.rerun()
+    left, right = st.columns([5, 1], vertical_alignment="center")
+    left.progress(job.fraction(), text=progress_text(job))
+    right.button("Stop", key=f"{key}_stop", on_click=job.request_stop, icon=":material/stop:",
+                 disabled=job.stop_event.is_set(), width="stretch",
+                 help="Stop after the current step (or leave the queue); what was measured is "
+                 "kept and saved.")
+    draw(job)
+
+
+def finished_banner(job: Job) -> None:
+    """One line saying how the job ended and where it was saved."""
+    if job.state == "failed":
+        st.error(f"The run failed: {job.error}")
+    elif job.state == "stopped":
+        st.warning(f"Stopped after {job.done} of {job.total or '?'} {job.unit}; what was "
+                   "measured is kept.")
+    where = f" Saved to `{job.saved_path}`." if job.saved_path else ""
+    if job.save_error:
+        st.error(f"Not saved: {job.save_error} The run stays in this session; download it below.")
+    elif job.state == "done":
+        st.success(f"Finished {job.done} {job.unit} in {_fmt_s(job.seconds())}.{where}")
+    elif where:
+        st.caption(f"Partial run.{where}")
+    for note in notes(job):
+        if note not in (job.error or ""):
+            st.warning(note)
+
+
+def section(key: str, draw: Callable[[Job], None], *, empty: str, table: str | None = None,
+            stem: str = "run") -> Job | None:
+    """The live panel while the job runs; banner, ``draw`` and downloads once it has ended."""
+    job = get(key)
+    if job is None:
+        st.info(empty)
+    elif not job.finished:
+        live_panel(key, draw)
+    else:
+        finished_banner(job)
+        draw(job)
+        if table is not None:
+            download_buttons(job.run, table, stem, f"{key}_dl")
+    return job
