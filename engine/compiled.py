@@ -211,11 +211,6 @@ def _runner(model: GPT, variant: str, batch_size: int) -> _Runner:
     return runners[key]
 
 
-def release_compiled(model: GPT) -> None:
-    """Forget every compiled step of ``model`` (and its static caches)."""
-    model.__dict__.pop("_compiled_runners", None)
-
-
 class CompiledDecoder(Decoder):
     """Modes 7 ("compiled") and 9 ("fast_compiled"): prefill eagerly, then the compiled step."""
 

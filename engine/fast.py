@@ -148,11 +148,6 @@ def fast_weights(model: GPT, chunks: int | None = None) -> FastWeights:
     return packed
 
 
-def release_fast_weights(model: GPT) -> None:
-    """Drop the packed copies of ``model`` (they come back on the next fast decoder)."""
-    _PACKED.pop(model, None)
-
-
 @torch.no_grad()
 def fast_decode_step(
     w: FastWeights, cfg_n_head: int, k_buf: torch.Tensor, v_buf: torch.Tensor,

@@ -49,6 +49,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help=f"sequences per step (1..{params.MAX_BATCH})")
     p.add_argument("--seed", type=int, default=0, help="weights and prompt seed")
     p.add_argument("--results-dir", default="results")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads (default: torch's, one per core)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -313,6 +315,10 @@ def main(argv: list[str] | None = None) -> int:
         args.argv = argv
         if args.command is None:
             raise CliError(f"choose a command: {', '.join(COMMAND_OPTS)}")
+        if args.threads:
+            import torch
+
+            torch.set_num_threads(args.threads)
         loaded = load(args)
         names = ["hardware", "sweep", "memory"] if args.command == "all" else [args.command]
         args.group = uuid.uuid4().hex[:12] if args.command == "all" else None

@@ -50,7 +50,8 @@ class MeasuringProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with os.fdopen(fd, "w") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "instruments.worker", "--device", device],
+                [sys.executable, "-m", "instruments.worker", "--device", device,
+                 "--threads", str(measuring_threads())],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, cwd=REPO_ROOT,
                 env=env, text=True, encoding="utf-8", bufsize=1)
         self.messages: queue.Queue[dict[str, Any]] = queue.Queue()
@@ -107,6 +108,21 @@ class MeasuringProcess:
         return ("Its last output: " + " | ".join(kept[-lines:])) if kept else ""
 
 
+def measuring_threads() -> int:
+    """Threads a measuring process computes with: every core but one, which is left to this
+    server and the browser (a step whose two threads share two cores with a busy page is as
+    slow as its slower thread: measured here, 10x on the tiny shape). ``$KVLAB_THREADS``
+    overrides it (say, all cores when the browser runs on another machine)."""
+    env = os.environ.get("KVLAB_THREADS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, cores - 1)
+
+
 _PROCESSES: dict[str, MeasuringProcess] = {}
 _PROCESSES_LOCK = threading.Lock()
 
@@ -123,14 +139,6 @@ def process(device: str) -> MeasuringProcess:
 def running_pid(device: str) -> int | None:
     proc = _PROCESSES.get(device)
     return proc.pid if proc is not None and proc.alive() else None
-
-
-def shutdown() -> None:
-    """End every measuring process (tests; the server's exit ends them by closing their stdin)."""
-    with _PROCESSES_LOCK:
-        for proc in _PROCESSES.values():
-            proc.kill()
-        _PROCESSES.clear()
 
 
 def exit_reason(code: int | None) -> str:

@@ -9,7 +9,7 @@ Names carry their unit: `*_flops`, `*_bytes`, `context_len` in tokens.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from engine import dtypes
@@ -135,23 +135,6 @@ def generation_flops(
     return sum(_generation_step_flops(cfg, prompt_len, new_tokens, cached, batch_size, last_only))
 
 
-def cumulative_generation_flops(
-    cfg: GPTConfig,
-    prompt_len: int,
-    new_tokens: int,
-    cached: bool,
-    batch_size: int = 1,
-    last_only: bool = False,
-) -> list[int]:
-    """Running total of FLOPs after each generated token (length `new_tokens`)."""
-    totals: list[int] = []
-    running = 0
-    for flops in _generation_step_flops(cfg, prompt_len, new_tokens, cached, batch_size, last_only):
-        running += flops
-        totals.append(running)
-    return totals
-
-
 # ---------------------------------------------------------------------------------------- bytes
 def dtype_bytes(dtype: Any) -> int:
     """Bytes per element of a torch dtype or a name ("float32", "bf16", "torch.float16", ...)."""
@@ -229,41 +212,6 @@ def kv_overtakes_weights_tokens(cfg: GPTConfig, dtype: Any, kv_dtype: Any = None
     """
     kv_per_token = kv_bytes_per_token(cfg, dtype if kv_dtype is None else kv_dtype)
     return weight_bytes(cfg, dtype) / kv_per_token
-
-
-def arithmetic_intensity(flops: float, nbytes: float) -> float:
-    """FLOPs per byte moved; compare with a device's peak FLOP/s divided by its bandwidth."""
-    if nbytes <= 0:
-        raise ValueError(f"bytes must be positive to form an intensity, got {nbytes!r}")
-    return flops / nbytes
-
-
-def cost_table(
-    cfg: GPTConfig, contexts: Iterable[int], dtype: Any = "float32", batch: int = 1
-) -> list[dict[str, Any]]:
-    """One row per context length comparing uncached and cached steps (formulas, not timings)."""
-    rows: list[dict[str, Any]] = []
-    for t in contexts:
-        flops_uncached = step_flops(cfg, t, cached=False, batch_size=batch)
-        flops_cached = step_flops(cfg, t, cached=True, batch_size=batch)
-        bytes_uncached = step_bytes(cfg, dtype, t, cached=False, batch_size=batch)
-        bytes_cached = step_bytes(cfg, dtype, t, cached=True, batch_size=batch)
-        rows.append(
-            {
-                "context_len": t,
-                "batch_size": batch,
-                "flops_uncached": flops_uncached,
-                "flops_cached": flops_cached,
-                "flop_ratio": flops_uncached / flops_cached,
-                "bytes_uncached": bytes_uncached,
-                "bytes_cached": bytes_cached,
-                "intensity_uncached_flops_per_byte": flops_uncached / bytes_uncached,
-                "intensity_cached_flops_per_byte": flops_cached / bytes_cached,
-                "lm_head_share": lm_head_share(cfg, t),
-                "attention_share": attention_share(cfg, t),
-            }
-        )
-    return rows
 
 
 # ---------------------------------------------------------------------------- memory

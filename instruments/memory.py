@@ -19,6 +19,7 @@ import torch
 
 from engine.model import GPT
 from instruments import costs
+from instruments.spine import random_prompt
 
 MIB = 2**20
 STEP_SPAN = "kv_lab.decode_step"
@@ -179,8 +180,7 @@ def measure_kv_memory(model: GPT, contexts: Sequence[int], batch_size: int = 1,
         _warm_up(model, batch_size, points[-1])
     elif _is_cuda(device):
         clear_cublas_workspaces()
-    gen = torch.Generator().manual_seed(0)
-    idx = torch.randint(0, cfg.vocab_size, (batch_size, points[-1]), generator=gen).to(device)
+    idx = random_prompt(model, batch_size, points[-1])
     _sync_and_collect(device, full=True)
     base = _snapshot(device)
     rows: list[dict] = []
@@ -250,8 +250,7 @@ def memory_breakdown(model: GPT, batch_size: int, context_len: int,
     _warm_up(model, batch_size, context_len)
     _sync_and_collect(device, full=True)
     cache = model.make_cache(cache_kind, batch_size, context_len)
-    gen = torch.Generator().manual_seed(0)
-    idx = torch.randint(0, cfg.vocab_size, (batch_size, context_len), generator=gen).to(device)
+    idx = random_prompt(model, batch_size, context_len)
     if _is_cuda(device):
         torch.cuda.reset_peak_memory_stats(device)
     logits, _ = model(idx, cache, logits="last")

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,34 +53,6 @@ class Timing:
     def median_ms(self) -> float:
         return statistics.median(self.samples_ms)
 
-    @property
-    def min_ms(self) -> float:
-        return min(self.samples_ms)
-
-    @property
-    def max_ms(self) -> float:
-        return max(self.samples_ms)
-
-    @property
-    def mean_ms(self) -> float:
-        return statistics.fmean(self.samples_ms)
-
-    @property
-    def stdev_ms(self) -> float:
-        return statistics.stdev(self.samples_ms) if len(self.samples_ms) > 1 else 0.0
-
-    def to_row(self) -> dict[str, Any]:
-        """Fields for a results row (unit-named)."""
-        return {
-            "median_ms": self.median_ms,
-            "min_ms": self.min_ms,
-            "mean_ms": self.mean_ms,
-            "max_ms": self.max_ms,
-            "samples_ms": list(self.samples_ms),
-            "warmup": self.warmup,
-            "repeats": self.repeats,
-        }
-
 
 def time_call(
     fn: Callable[[], Any],
@@ -114,7 +85,7 @@ def time_call(
 class StepClock:
     """Times the steps of a caller-driven loop, syncing the device at each boundary.
 
-    Either `with clock.step(): ...` or `clock.start(); ...; elapsed_ms = clock.stop()`.
+    `clock.start(); ...; elapsed_ms = clock.stop()`, or hand it to the decode loop as its timer.
     `samples_ms` holds one entry per finished step, in order (so index i is step i).
     """
 
@@ -126,10 +97,6 @@ class StepClock:
         self.samples_ms: list[float] = []
         self.skip = skip  # the first `skip` start/stop pairs are not samples
         self._calls = 0
-
-    @property
-    def running(self) -> bool:
-        return self._start_s is not None
 
     def start(self) -> None:
         if self._start_s is not None:
@@ -149,36 +116,6 @@ class StepClock:
             return None
         self.samples_ms.append(elapsed_ms)
         return elapsed_ms
-
-    @contextmanager
-    def step(self) -> Iterator[None]:
-        self.start()
-        try:
-            yield
-        except BaseException:
-            self._start_s = None  # a failed step is not a sample
-            raise
-        self.stop()
-
-    def reset(self) -> None:
-        self._start_s = None
-        self.samples_ms = []
-        self._calls = 0
-
-    @property
-    def total_ms(self) -> float:
-        return sum(self.samples_ms)
-
-    def timing(self, skip_first: int = 0) -> Timing:
-        """Summary of the recorded steps, leaving out the first `skip_first` (e.g. prefill)."""
-        _check_count("skip_first", skip_first, 0)
-        kept = self.samples_ms[skip_first:]
-        if not kept:
-            raise ValueError(
-                f"no steps left to summarise: {len(self.samples_ms)} recorded, "
-                f"skip_first={skip_first}"
-            )
-        return Timing(samples_ms=list(kept), warmup=skip_first, repeats=len(kept))
 
 
 class Spans:

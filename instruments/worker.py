@@ -164,7 +164,12 @@ def free_memory(device: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m instruments.worker")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     args = ap.parse_args(argv)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     # Keep a private copy of stdout for messages; anything else printed goes to stderr.
     channel = Channel(os.fdopen(os.dup(1), "w", encoding="utf-8"))
     os.dup2(2, 1)

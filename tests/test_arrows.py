@@ -72,8 +72,6 @@ for page in ["overview", "generate", "sweep", "flops", "floor", "memory", "corre
     at.run()
     assert not at.exception, (page, [e.message for e in at.exception])
     assert at.title[0].value, page
-import instruments.client
-instruments.client.shutdown()
 print("torch loaded:", "torch" in sys.modules)
 """
 

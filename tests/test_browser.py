@@ -49,10 +49,10 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def streamlit_server(results: Path) -> Iterator[tuple[str, subprocess.Popen]]:
+def streamlit_server(results: Path, tiny: bool = MODEL == "tiny"
+                     ) -> Iterator[tuple[str, subprocess.Popen]]:
     port = free_port()
-    env = {**os.environ, "KVLAB_RESULTS_DIR": str(results),
-           "KVLAB_TINY": "1" if MODEL == "tiny" else "0"}
+    env = {**os.environ, "KVLAB_RESULTS_DIR": str(results), "KVLAB_TINY": "1" if tiny else "0"}
     log = open(results / "server.log", "w")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
@@ -264,6 +264,7 @@ def test_killing_the_measuring_process_mid_sweep(tmp_path: Path) -> None:
                     if json.loads(p.read_text())["kind"] == "latency_sweep"]
         assert saved["meta"]["partial"] is True and saved["tables"]["latency"]
         run_sweep("4, 8")  # the next run starts a fresh measuring process
+        page.wait_for_selector('[data-testid="stProgress"]', timeout=30_000)
         wait_finished(page, 120_000)
         page.wait_for_selector('text=/Finished \\d+ points/', timeout=10_000)
         browser.close()

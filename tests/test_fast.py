@@ -14,7 +14,7 @@ import torch
 
 from engine import GPT, GPTConfig, decode, make_decoder, modes
 from engine.compiled import CompiledDecoder, CudaGraphDecoder
-from engine.fast import FastDecoder, PackedLinear, release_fast_weights
+from engine.fast import FastDecoder, PackedLinear
 from engine.modes import MODES
 from instruments.gate import check_mode
 from instruments.memory import step_memory_growth
@@ -85,8 +85,7 @@ def test_fast_logits_match_transformers() -> None:
 
 
 def test_fast_reports_its_extra_memory_and_reuses_the_packing() -> None:
-    model = tiny()
-    release_fast_weights(model)
+    model = tiny()  # a fresh model: nothing packed yet
     a = make_decoder(model, "fast")
     b = make_decoder(model, "fast")
     assert a.weights is b.weights  # packed once per model

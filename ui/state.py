@@ -104,8 +104,11 @@ def sidebar() -> Choice:
     choice = Choice(model, weights, device, dtype)
     st.session_state["choice"] = choice
     pid = client.running_pid(device)
+    threads = client.measuring_threads()
     sb.caption("Measurements run in a process of their own"
-               + (f" (pid {pid} on {device})." if pid else ", started on the first run."))
+               + (f" (pid {pid} on {device})" if pid else "")
+               + f" with {threads} torch thread{'s' * (threads > 1)}. $KVLAB_THREADS sets how "
+               "many (default: every core but one, kept for this page and the browser).")
     return choice
 
 

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from engine.config import GPTConfig
 from engine.model import GPT
 from instruments.params import StaircaseParams
-from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, record
+from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, random_prompt, record
 from instruments.timing import time_call
 
 SHAPES = ("qkv", "attn_proj", "mlp_up", "mlp_down", "head")
@@ -93,7 +93,7 @@ def run(loaded: Loaded, params: StaircaseParams, progress: ProgressFn | None = N
     gen = torch.Generator(device="cpu").manual_seed(1)
     x_full = {k: torch.randn(ts[-1], k, generator=gen).to(dev, tdtype)
               for k in {k for k, _ in dims.values()}}
-    ids = torch.randint(0, cfg.vocab_size, (1, ts[-1]), generator=gen).to(dev)
+    ids = random_prompt(model, 1, ts[-1], seed=1)
     tr = Tracker(progress, should_stop, len(ts), unit="T values")
     shapes: list[dict[str, Any]] = []
 
