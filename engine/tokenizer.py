@@ -38,6 +38,14 @@ def decode(ids: list[int]) -> str:
     return get_tokenizer().decode(ids)
 
 
+def text_or_ids(ids: list[int]) -> str:
+    """The decoded text, or the ids themselves when the tokenizer files are unavailable."""
+    try:
+        return decode(ids)
+    except TokenizerError:
+        return " ".join(map(str, ids))
+
+
 def decode_each(ids: list[int]) -> list[str]:
     """One string per token (partial UTF-8 bytes shown with replacement characters)."""
     enc = get_tokenizer()

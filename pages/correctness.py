@@ -11,7 +11,7 @@ from __future__ import annotations
 import streamlit as st
 
 from engine.config import BUG_DESCRIPTIONS, BUG_KINDS
-from engine.tokenizer import TokenizerError, decode, encode
+from engine.tokenizer import TokenizerError, encode, text_or_ids
 from instruments.client import Job
 from instruments.params import CorrectnessParams, to_dict
 from ui import header, jobs
@@ -44,13 +44,6 @@ def _md(text: str) -> str:
     """Text shown literally inside markdown (model output may hold *, _, $, [ ...)."""
     out = "".join("\\" + c if c in "\\`*_{}[]()#+-.!|$<>~:" else c for c in text)
     return out.replace("\n", " ")
-
-
-def _text(tokens: list[int]) -> str:
-    try:
-        return decode(tokens)
-    except TokenizerError:
-        return " ".join(map(str, tokens))
 
 
 if run_clicked:
@@ -100,8 +93,8 @@ def _draw(j: Job) -> None:
                        if at is None else f"differs from new token {at} on (in red)")
             st.markdown(f"**{name}** — {_md(what)} · *{verdict}*")
             same, rest = (toks, []) if at is None else (toks[:at], toks[at:])
-            st.markdown(_md(shown) + (f":blue[{_md(_text(same))}]" if same else "")
-                        + (f":red[{_md(_text(rest))}]" if rest else ""))
+            st.markdown(_md(shown) + (f":blue[{_md(text_or_ids(same))}]" if same else "")
+                        + (f":red[{_md(text_or_ids(rest))}]" if rest else ""))
     label = header.weights_label(choice) or ""
     st.caption("Greedy generation with the concatenating cache under each bug. A wrong value "
                "in the right shape never crashes: the text just goes wrong."

@@ -12,7 +12,7 @@ import pandas as pd
 import streamlit as st
 
 from engine import modes
-from engine.tokenizer import TokenizerError, decode, encode
+from engine.tokenizer import TokenizerError, encode, text_or_ids
 from instruments.client import Job
 from instruments.params import GenerationParams, to_dict
 from ui import header, jobs
@@ -59,13 +59,6 @@ if clicked:
     jobs.start(KEY, "generation", to_dict(params), "side-by-side generation")
 
 
-def _text(ids: list[int]) -> str:
-    try:
-        return decode(ids)
-    except TokenizerError:
-        return " ".join(map(str, ids))
-
-
 def _draw(job: Job) -> None:
     tokens = jobs.rows(job, "tokens")
     sides = job.params["modes"]
@@ -75,7 +68,7 @@ def _draw(job: Job) -> None:
         part = tokens[tokens["side"] == side] if not tokens.empty else tokens
         col.subheader(_title(mode))
         ids = [int(t) for t in part["token_id"]] if not part.empty else []
-        col.markdown(f"{shown}**{_text(ids)}**")
+        col.markdown(f"{shown}**{text_or_ids(ids)}**")
         if job.finished and not part.empty:
             col.metric("ms / token (median)", f"{part['step_ms'].median():.2f}")
             col.caption(f"total {part['step_ms'].sum() / 1e3:.2f} s for {len(part)} tokens; "
@@ -90,8 +83,8 @@ def _draw(job: Job) -> None:
     else:
         gap_a = "?" if pd.isna(v["logit_gap_a"]) else f"{v['logit_gap_a']:.3g}"
         gap_b = "?" if pd.isna(v["logit_gap_b"]) else f"{v['logit_gap_b']:.3g}"
-        ta = "?" if pd.isna(v["token_a"]) else repr(_text([int(v["token_a"])]))
-        tb = "?" if pd.isna(v["token_b"]) else repr(_text([int(v["token_b"])]))
+        ta = "?" if pd.isna(v["token_a"]) else repr(text_or_ids([int(v["token_a"])]))
+        tb = "?" if pd.isna(v["token_b"]) else repr(text_or_ids([int(v["token_b"])]))
         st.error(f"The streams differ from new token {int(v['first_diff'])}: {a} chose {ta}, "
                  f"{b} {tb}; logit gap {gap_a} ({a} run) / {gap_b} ({b} run).")
     log_y = st.toggle("log y", False, key="gen_logy")

@@ -12,7 +12,7 @@ from importlib import metadata
 
 import streamlit as st
 
-from instruments import costs
+from instruments import client, costs
 from instruments.client import Job
 from instruments.specs import lookup_peaks
 from ui import device, header, jobs
@@ -63,7 +63,9 @@ with dev_col:
     a.metric("Memory", _gib(facts.get("total_memory_bytes")))
     if facts.get("kind") == "cpu":
         b.metric("Cores / threads", f"{facts.get('cores') or '?'} / {facts.get('threads')}")
-        c.metric("torch threads", str(facts.get("torch_threads")))
+        c.metric("measuring threads", str(client.measuring_threads()),
+                 help="torch threads of the measuring process: every core but one, which is "
+                 "kept for this page and the browser ($KVLAB_THREADS sets it)")
         if facts.get("capability"):
             st.caption(f"Vector extensions: {facts['capability']}")
     else:

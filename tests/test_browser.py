@@ -203,33 +203,33 @@ def test_pages_in_chromium(server: tuple[str, Path], tmp_path: Path) -> None:
                              "correctness", "results"))
 
 
-def test_a_deep_link_on_a_fresh_server_has_the_navigation(tmp_path: Path) -> None:
-    """A bookmark of /sweep, opened before anyone visited the root, after a restart."""
-    with streamlit_server(tmp_path) as (url, _), sync_api.sync_playwright() as pw:
+@contextlib.contextmanager
+def sweep_page_first(results: Path) -> Iterator[tuple[object, subprocess.Popen]]:
+    """A fresh server, and a browser whose first request is /sweep (a bookmark, a reload)."""
+    with streamlit_server(results) as (url, proc), sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         page = browser.new_page(viewport={"width": 1440, "height": 1000})
         page.goto(f"{url}/sweep")
         page.wait_for_selector('h1:has-text("Latency sweep")', timeout=60_000)
         settle(page)
+        yield page, proc
+        browser.close()
+
+
+def test_a_deep_link_on_a_fresh_server_has_the_navigation(tmp_path: Path) -> None:
+    with sweep_page_first(tmp_path) as (page, _):
         nav = page.locator('[data-testid="stSidebarNav"]').inner_text()
         assert "Overview" in nav and "FLOPs vs time" in nav, nav
         assert "correctness" not in nav and "app" not in nav.split(), nav  # not the bare folder
         assert page.get_by_text("Model", exact=True).count() >= 1  # the shared sidebar
         assert page.url.rstrip("/").endswith("/sweep")
         shot(page, "deep_link", tmp_path)
-        browser.close()
 
 
 def test_killing_the_measuring_process_mid_sweep(tmp_path: Path) -> None:
     import psutil
 
-    with streamlit_server(tmp_path) as (url, proc), sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        page = browser.new_page(viewport={"width": 1440, "height": 1000})
-        page.goto(f"{url}/sweep")
-        page.wait_for_selector('h1:has-text("Latency sweep")', timeout=60_000)
-        settle(page)
-
+    with sweep_page_first(tmp_path) as (page, proc):
         def run_sweep(contexts: str) -> None:
             choose = page.locator('[data-testid="stSelectbox"]', has_text="Context lengths")
             for _ in range(3):  # the form folds away once a run exists: open it again
@@ -267,4 +267,3 @@ def test_killing_the_measuring_process_mid_sweep(tmp_path: Path) -> None:
         page.wait_for_selector('[data-testid="stProgress"]', timeout=30_000)
         wait_finished(page, 120_000)
         page.wait_for_selector('text=/Finished \\d+ points/', timeout=10_000)
-        browser.close()
