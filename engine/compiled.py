@@ -214,6 +214,8 @@ def _runner(model: GPT, variant: str, batch_size: int) -> _Runner:
 class CompiledDecoder(Decoder):
     """Modes 7 ("compiled") and 9 ("fast_compiled"): prefill eagerly, then the compiled step."""
 
+    appends = False  # its step is its own, not GPT.forward
+
     def __init__(self, model: GPT, *, batch_size: int = 1, capacity: int | None = None,
                  variant: str = "compiled") -> None:
         super().__init__(model, batch_size=batch_size, capacity=capacity,
@@ -262,6 +264,8 @@ class CudaGraphDecoder(Decoder):
 
     ``capture=False`` runs the same step eagerly (how the tests check it on a CPU).
     """
+
+    appends = False  # its step is its own, not GPT.forward
 
     def __init__(self, model: GPT, *, batch_size: int = 1, capacity: int | None = None,
                  capture: bool = True) -> None:

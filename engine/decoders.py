@@ -7,6 +7,11 @@ This base class is modes 1-5 (eager PyTorch through ``GPT.forward`` with a cache
 variant and a logits choice); modes 6-9 subclass it in ``engine.compiled`` and ``engine.fast``.
 ``make_decoder(model, name)`` builds any mode of ``engine.modes.MODES``.
 
+Decoders whose steps go through ``GPT.forward`` (``appends = True``: modes 1-5) also take
+several tokens at once, ``decoder.append(tokens) -> (B, T, vocab)``, the path a multi-token
+append (speculative decoding, a chunked prefill) would use; modes with a step of their own
+(6-9) do not, and say so.
+
 Every decoder reports two set-up costs that are never part of a step's time:
   ``decoder.compile_s``    seconds spent compiling / capturing before the first step (0 if none)
   ``decoder.extra_bytes``  bytes held besides the model and the KV cache (packed weight copies)
@@ -24,6 +29,8 @@ from .model import GPT
 
 class Decoder:
     """Base: eager PyTorch through ``GPT.forward`` with a cache kind, mask and logits choice."""
+
+    appends = True  # False in subclasses whose step is their own (not GPT.forward)
 
     def __init__(
         self,
@@ -93,6 +100,20 @@ class Decoder:
         else:
             out, _ = self.model(token, self.cache, logits="last", mask=self.mask)
         return out[:, -1, :]
+
+
+    @torch.no_grad()
+    def append(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits (B, T, vocab) of ``tokens`` (B, T) appended at once after the sequence."""
+        if not self.appends:
+            raise NotImplementedError(f"{type(self).__name__} takes one token per step")
+        for i in range(tokens.size(1)):
+            self._push(tokens[:, i : i + 1])
+        if self.cache_kind is None:
+            out, _ = self.model(self.seq, use_cache=False, logits="all", mask=self.mask)
+            return out[:, -tokens.size(1) :, :]
+        out, _ = self.model(tokens, self.cache, logits="all", mask=self.mask)
+        return out
 
 
 def make_decoder(model: GPT, name: str, **kwargs: object) -> Decoder:

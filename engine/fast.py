@@ -182,6 +182,8 @@ def fast_decode_step(
 class FastDecoder(Decoder):
     """Prefill through ``GPT.forward`` into a preallocated cache, then ``fast_decode_step``."""
 
+    appends = False  # its step is its own, not GPT.forward
+
     def __init__(
         self, model: GPT, *, batch_size: int = 1, capacity: int | None = None,
         chunks: int | None = None,

@@ -214,12 +214,26 @@ class GPT(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.lm_head.weight.dtype
 
-    def mask_nbytes(self) -> int:
-        """Bytes held by causal-mask buffers of the current variant."""
-        bufs = [b.attn.bias for b in self.transformer.h if hasattr(b.attn, "bias")]
-        if self.shared_mask is not None:
+    def mask_nbytes(self, kind: str | None = None) -> int:
+        """Bytes held by causal-mask buffers: of variant ``kind`` only, or of every variant
+        built so far (a mode that runs another variant builds its buffers on first use)."""
+        bufs = []
+        if kind in (None, "seed"):
+            bufs += [b.attn.bias for b in self.transformer.h if hasattr(b.attn, "bias")]
+        if kind in (None, "shared_bool") and self.shared_mask is not None:
             bufs.append(self.shared_mask)
         return sum(b.numel() * b.element_size() for b in bufs)
+
+    def release_mask(self, kind: str) -> None:
+        """Free the buffers of variant ``kind`` unless it is the config's own (rebuilt on use)."""
+        if kind == self.config.mask:
+            return
+        if kind == "seed":
+            for block in self.transformer.h:
+                if hasattr(block.attn, "bias"):
+                    del block.attn.bias
+        elif kind == "shared_bool":
+            self.shared_mask = None
 
     def make_cache(
         self, kind: str = "prealloc", batch_size: int = 1, capacity: int | None = None

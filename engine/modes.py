@@ -63,10 +63,11 @@ MODES: dict[str, ModeSpec] = {spec.name: spec for spec in (
              "Weights copied once to [in, out] (split across the cores) with a transposed copy "
              "of the output projection, preallocated cache, fused attention: streams the "
              "weights faster.", "engine.fast:FastDecoder"),
-    ModeSpec("fast_compiled", 9, "9 · fast path compiled (inductor freezing + max-autotune)",
-             "#bcbd22", True, "torch.compile with freezing and max_autotune of the read-only "
-             "step: packed weights and generated matrix-vector kernels. Minutes to compile on a "
-             "CPU; holds packed weight copies.", "engine.compiled:CompiledDecoder",
+    ModeSpec("fast_compiled", 9, "9 · step compiled with freezing + max-autotune",
+             "#bcbd22", True, "torch.compile with freezing and max_autotune of mode 7's "
+             "read-only step over the model's own [out, in] weights (not mode 8's packed "
+             "copies): inductor packs them itself and generates matrix-vector kernels. Minutes "
+             "to compile on a CPU; holds packed weight copies.", "engine.compiled:CompiledDecoder",
              dict(variant="fast_compiled"), needs="compiler", slow_setup=True),
 )}
 UNCACHED = tuple(name for name, spec in MODES.items() if not spec.cached)

@@ -18,12 +18,13 @@ import torch
 from engine.config import BUG_KINDS
 from engine.loop import as_prompt_tensor, first_difference, generate
 from engine.model import GPT
+from instruments.gate import tolerance
 
 
 @dataclass
 class CheckResult:
     name: str
-    passed: bool
+    passed: bool | None  # None: the check ran but cannot tell (see detail)
     detail: str
     value: float | None = None  # e.g. the max abs logit difference
     first_diff: int | None = None
@@ -54,9 +55,15 @@ def inject_bug(model: GPT, kind: str | None) -> Iterator[GPT]:
         model.bugs = saved
 
 
+def allowed(model: GPT, reference: torch.Tensor) -> float:
+    """The largest |Δ logit| a correct computation may show: the dtype's share
+    (``instruments.gate.TOLERANCE``) of the reference's largest |logit|."""
+    return tolerance(model.dtype) * float(reference.float().abs().max())
+
+
 @torch.no_grad()
 def logits_vs_transformers(
-    model: GPT, prompt_ids: Sequence[int], tol: float = 1e-4
+    model: GPT, prompt_ids: Sequence[int], tol: float | None = None
 ) -> CheckResult:
     """Max abs logit difference against ``transformers``' GPT-2 holding the same weights."""
     from engine.weights import to_transformers
@@ -65,17 +72,22 @@ def logits_vs_transformers(
     ours, _ = model(idx, use_cache=False)
     hf = to_transformers(model)
     ref = hf(idx.cpu()).logits
+    tol = allowed(model, ref) if tol is None else tol
     diff = float((ours.float().cpu() - ref.float()).abs().max())
     ok = diff <= tol
     return CheckResult("logits vs transformers", ok,
-                       f"max |Δlogit| = {diff:.2e} (tolerance {tol:.0e})", diff)
+                       f"max |Δlogit| = {diff:.2e} (tolerance {tol:.1e})", diff)
 
 
 @torch.no_grad()
 def cached_equals_uncached(
     model: GPT, prompt_ids: object, new_tokens: int, cache_kind: str = "prealloc"
 ) -> CheckResult:
-    """Greedy generation with the cache must give exactly the uncached loop's tokens."""
+    """Greedy generation with the cache must give exactly the uncached loop's tokens.
+
+    When the uncached stream repeats one or two tokens (random weights at GPT-2 shapes do), equal
+    streams prove little: the check is then inconclusive (``passed`` None), not passed.
+    """
     a = generate(model, prompt_ids, new_tokens, use_cache=True, cache_kind=cache_kind)
     b = generate(model, prompt_ids, new_tokens, use_cache=False)
     worst = None
@@ -83,11 +95,16 @@ def cached_equals_uncached(
         d = first_difference(row_a, row_b)
         if d is not None and (worst is None or d < worst):
             worst = d
-    if worst is None:
-        detail = f"{new_tokens} tokens identical ({cache_kind} cache)"
-    else:
+    distinct = int(b[0].unique().numel())
+    if worst is not None:
         detail = f"tokens differ from position {worst} ({cache_kind} cache)"
-    return CheckResult("cached == uncached", worst is None, detail, first_diff=worst)
+        return CheckResult("cached == uncached", False, detail, first_diff=worst)
+    if distinct <= 2 and new_tokens > 4:
+        return CheckResult("cached == uncached", None,  # type: ignore[arg-type]
+                           f"inconclusive: {new_tokens} tokens identical, but the uncached "
+                           f"stream repeats {distinct} value(s) ({cache_kind} cache)")
+    return CheckResult("cached == uncached", True,
+                       f"{new_tokens} tokens identical ({cache_kind} cache)")
 
 
 @torch.no_grad()
@@ -97,7 +114,7 @@ def multi_token_append(
     prefill: int,
     append_sizes: Sequence[int] = (1, 2, 3, 7),
     cache_kind: str = "prealloc",
-    tol: float = 1e-4,
+    tol: float | None = None,
 ) -> CheckResult:
     """Prefill ``prefill`` tokens, append n at once; logits must equal a full forward's."""
     idx = as_prompt_tensor(prompt_ids, model)
@@ -105,6 +122,7 @@ def multi_token_append(
     if idx.size(1) < need:
         raise ValueError(f"the prompt needs at least {need} tokens for this check")
     full, _ = model(idx[:, :need], use_cache=False)
+    tol = allowed(model, full) if tol is None else tol
     worst = 0.0
     for n in append_sizes:
         cache = model.make_cache(cache_kind, idx.size(0), need)
@@ -115,7 +133,8 @@ def multi_token_append(
     ok = worst <= tol
     sizes = ", ".join(map(str, append_sizes))
     return CheckResult(f"append {sizes} tokens at once", ok,
-                       f"max |Δlogit| = {worst:.2e} vs full forward ({cache_kind} cache)", worst)
+                       f"max |Δlogit| = {worst:.2e} vs full forward ({cache_kind} cache, "
+                       f"tolerance {tol:.1e})", worst)
 
 
 @dataclass

@@ -174,18 +174,40 @@ def kv_bytes(cfg: GPTConfig, dtype: Any, batch_size: int, context_len: int) -> i
     return kv_bytes_per_token(cfg, dtype) * batch_size * context_len
 
 
+def activation_bytes(cfg: GPTConfig, dtype: Any, context_len: int, cached: bool,
+                     batch_size: int = 1, last_only: bool = False) -> int:
+    """Lower bound on the activation traffic of one step: every activation written once and
+    read once, the logits written once.
+
+    Per layer, for T new tokens attending to t keys: q/k/v (3d), the attention output (d) and the
+    MLP's hidden layer (4d) per token, and the T x t scores per head (explicit attention
+    materialises them); then the logits, T x V (one row with ``last_only`` or a cache).
+    Uncached (T = t) this is far from small: gpt2 fp32 at 1,000 tokens writes 201 MB of logits
+    alone and ~1.7 GB of attention scores, more than its 494 MB of weights. Cached (T = 1) it is
+    ~1.9 MB at 1,000 tokens, 0.4% of the weights. Biases and LayerNorm parameters are left out.
+    """
+    _check_positive("context_len", context_len)
+    t = context_len
+    new = 1 if cached else t
+    per_layer = 2 * (8 * cfg.n_embd * new + cfg.n_head * new * t)
+    logits = cfg.vocab_size * (1 if cached or last_only else t)
+    return (cfg.n_layer * per_layer + logits) * batch_size * dtype_bytes(dtype)
+
+
 def step_bytes(
-    cfg: GPTConfig, dtype: Any, context_len: int, cached: bool, batch_size: int = 1
+    cfg: GPTConfig, dtype: Any, context_len: int, cached: bool, batch_size: int = 1,
+    last_only: bool = False,
 ) -> int:
     """Lower bound on bytes one step moves to or from memory.
 
     Both modes read the Linear weights once (the batch shares them). Cached: read t-1 cached
     K/V rows and write the new one (t rows). Uncached: write t K/V rows and read them back once
-    (2t rows). Activations, biases and LayerNorm parameters are ignored: small next to these.
+    (2t rows). Plus ``activation_bytes`` (each activation written and read once).
     """
     _check_positive("context_len", context_len)
     kv_rows = context_len if cached else 2 * context_len
-    return linear_weight_bytes(cfg, dtype) + kv_bytes(cfg, dtype, batch_size, kv_rows)
+    return (linear_weight_bytes(cfg, dtype) + kv_bytes(cfg, dtype, batch_size, kv_rows)
+            + activation_bytes(cfg, dtype, context_len, cached, batch_size, last_only))
 
 
 def mask_bytes(cfg: GPTConfig, kind: str | None = None) -> int:

@@ -229,22 +229,35 @@ def memory_breakdown(model: GPT, batch_size: int, context_len: int,
                      cache_kind: str = "prealloc", mask: str | None = None) -> list[dict]:
     """Rows (component, bytes, source, note) for a stacked bar of one run's memory, measured.
 
-    Fills a cache of `context_len` tokens and reads tensors and counters; the last row is what
-    the device holds beyond the listed parts (CUDA: reserved - allocated; CPU: RSS minus
-    everything above). `mask`: the causal-mask variant the run uses (its buffers are built if
-    missing, as running such a mode would); None counts whatever buffers the model holds now.
+    Fills a cache of `context_len` tokens through the attention of mask variant `mask` (default:
+    the model's own) and reads tensors and counters; the last row is what the device holds
+    beyond the listed parts (CUDA: reserved - allocated; CPU: RSS minus everything above).
+    Only that variant's mask buffers are counted -- not others an earlier mode built -- and
+    buffers built here for it are freed afterwards: measuring leaves the model as it found it.
     The formula bar is ``instruments.costs.breakdown_formula``.
     """
+    mask = mask or model.config.mask
+    built_here = mask != "none" and model.mask_nbytes(mask) == 0
+    try:
+        return _measured_breakdown(model, batch_size, context_len, cache_kind, mask)
+    finally:
+        if built_here:
+            model.release_mask(mask)
+            _sync_and_collect(model.device)
+
+
+def _measured_breakdown(model: GPT, batch_size: int, context_len: int, cache_kind: str,
+                        mask: str) -> list[dict]:
     cfg, device, dtype = model.config, model.device, model.dtype
-    if mask is not None:
+    if mask != "none":
         model._ensure_mask(mask)  # modes 1-4 build the write-up's fp32 buffers on first use
     kv_formula = costs.kv_bytes(cfg, dtype, batch_size, context_len)
     rows = [
         {"component": "weights", "bytes": weights_bytes(model), "source": "measured",
          "note": "parameters, tied embedding counted once"},
-        {"component": "causal-mask buffers", "bytes": model.mask_nbytes(), "source": "measured",
-         "note": f"{mask or cfg.mask} variant; per kind: "
-         f"{ {k: costs.mask_bytes(cfg, k) for k in costs.MASK_BYTE_KINDS} }"},
+        {"component": "causal-mask buffers", "bytes": model.mask_nbytes(mask),
+         "source": "measured", "note": f"{mask} variant, as the measured path uses it; per "
+         f"kind: { {k: costs.mask_bytes(cfg, k) for k in costs.MASK_BYTE_KINDS} }"},
     ]
     ws_bytes, ws_how = cublas_workspace(device)
     _warm_up(model, batch_size, context_len)
@@ -253,7 +266,7 @@ def memory_breakdown(model: GPT, batch_size: int, context_len: int,
     idx = random_prompt(model, batch_size, context_len)
     if _is_cuda(device):
         torch.cuda.reset_peak_memory_stats(device)
-    logits, _ = model(idx, cache, logits="last")
+    logits, _ = model(idx, cache, logits="last", mask=mask)
     del logits
     snap = _snapshot(device)
     rows.append({"component": "KV cache", "bytes": storage_bytes(cache.tensors()),

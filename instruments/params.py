@@ -57,7 +57,6 @@ class LatencyParams:
     repeats: int = 3
     prompt_seed: int = 0
     warmup_steps: int | None = None  # decode steps per cached warm-up run; None = a full run
-    check_tokens: int = 16  # greedy tokens compared with mode 1 before a mode is timed
     e2e_new_tokens: int = 0  # > 0: also time a whole generation per mode (end-to-end tables)
     e2e_prompt_len: int = 8
     measure_peaks: bool = True  # the device's peaks go into the run (measured once a process)
@@ -78,7 +77,6 @@ class LatencyParams:
         _whole("batch size", self.batch_size, 1, MAX_BATCH)
         _whole("repeats", self.repeats, 1)
         _whole("warmup", self.warmup, 0)
-        _whole("check tokens", self.check_tokens, 1)
         if self.warmup_steps is not None:
             _whole("warmup steps", self.warmup_steps, 0)
         if self.e2e_new_tokens:

@@ -61,6 +61,26 @@ if run_clicked:
     job = jobs.start(KEY, "correctness", to_dict(params), f"correctness checks, {choice.model}")
 
 
+def caught_sentences(checks) -> list[str]:
+    """What this run's matrix shows, bug by bug, in words (nothing assumed)."""
+    out = []
+    for bug, part in checks[checks["bug"] != NO_BUG].groupby("bug", sort=False):
+        caught = list(part.loc[part["passed"] == False, "check"])  # noqa: E712 (None stays)
+        unsure = list(part.loc[part["passed"].isna(), "check"])
+        if caught:
+            text = f"{bug} was caught by {' and '.join(c.split(' (')[0] for c in caught)}."
+        else:
+            text = f"{bug} was caught by no check here."
+        if unsure:
+            text += f" ({', '.join(c.split(' (')[0] for c in unsure)}: no verdict.)"
+        out.append(text)
+    base = checks[(checks["bug"] == NO_BUG) & (checks["passed"] == False)]  # noqa: E712
+    if not base.empty:
+        out.append("Without any bug, " + " and ".join(base["check"]) + " failed: a check "
+                   "that fails on a correct engine catches nothing.")
+    return out
+
+
 def _draw(j: Job) -> None:
     checks = jobs.rows(j, "checks")
     if checks.empty:
@@ -74,10 +94,8 @@ def _draw(j: Job) -> None:
             col.caption(r["detail"])
     st.plotly_chart(check_matrix_figure(checks), width="stretch")
     st.caption("Each row switches one bug on; red cells are checks that fail, so they catch "
-               "it; grey cells could not run (the reason is in the hover and the table). The "
-               "full forward never uses the cache, so it sees none of them; single-token decode "
-               "is blind to the cache order, because attention does not care about the order "
-               "of the keys. Only the multi-token append sees every bug.")
+               "it; grey cells could not run or could not tell (the reason is in the hover and "
+               "the table). " + " ".join(caught_sentences(checks)))
     tokens = jobs.rows(j, "tokens")
     if not j.finished or tokens.empty:
         return

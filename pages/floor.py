@@ -27,6 +27,7 @@ from ui.floor_figures import (
     attribution_figure,
     attribution_table,
     counts_figure,
+    explained_sentence,
     precision_figure,
     precision_table,
     scope_figure,
@@ -35,16 +36,14 @@ from ui.floor_figures import (
     staircase_figure,
 )
 from ui.runs import latency_frame, pick_sweep_run
-from ui.state import CPU_NOTE, available_dtypes, is_cpu, mode_choices, mode_label
+from ui.state import available_dtypes, is_cpu, mode_choices, mode_label
 
-choice = header.page("Floor lab", "A cached decode step takes the same time at every context "
-                     "length. Is that time arithmetic, memory traffic or overhead? Profile it, "
-                     "set it against the floors measured on this device, and see how the "
-                     "picture changes with shape, batch, model size and precision.")
+choice = header.page("Floor lab", "Where does a decode step's time go: arithmetic, memory "
+                     "traffic, or neither? Profile it, set it against the floors measured on "
+                     "this device, and see how the picture changes with context, batch, model "
+                     "size and precision.")
 cfg = header.model(choice)
 cpu = is_cpu(choice)
-if cpu:
-    st.info(CPU_NOTE, icon=":material/memory:")
 block = cfg.block_size
 usable, unavailable = mode_choices(choice.device)
 
@@ -100,19 +99,19 @@ with tab_attr:
             return
         for mode in df["mode"].drop_duplicates():
             st.plotly_chart(attribution_figure(df, str(mode)), width="stretch")
-        st.caption("Bars add up to the measured step. Green: the part of the busy time the "
-                   "floor accounts for; orange: busy beyond it; red: time nothing was busy. "
-                   "If the black line tracks the dashed bytes floor, the step is bound by "
-                   "reading the weights; if red dominates and stays flat with context, it is "
-                   "overhead — the write-up's suspect.")
+            st.markdown(explained_sentence(df, str(mode)))
+        st.caption("Bars add up to the measured step (black, with the interquartile range of "
+                   "its timed samples). Green: the part of the busy time the floor accounts "
+                   "for; red: time nothing was busy (host gaps); orange: busy time above the "
+                   "floor, which neither the floor nor the host time explains.")
         st.plotly_chart(counts_figure(df), width="stretch")
         st.caption("Operators per step grow with the layers, not with context; CUDA graphs "
                    "and compilation cut the launches.")
         peaks = ((job.run or {}).get("meta") or {}).get("peaks", {}).get("measured")
         if peaks:
-            st.caption(f"Measured here: {peaks['matmul_tflops']:.2f} TFLOP/s matmul, "
-                       f"{peaks['read_gbps']:.1f} GB/s read. ± is the stated error of the "
-                       "profiled split (profiler cost + timing spread).")
+            st.caption(f"Floors from the peaks measured with this run: "
+                       f"{peaks['matmul_tflops']:.2f} TFLOP/s matmul, {peaks['read_gbps']:.1f} "
+                       "GB/s read.")
         st.dataframe(attribution_table(df), hide_index=True)
 
     jobs.section(KEY_A, draw_attr, table="attribution", stem="attribution",

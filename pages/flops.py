@@ -3,26 +3,26 @@
 Works on any sweep: this session's last one, a saved run, or the write-up's A40 numbers
 (``ui.runs.pick_sweep_run``). Figures from ``ui.figures_perf``: Figure 4 (FLOP reduction vs
 time reduction), achieved TFLOP/s and share of peak (Figure 5 / Table 2), and a roofline.
-Peaks: the datasheet's when the device is listed, and those measured with the run (a run made
-here without them can borrow this session's measured peaks; another machine's never does).
+Peaks: the datasheet's when the device is listed, and those measured with the run itself; a
+run that carries none is drawn without shares of a measured peak.
 """
 
 from __future__ import annotations
 
 import streamlit as st
 
-from instruments.client import Job
-from ui import device, header, jobs
+from ui import header
 from ui.figures_perf import (
     achieved_table,
     baseline_mode,
     ceilings,
+    floor_sentence,
     reduction_figure,
     roofline_figure,
+    share_sentence,
     throughput_figure,
 )
 from ui.runs import latency_frame, pick_sweep_run
-from ui.state import CPU_NOTE, device_facts
 
 choice = header.page("FLOPs vs time", "FLOPs are counted from formulas (instruments.costs); "
                      "times are measured. Dividing one by the other says which regime a decode "
@@ -37,8 +37,11 @@ if df.empty:
     st.warning("This run has no latency rows.")
     st.stop()
 meta = run.get("meta") or {}
-if str(meta.get("device") or choice.device).startswith("cpu"):
-    st.info(CPU_NOTE, icon=":material/memory:")
+peaks = meta.get("peaks") or {}  # {listed, measured} (saved runs) or {fp32_tflops} (reference)
+measured = peaks.get("measured")
+said = floor_sentence(df, measured)
+if said:
+    st.info(said, icon=":material/speed:")
 
 # ------------------------------------------------------------------------------- Figure 4
 st.subheader("Fewer FLOPs is not the same as less time")
@@ -54,32 +57,12 @@ else:
 
 # ------------------------------------------------------------------------------- Figure 5
 st.subheader("Achieved arithmetic throughput")
-here = str(meta.get("device_name") or "") == str(device_facts(choice.device).get("name"))
-peaks = meta.get("peaks") or {}  # {listed, measured} (saved runs) or {fp32_tflops} (reference)
-measured = peaks.get("measured")
-borrowed = False
-if not measured and here and run.get("kind") != "reference":
-    measured = device.bench(choice.device, str(meta.get("dtype") or choice.dtype))
-    borrowed = measured is not None
 roofs = ceilings(meta.get("device_name"), str(meta.get("dtype") or "float32"), measured,
                  peaks.get("fp32_tflops"))
-if not measured and here and run.get("kind") != "reference":
-    if st.button("Measure this device's peaks (a few seconds)", key="flops_bench",
-                 disabled=jobs.running(device.PEAKS_KEY)):
-        device.start_peaks()
-
-    def _wait(job: Job) -> None:
-        if job.finished:
-            st.caption("Peaks measured: the roofs below use them.")
-
-    jobs.section(device.PEAKS_KEY, _wait, empty="This run carries no measured peaks.")
-elif not measured:
-    st.caption("No peak recorded for that machine: the run carries none, and this machine's "
-               "peaks would not describe it. Shares of peak use the datasheet's when the "
-               "device is listed.")
-if borrowed:
-    st.caption("The run carries no measured peaks; it was made on this device, so this "
-               "session's measured peaks stand in.")
+if not measured:
+    st.caption("No peak recorded for that machine: the run carries no measured peaks, and this "
+               "machine's would not describe it. Shares of the listed (datasheet) peak only, "
+               "where the device is listed.")
 c1, c2 = st.columns([1, 2])
 as_pct = c1.toggle("as % of peak", False, key="flops_pct", disabled=not roofs)
 peak = None
@@ -89,9 +72,8 @@ if as_pct and roofs:
                      label_visibility="collapsed")
     peak = roofs[names.index(which)]
 st.plotly_chart(throughput_figure(df, roofs, percent_of=peak), width="stretch")
-st.caption("Figure 5: formula FLOPs per step divided by the measured step time. Uncached steps "
-           "carry enough arithmetic to use a fair share of the device; cached steps use a tiny "
-           "fraction of it: their time is not spent on arithmetic.")
+st.caption("Figure 5: formula FLOPs per step divided by the measured step time."
+           + (" " + share_sentence(df, roofs[-1]) if roofs else ""))
 if not roofs:
     st.caption("No peak known for this run's device: shares of peak and the roofline need one.")
 
@@ -112,7 +94,7 @@ if roofs:
     st.plotly_chart(roofline_figure(df, roofs), width="stretch")
     st.caption("Each point is one mode at one context: its FLOPs per byte it must move (x) "
                "against the FLOP/s it reached (y). Points on the slanted roof are limited by "
-               "memory bandwidth, on the flat roof by arithmetic; points far below both are "
-               "limited by something else — per-step overhead.")
+               "memory bandwidth, on the flat roof by arithmetic; points far below both spend "
+               "their time on something neither roof describes.")
 else:
     st.info("The roofline needs a device peak.")

@@ -17,7 +17,7 @@ from instruments.contexts import parse_contexts, preset_contexts
 from instruments.params import MEMORY_BASELINES, MemoryParams, to_dict
 from ui import header, jobs
 from ui.figures_memory import breakdown_figure, crossover_figure, kv_memory_figure, mask_figure
-from ui.state import CPU_NOTE, RUN_ICON, is_cpu
+from ui.state import RUN_ICON, is_cpu
 
 KEY = "memory_job"
 MASKS = {"seed": "one fp32 mask per layer (the write-up's)", "shared_bool": "one shared bool mask",
@@ -30,8 +30,8 @@ cfg = header.model(choice)
 dtype, block = choice.dtype, cfg.block_size
 cpu = is_cpu(choice)
 if cpu:
-    st.info(CPU_NOTE + " On a CPU torch keeps no allocator counters: measured memory is the "
-            "measuring process's resident set size.", icon=":material/memory:")
+    st.info("On a CPU torch keeps no allocator counters: measured memory is the measuring "
+            "process's resident set size.", icon=":material/memory:")
 job = jobs.get(KEY)
 busy = jobs.running(KEY)
 

@@ -16,7 +16,7 @@ from instruments import client, costs
 from instruments.client import Job
 from instruments.specs import lookup_peaks
 from ui import device, header, jobs
-from ui.state import CPU_NOTE, device_facts, is_cpu, machine
+from ui.state import device_facts, machine
 
 GUIDE = [
     ("pages/generate.py", "Generate side by side",
@@ -51,8 +51,6 @@ def _version(name: str) -> str:
 choice = header.page("KV Cache Lab", "A GPT-2 written from scratch, with a KV cache, measured "
                      "live on this machine: where the time and the memory of text generation "
                      "actually go.")
-if is_cpu(choice):
-    st.info(CPU_NOTE, icon=":material/memory:")
 
 dev_col, model_col = st.columns(2)
 with dev_col:
@@ -93,6 +91,11 @@ with dev_col:
                  help=f"best of a sum and a matrix-vector product over "
                  f"{measured['bandwidth_bytes'] / 2**20:.0f} MiB ({measured['read_kernel']} "
                  f"won); copy: {measured['copy_gbps']:.1f} GB/s (read + write)")
+        floor = (job.run["tables"].get("floor") or [{}])[0] if job.run else {}
+        if floor.get("floor_ms"):
+            st.markdown(f"A decode step that streams the {floor['linear_weight_bytes'] / 1e6:,.0f}"
+                        f" MB of Linear weights of {choice.model} cannot beat "
+                        f"**{floor['floor_ms']:.3g} ms** here (bytes ÷ measured bandwidth).")
         st.caption("Measured in the measuring process: what a large matmul and a streaming "
                    "read reach here. The FLOPs page draws them as the roofline.")
 

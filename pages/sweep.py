@@ -15,7 +15,8 @@ from instruments.contexts import CONTEXT_PRESETS, parse_contexts, preset_context
 from instruments.params import MAX_BATCH, LatencyParams, to_dict
 from ui import header, jobs
 from ui.figures import cumulative_figure, latency_figure, ordered_modes
-from ui.state import CPU_NOTE, RUN_ICON, is_cpu, mode_choices, mode_label
+from ui.figures_perf import floor_sentence
+from ui.state import RUN_ICON, is_cpu, mode_choices, mode_label
 
 KEY = "sweep_job"
 CUSTOM = "custom list / range"
@@ -25,8 +26,6 @@ choice = header.page("Latency sweep", "Time per generated token against the numb
                      "measured here and now.")
 cfg = header.model(choice)
 cpu = is_cpu(choice)
-if cpu:
-    st.info(CPU_NOTE, icon=":material/memory:")
 block = cfg.block_size
 spec0 = LatencyParams.defaults(choice.device, block)
 job = jobs.get(KEY)
@@ -115,6 +114,9 @@ def _draw(j: Job) -> None:
                "process of its own: nothing this page draws runs beside a timed step.")
     if not j.finished:
         return
+    said = floor_sentence(df, ((j.run or {}).get("meta") or {}).get("peaks", {}).get("measured"))
+    if said:
+        st.info(said, icon=":material/speed:")
     table = jobs.rows(j, "summary")
     if not table.empty:
         st.subheader("Per-token latency at the write-up's points")

@@ -36,7 +36,7 @@ from engine import GPT, GPTConfig, make_decoder  # noqa: E402
 from engine.modes import MODES  # noqa: E402
 from engine.weights import to_transformers  # noqa: E402
 from instruments import costs  # noqa: E402
-from instruments.gate import check_mode  # noqa: E402
+from instruments.gate import Gate  # noqa: E402
 from instruments.memory import step_memory_growth  # noqa: E402
 
 CACHED = ["concat", "prealloc", "prealloc_fused", "fast"]
@@ -153,9 +153,9 @@ def run_rounds(benches: list[Bench], rounds: int, per_round: int) -> None:
 
 def checks(model: GPT, hf: Any, modes: list[str], ids: torch.Tensor) -> list[str]:
     lines = []
-    prompt = ids[:, :8]
+    gate = Gate(model)
     for mode in ["uncached_last", *modes]:
-        c = check_mode(model, mode, prompt, n=8)
+        c = gate.check(mode)
         lines.append(f"{mode}: {'ok' if c.passed else 'FAILED'} ({c.detail})")
     with torch.no_grad():
         want = hf(input_ids=ids[:, :33], use_cache=False).logits[:, -1]

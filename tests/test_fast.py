@@ -16,7 +16,7 @@ from engine import GPT, GPTConfig, decode, make_decoder, modes
 from engine.compiled import CompiledDecoder, CudaGraphDecoder
 from engine.fast import FastDecoder, PackedLinear
 from engine.modes import MODES
-from instruments.gate import check_mode
+from instruments.gate import Gate
 from instruments.memory import step_memory_growth
 
 CFG = GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=128, vocab_size=256)
@@ -167,7 +167,7 @@ def test_preallocated_steps_keep_no_memory() -> None:
 @pytest.mark.parametrize("name", ["compiled", "fast_compiled"])
 def test_compiled_modes_equal_mode1(name: str) -> None:
     model = tiny()
-    assert check_mode(model, name, prompt(1), n=24).passed
+    assert Gate(model).check(name).passed
     dec = make_decoder(model, name)
     assert dec.compile_s > 0  # measured once, reported apart from the steps
     assert same_as_mode1(model, dec, prompt(1, 1), n=24)  # one cached token: its own graph
@@ -178,7 +178,7 @@ def test_compiled_modes_equal_mode1(name: str) -> None:
 @pytest.mark.parametrize("name", ["cuda_graph", "fast", "prealloc_fused"])
 def test_gpu_modes_equal_mode1(name: str) -> None:
     model = tiny("cuda")
-    assert check_mode(model, name, prompt(2, 8, "cuda"), n=40).passed
+    assert Gate(model, batch=2).check(name).passed
 
 
 @pytest.mark.cuda
@@ -195,4 +195,4 @@ def test_cuda_graph_reports_capture_and_replays() -> None:
 @pytest.mark.parametrize("name", ["compiled", "fast_compiled"])
 def test_compiled_modes_on_gpu(name: str) -> None:
     model = tiny("cuda")
-    assert check_mode(model, name, prompt(1, 8, "cuda"), n=24).passed
+    assert Gate(model).check(name).passed

@@ -4,6 +4,7 @@ smoke-runs, the figures build without Streamlit and the page runs a profile end 
 from __future__ import annotations
 
 import contextlib
+import statistics
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -62,15 +63,23 @@ def test_attribution_adds_up_within_its_error(mode: str) -> None:
     with one_thread():
         for _attempt in range(3):  # another process may steal the core for a whole step
             row = attribute_step(model, mode, 48, steps=12, peaks=PEAKS)
-            if abs(row["ops_ms"] + row["python_ms"] - row["step_ms"]) <= row["error_ms"]:
+            if abs(row["ops_ms"] + row["python_ms"] - row["step_ms"]) \
+                    <= row["profile_tolerance_ms"]:
                 break
     parts = row["floor_part_ms"] + row["excess_ms"] + row["idle_ms"]
     assert parts == pytest.approx(row["step_ms"], rel=1e-9)  # the chart's stack is the step
-    assert abs(row["ops_ms"] + row["python_ms"] - row["step_ms"]) <= row["error_ms"]
+    assert abs(row["ops_ms"] + row["python_ms"] - row["step_ms"]) <= row["profile_tolerance_ms"]
     assert row["ops_per_step"] >= row["top_ops_per_step"] > 10
     assert row["kernels_per_step"] is None and row["device_ms"] is None  # a CPU run
     assert row["floor_ms"] == max(row["byte_floor_ms"], row["flop_floor_ms"]) > 0
-    assert row["overhead_ms"] == pytest.approx(row["step_ms"] - row["floor_ms"])
+    assert row["above_floor_ms"] == pytest.approx(row["step_ms"] - row["floor_ms"])
+    # The step's own spread is the interquartile range of its samples, not the tolerance.
+    q = statistics.quantiles(row["samples_ms"], n=4)
+    assert row["spread_ms"] == pytest.approx(q[2] - q[0])
+    # The attributed share: floor + host time, the rest is unexplained kernel time.
+    explained = (row["floor_part_ms"] + row["idle_ms"]) / row["step_ms"]
+    assert row["explained_share"] == pytest.approx(explained) and 0 < explained <= 1
+    assert row["step_ms"] * (1 - row["explained_share"]) == pytest.approx(row["excess_ms"])
 
 
 def test_attribution_rows_progress_and_stop() -> None:
@@ -164,7 +173,7 @@ def test_figures_build_with_titled_axes() -> None:
 
     df = _attr_rows()
     fig = attribution_figure(df)
-    assert isinstance(fig, go.Figure) and len(fig.data) == 6
+    assert isinstance(fig, go.Figure) and len(fig.data) == 7  # parts, step, shares, floors
     assert "(ms)" in fig.layout.yaxis.title.text and "tokens" in fig.layout.xaxis.title.text
     assert fig.layout.barmode == "stack"
     assert len(counts_figure(df).data) == 1 and not attribution_table(df).empty
@@ -214,6 +223,24 @@ def test_gpu_check_dry_run_on_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     rows = [{"mode": "cuda_graph", "cached": True, "phase": "decode", "context_len": 100,
              "latency_ms": 2.0}]
     line = gpu_check.floor_lines(rows, CFG, 5.0, "float32")[0]
+    from instruments.costs import activation_bytes
+
     assert line["floor_ms"] == pytest.approx(
-        (4 * (CFG.n_layer * 12 * 64 * 64 + 64 * 256) + 100 * 2 * 2 * 64 * 4) / 5e9 * 1e3)
+        (4 * (CFG.n_layer * 12 * 64 * 64 + 64 * 256) + 100 * 2 * 2 * 64 * 4
+         + activation_bytes(CFG, "float32", 100, True)) / 5e9 * 1e3)
     assert "goal ≤ 2×" in line["text"]
+
+
+def test_scope_and_precision_gate_their_modes_first() -> None:
+    from instruments.checks import inject_bug
+
+    model = tiny()
+    with inject_bug(model, "positions"):
+        res = run("scope", ScopeParams("batch", [1, 2], 16, steps=2, repeats=1), model)
+    assert res["tables"]["scope"] == [] and "prealloc_fused not timed" in res["meta"]["note"]
+    assert [c["passed"] for c in res["tables"]["checks"]] == [True, False]
+    prec = run("precision", PrecisionParams(["fp32", "bf16"], prompt_len=8, new_tokens=4,
+                                            steps=2))
+    # bf16 is checked against mode 1 in bf16, with bf16's tolerance: never refused for rounding
+    assert [c["passed"] for c in prec["tables"]["checks"]] == [True, True]
+    assert len(prec["tables"]["precision"]) == 2

@@ -79,7 +79,7 @@ def test_breakdown_rows(tiny: GPT) -> None:
     seed_formula = {r["component"]: r for r in breakdown_formula(TINY, "float32", 1, 8, "seed")}
     assert seed_formula["causal-mask buffers"]["bytes"] == 2 * 128 * 128 * 4
     measured = {r["component"]: r for r in memory_breakdown(tiny, 2, 64, mask="seed")}
-    assert measured["causal-mask buffers"]["bytes"] == 2 * 128 * 128 * 4 == tiny.mask_nbytes()
+    assert measured["causal-mask buffers"]["bytes"] == 2 * 128 * 128 * 4
     assert measured["KV cache"]["bytes"] == kv_per_token(TINY) * 2 * 64
     assert measured["cuBLAS workspace"]["bytes"] == 0
     assert measured["process, not accounted above"]["bytes"] > 0
@@ -121,3 +121,16 @@ def test_peak_estimate_and_fits() -> None:
     huge = {**huge, "total_bytes": huge["total_bytes"] * 1000}
     ok, msg = fits("cpu", huge)
     assert not ok and "does not fit" in msg and "\n" not in msg
+
+
+def test_mask_rows_count_what_the_measured_path_used_and_leave_the_model_alone() -> None:
+    model = GPT.random(TINY, seed=0)  # its own variant: "none", no buffers
+    assert model.mask_nbytes() == 0
+    seed = {r["component"]: r for r in memory_breakdown(model, 1, 16, mask="seed")}
+    assert seed["causal-mask buffers"]["bytes"] == 2 * 128 * 128 * 4
+    assert model.mask_nbytes() == 0  # measuring built them and freed them again
+    model(torch.zeros(1, 4, dtype=torch.long), use_cache=False, mask="seed")  # mode 1 runs
+    assert model.mask_nbytes() == 2 * 128 * 128 * 4
+    none = {r["component"]: r for r in memory_breakdown(model, 1, 16, mask="none")}
+    assert none["causal-mask buffers"]["bytes"] == 0  # not the buffers mode 1 left behind
+    assert model.mask_nbytes("seed") == 2 * 128 * 128 * 4  # and those are still there

@@ -6,11 +6,12 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
-from engine import modes
+from engine import decode, make_decoder, modes
 from engine.modes import MODES
 from instruments.checks import inject_bug
-from instruments.gate import check_mode, gate
+from instruments.gate import Gate
 
 from .conftest import random_prompt, small_model
 
@@ -23,14 +24,19 @@ def test_mode_equals_naive_loop(name: str) -> None:
         pytest.skip(why)
     if MODES[name].slow_setup and not os.environ.get("KV_LAB_COMPILE_TESTS"):
         pytest.skip("compiles for minutes on 2 cores; set KV_LAB_COMPILE_TESTS=1 to run")
-    result = check_mode(model, name, random_prompt(8, batch=2), n=40)
+    result = Gate(model, batch=2).check(name)
     assert result.passed, result.detail
+    same = decode(make_decoder(model, name, batch_size=2), random_prompt(8, batch=2), 40)
+    want = decode(make_decoder(model, "uncached", batch_size=2), random_prompt(8, batch=2), 40)
+    assert torch.equal(same.tokens, want.tokens)  # a lively model: the greedy tokens agree too
 
 
-def test_check_mode_catches_a_broken_mode() -> None:
+def test_the_gate_catches_a_broken_mode() -> None:
     model = small_model()
+    gate = Gate(model)
+    gate.reference()
     with inject_bug(model, "positions"):
-        assert not check_mode(model, "prealloc", random_prompt(8), n=20).passed
+        assert not gate.check("prealloc").passed
 
 
 def test_the_gate_refuses_a_mode_that_crashes(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -40,9 +46,9 @@ def test_the_gate_refuses_a_mode_that_crashes(monkeypatch: pytest.MonkeyPatch) -
         raise RuntimeError("kernel exploded")
 
     monkeypatch.setattr(engine.fast.FastDecoder, "step", broken)
-    verdict = gate(small_model(), "fast")
+    verdict = Gate(small_model()).check("fast")
     assert not verdict.passed and "kernel exploded" in verdict.detail
-    assert gate(small_model(), "uncached").passed  # mode 1 is the reference
+    assert Gate(small_model()).check("uncached").passed  # mode 1 is the reference
 
 
 def test_registry_rungs_labels_colours_and_order() -> None:
@@ -53,6 +59,9 @@ def test_registry_rungs_labels_colours_and_order() -> None:
     assert modes.ordered(["fast", "zzz", "uncached", "concat"]) == ["uncached", "concat", "fast",
                                                                     "zzz"]
     assert modes.UNCACHED == ("uncached", "uncached_last")
+    # Mode 9 is named for what it compiles: the model's own weights, not mode 8's packed ones.
+    assert "fast path" not in MODES["fast_compiled"].label
+    assert "not mode 8's packed" in MODES["fast_compiled"].description
 
 
 def test_availability_is_decided_without_torch() -> None:

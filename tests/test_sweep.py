@@ -91,7 +91,7 @@ def test_sweep_rows_one_per_mode_and_context(tiny: Loaded) -> None:
     contexts = [1, 4, 9, 16]
     modes = ["uncached", "uncached_last", "concat"]
     seen: list[Event] = []
-    run = sweep(tiny, LatencyParams(contexts, modes, repeats=2, warmup=1, check_tokens=8),
+    run = sweep(tiny, LatencyParams(contexts, modes, repeats=2, warmup=1),
                 seen.append)
     rows = run["tables"]["latency"]
     assert run["kind"] == "latency_sweep" and run["meta"]["partial"] is False
@@ -111,6 +111,8 @@ def test_sweep_rows_one_per_mode_and_context(tiny: Loaded) -> None:
     assert by["concat", 9]["flops"] == costs.step_flops(TINY, 9, cached=True)
     assert by["concat", 1]["phase"] == "prefill"  # nothing cached yet at one token
     assert by["concat", 9]["bytes"] == costs.step_bytes(TINY, "float32", 9, cached=True)
+    assert by["uncached_last", 9]["bytes"] == costs.step_bytes(TINY, "float32", 9, False,
+                                                                last_only=True)
     rows_seen = [p.row for p in seen if p.table == "latency"]
     assert rows_seen == rows
     assert seen[-1].done == seen[-1].total == len(rows)
@@ -138,7 +140,7 @@ def test_a_mode_that_disagrees_is_not_timed(tiny: Loaded) -> None:
         run = sweep(tiny, LatencyParams([8, 16], ["uncached", "prealloc"], repeats=1))
     assert {r["mode"] for r in run["tables"]["latency"]} == {"uncached"}
     check = {c["mode"]: c for c in run["tables"]["checks"]}["prealloc"]
-    assert not check["passed"] and "differs from mode 1" in check["detail"]
+    assert not check["passed"] and "differ from mode 1" in check["detail"]
     assert "prealloc not timed" in run["meta"]["note"]
 
 

@@ -143,7 +143,8 @@ def mask_figure(df: pd.DataFrame, kv_full_bytes: float | None = None) -> go.Figu
 
 def check_matrix_figure(df: pd.DataFrame) -> go.Figure:
     """Which check catches which bug: rows = bug switched on, columns = check; red = failed,
-    grey = the check could not run (``passed`` is None: neither caught nor missed)."""
+    grey = the check could not run or could not tell (``passed`` is None: neither caught nor
+    missed; the detail says which)."""
     bugs = list(dict.fromkeys(df["bug"].astype(str)))
     checks = list(dict.fromkeys(df["check"].astype(str)))
     state = df["passed"].map(lambda p: 0.5 if p is None or p != p else 0.0 if p else 1.0)
@@ -151,8 +152,13 @@ def check_matrix_figure(df: pd.DataFrame) -> go.Figure:
         index="bug", columns="check", values="state", aggfunc="max").reindex(
         index=bugs, columns=checks)
     z = table.to_numpy(dtype=float)
-    text = [["FAILS" if v == 1 else "passes" if v == 0 else "could not run" if v == 0.5 else ""
-             for v in row] for row in z]
+    inconclusive = df.assign(inc=df["detail"].astype(str).str.startswith("inconclusive")) \
+        .pivot_table(index="bug", columns="check", values="inc", aggfunc="max") \
+        .reindex(index=bugs, columns=checks).to_numpy(dtype=object)
+    text = [["FAILS" if v == 1 else "passes" if v == 0 else
+             ("inconclusive" if inc is True else "could not run") if v == 0.5 else ""
+             for v, inc in zip(row, incs, strict=True)] for row, incs in zip(z, inconclusive,
+                                                                            strict=True)]
     detail = df.pivot_table(index="bug", columns="check", values="detail",
                             aggfunc="first").reindex(index=bugs, columns=checks)
     fig = go.Figure(go.Heatmap(

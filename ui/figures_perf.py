@@ -199,3 +199,34 @@ def run_ceilings(run: dict[str, Any]) -> list[Ceiling]:
     peaks = meta.get("peaks") or {}
     return ceilings(meta.get("device_name"), str(meta.get("dtype") or "float32"),
                     peaks.get("measured"), peaks.get("fp32_tflops"))
+
+
+def floor_sentence(df: pd.DataFrame, measured: dict[str, Any] | None) -> str | None:
+    """What this run's cached steps were against their byte floor, from its own measured read
+    bandwidth: "cached steps took a-b x the byte floor ...". None without peaks or cached rows."""
+    if not measured or not measured.get("read_gbps") or df.empty or "bytes" not in df:
+        return None
+    rows = df[df["mode"].astype(str).map(lambda m: m not in UNCACHED_MODES)]
+    if "phase" in rows:
+        rows = rows[rows["phase"] != "prefill"]
+    if rows.empty:
+        return None
+    floor_ms = rows["bytes"] / (float(measured["read_gbps"]) * 1e9) * 1e3
+    ratio = rows["latency_ms"] / floor_ms
+    return (f"Cached steps in this run took {ratio.min():.2g}–{ratio.max():.2g}× their byte "
+            f"floor: the bytes a step must move (weights, K/V, activations) ÷ the "
+            f"{float(measured['read_gbps']):.3g} GB/s read bandwidth measured with the run. "
+            "Near 1× a step is bound by memory traffic; far above it, by something else.")
+
+
+def share_sentence(df: pd.DataFrame, peak: Ceiling) -> str:
+    """The share of ``peak`` this run's uncached and cached steps reached, in one sentence."""
+    parts = []
+    for what, rows in (("uncached", df[df["mode"].isin(UNCACHED_MODES)]),
+                       ("cached", df[~df["mode"].isin(UNCACHED_MODES)])):
+        if not rows.empty and "tflops" in rows:
+            pct = rows["tflops"].astype(float) / peak.tflops * 100
+            parts.append(f"{what} steps {pct.min():.2g}–{pct.max():.2g}%")
+    if not parts:
+        return ""
+    return f"Of the {peak.label} peak ({peak.tflops:.3g} TFLOP/s), {' and '.join(parts)}."

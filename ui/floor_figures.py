@@ -46,7 +46,7 @@ def attribution_figure(df: pd.DataFrame, mode: str | None = None, *,
     fig = go.Figure()
     for col, name, color in (
         ("floor_part_ms", f"{busy} the floor explains", PART_COLORS["floor"]),
-        ("excess_ms", f"{busy} above the floor", PART_COLORS["excess"]),
+        ("excess_ms", f"{busy} above the floor (unexplained)", PART_COLORS["excess"]),
         ("idle_ms", idle, PART_COLORS["idle"]),
     ):
         fig.add_trace(go.Bar(x=x, y=part[col], name=name, marker_color=color,
@@ -54,9 +54,15 @@ def attribution_figure(df: pd.DataFrame, mode: str | None = None, *,
                              + "</extra>"))
     fig.add_trace(go.Scatter(x=x, y=part["step_ms"], mode="lines+markers",
                              name="measured step (median)", line=dict(color="black", width=2),
-                             customdata=part["error_ms"],
-                             hovertemplate="%{x} tokens<br>%{y:.3f} ms (± %{customdata:.3f})"
-                             "<extra>measured</extra>"))
+                             error_y=dict(type="data", array=part["spread_ms"] / 2,
+                                          visible=True, color="black", thickness=1),
+                             customdata=part["spread_ms"],
+                             hovertemplate="%{x} tokens<br>median %{y:.3f} ms, interquartile "
+                             "range %{customdata:.3f} ms<extra>measured</extra>"))
+    if "explained_share" in part:  # the share of the step the floor and host time explain
+        fig.add_trace(go.Scatter(x=x, y=part["step_ms"], mode="text", showlegend=False,
+                                 text=[f"{v:.0%} explained" for v in part["explained_share"]],
+                                 textposition="top center", hoverinfo="skip"))
     for col, name, dash in (("byte_floor_ms", "floor: bytes ÷ measured bandwidth", "dash"),
                             ("flop_floor_ms", "floor: FLOPs ÷ measured peak", "dot")):
         fig.add_trace(go.Scatter(x=x, y=part[col], mode="lines", name=name,
@@ -69,6 +75,19 @@ def attribution_figure(df: pd.DataFrame, mode: str | None = None, *,
     fig.update_layout(barmode="stack", title=dict(text=title, y=0.98, yanchor="top"),
                       margin=dict(l=10, r=10, t=110, b=10))
     return fig
+
+
+def explained_sentence(df: pd.DataFrame, mode: str) -> str:
+    """One sentence per mode: how much of the measured step the floor and the profiled host
+    time explain across the contexts profiled, and how much kernel time nothing explains."""
+    part = df[df["mode"].astype(str) == mode]
+    if part.empty or "explained_share" not in part:
+        return ""
+    share, rest = part["explained_share"] * 100, part["excess_ms"]
+    return (f"{mode}: the floor and the profiled host time explain {share.min():.0f}–"
+            f"{share.max():.0f}% of the measured step across {len(part)} context lengths; the "
+            f"rest, {rest.min():.3g}–{rest.max():.3g} ms, is kernel time above the floor that "
+            "nothing measured here explains.")
 
 
 def counts_figure(df: pd.DataFrame) -> go.Figure:
@@ -98,9 +117,9 @@ def counts_figure(df: pd.DataFrame) -> go.Figure:
 
 def attribution_table(df: pd.DataFrame) -> pd.DataFrame:
     """The numbers behind the chart, one row per mode and context, rounded for reading."""
-    cols = ["mode", "context_len", "step_ms", "error_ms", "byte_floor_ms", "flop_floor_ms",
-            "overhead_ms", "ops_per_step", "kernels_per_step", "launches_per_step", "ops_ms",
-            "python_ms", "device_ms", "bound"]
+    cols = ["mode", "context_len", "step_ms", "spread_ms", "byte_floor_ms", "flop_floor_ms",
+            "above_floor_ms", "explained_share", "ops_per_step", "kernels_per_step",
+            "launches_per_step", "ops_ms", "python_ms", "device_ms", "bound"]
     if df.empty:
         return pd.DataFrame(columns=cols)
     out = df[[c for c in cols if c in df.columns]].copy()

@@ -62,8 +62,10 @@ def latency_frame(run: dict[str, Any]) -> pd.DataFrame:
         rows["flops"] = [costs.step_flops(cfg, int(t), cached=bool(c), batch_size=batch)
                          for t, c in zip(rows["context_len"], cached, strict=True)]
     if "bytes" not in rows.columns:
-        rows["bytes"] = [costs.step_bytes(cfg, dtype, int(t), cached=bool(c), batch_size=batch)
-                         for t, c in zip(rows["context_len"], cached, strict=True)]
+        rows["bytes"] = [costs.step_bytes(cfg, dtype, int(t), cached=bool(c), batch_size=batch,
+                                          last_only=m == "uncached_last")
+                         for t, c, m in zip(rows["context_len"], cached, rows["mode"],
+                                            strict=True)]
     seconds = rows["latency_ms"].astype(float) / 1e3
     if "tflops" not in rows.columns:
         rows["tflops"] = rows["flops"] / seconds / 1e12

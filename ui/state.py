@@ -155,10 +155,3 @@ def session_alive(sid: str | None) -> bool:
         return Runtime.instance().is_active_session(sid)
     except Exception:
         return True
-
-
-CPU_NOTE = (
-    "On this CPU a decode step is **memory-bandwidth bound**: each token must stream every "
-    "weight from RAM, so the floor is bytes ÷ bandwidth. The write-up's A40 floor was per-step "
-    "**overhead** (Python and kernel launches), not bandwidth — compare shapes, not the numbers."
-)

@@ -9,17 +9,21 @@ operator calls (all, and top-level), kernel launches and device time (CUDA), tim
 top-level operators or the compiled region (``ops_ms``) and the host time between them
 (``python_ms``). The floors are formulas over measured rates: ``flop_floor_ms`` = FLOPs /
 measured matmul peak, ``byte_floor_ms`` = bytes / measured read bandwidth (FLOPs and bytes from
-``instruments.costs``, peaks from ``instruments.device.peaks``); ``overhead_ms`` = step_ms -
-max(floors).
+``instruments.costs``, peaks from ``instruments.device.peaks``); ``above_floor_ms`` = step_ms -
+max(floors): host time and kernels slower than the peak rates together, not "overhead" alone.
 
 The chart splits ``step_ms`` into three parts that add up to it exactly:
   ``floor_part_ms``   the part of the busy time the floor explains (min(busy, floor))
   ``excess_ms``       busy time above the floor (kernels slower than peak rate)
   ``idle_ms``         step time with nothing busy: host gaps (CPU) or an idle device (CUDA)
 "busy" is time inside operators on a CPU and kernel time on a GPU, measured under the
-profiler and rescaled to the plain step. The profiled parts themselves (``ops_ms`` +
-``python_ms``) are compared with the plain ``step_ms``: they agree within ``error_ms``, the
-profiler's own cost (calibrated per operator on this device) plus the timing spread.
+profiler and rescaled to the plain step. ``explained_share`` = (floor_part_ms + idle_ms) /
+step_ms is how much of the step the floor and the profiled host time account for; the rest,
+``excess_ms``, is kernel time above the floor that nothing here explains. ``spread_ms`` is the
+interquartile range of the plain step's samples (its own spread). The profiled parts themselves
+(``ops_ms`` + ``python_ms``) are compared with the plain ``step_ms``: they agree within
+``profile_tolerance_ms``, the profiler's own cost (calibrated per operator on this device) plus
+the timing spreads -- a tolerance of the profiled split, not an uncertainty of the step.
 """
 
 from __future__ import annotations
@@ -184,7 +188,7 @@ def attribute_step(
     flops = costs.step_flops(cfg, context_len, cached=spec.cached, batch_size=batch_size,
                              last_only=last_only)
     nbytes = costs.step_bytes(cfg, model.dtype, context_len, cached=spec.cached,
-                              batch_size=batch_size)
+                              batch_size=batch_size, last_only=last_only)
     flop_floor = flops / (peaks.matmul_tflops * 1e12) * 1e3
     byte_floor = nbytes / (peaks.read_gbps * 1e9) * 1e3
     floor = max(flop_floor, byte_floor)
@@ -192,8 +196,9 @@ def attribute_step(
     busy = step_ms * min(1.0, busy_profiled / tr.profiled_step_ms)  # rescaled to the plain step
     floor_part = min(busy, floor)
     quart = statistics.quantiles(samples, n=4) if len(samples) >= 2 else [step_ms] * 3
-    spread = max(quart[2] - quart[0], 0.02 * step_ms) + tr.spread_ms
+    step_spread = quart[2] - quart[0]  # interquartile range of the plain step's samples
     prof_cost = profiler_cost_us(dev) * tr.ops_per_step / 1e3
+    tolerance = prof_cost + 2 * (max(step_spread, 0.02 * step_ms) + tr.spread_ms)
     return {
         "mode": mode, "mode_label": spec.label, "context_len": context_len,
         "batch_size": batch_size, "dtype": str(model.dtype).removeprefix("torch."),
@@ -207,10 +212,11 @@ def attribute_step(
         "bandwidth_gbps": peaks.read_gbps, "flop_floor_ms": flop_floor,
         "byte_floor_ms": byte_floor, "floor_ms": floor,
         "bound": "memory" if byte_floor >= flop_floor else "compute",
-        "overhead_ms": step_ms - floor,
+        "above_floor_ms": step_ms - floor, "spread_ms": step_spread,
         "busy_ms": busy, "floor_part_ms": floor_part, "excess_ms": busy - floor_part,
         "idle_ms": step_ms - busy,
-        "profiler_cost_ms": prof_cost, "error_ms": prof_cost + 2 * spread,
+        "explained_share": (floor_part + step_ms - busy) / step_ms if step_ms > 0 else None,
+        "profiler_cost_ms": prof_cost, "profile_tolerance_ms": tolerance,
         "compile_s": getattr(dec, "compile_s", 0.0),
     }
 
@@ -244,8 +250,9 @@ def run(loaded: Loaded, params: AttributionParams, progress: ProgressFn | None =
     tr.emit("measuring the matmul peak and read bandwidth (once per measuring process)")
     peaks = device.peaks(model.device, model.dtype)
     stopped = False
+    checker = gate.Gate(model, params.batch_size)
     for mode in params.modes:
-        check = gate.gate(model, mode, params.batch_size)
+        check = checker.check(mode)
         tr.tables.setdefault("checks", []).append(check.to_row())
         if not check.passed:
             tr.done += len(contexts)

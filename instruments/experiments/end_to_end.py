@@ -81,8 +81,9 @@ def run(loaded: Loaded, params: EndToEndParams, progress: ProgressFn | None = No
     params.check(model.config, str(model.device))
     tr = Tracker(progress, should_stop, len(params.modes), total_work=work(params))
     passed = []
+    checker = gate.Gate(model, params.batch_size, params.prompt_seed)
     for name in params.modes:
-        check = gate.gate(model, name, params.batch_size, 16, params.prompt_seed)
+        check = checker.check(name)
         tr.tables.setdefault("checks", []).append(check.to_row())
         if check.passed:
             passed.append(name)

@@ -4,7 +4,8 @@
   latency   one row per mode x context (ascending within a mode): latency_ms (median),
             samples_ms (every timed repeat), min_ms, flops/bytes from instruments.costs and the
             achieved rates
-  checks    the gate's verdict per mode (a mode that fails it is not timed, and a note says so)
+  checks    the gate's verdict per mode (``instruments.gate``: logits against mode 1; a mode
+            that fails it is not timed, and a note says so)
   summary   the write-up's Table 1 at 10/100/500/1000 tokens
   end_to_end, cumulative   with ``e2e_new_tokens`` > 0: a whole generation per mode
 Uncached modes: one full forward of a t-token prompt per requested t (``warmup`` untimed +
@@ -53,7 +54,8 @@ def row(model: GPT, mode: str, t: int, batch: int, samples_ms: list[float], phas
     median_ms = statistics.median(samples_ms)
     flops = costs.step_flops(cfg, t, cached=cached, batch_size=batch,
                              last_only=last_only or spec.cached)
-    nbytes = costs.step_bytes(cfg, model.dtype, t, cached=cached, batch_size=batch)
+    nbytes = costs.step_bytes(cfg, model.dtype, t, cached=cached, batch_size=batch,
+                              last_only=last_only or spec.cached)
     seconds = median_ms / 1e3
     return {
         "mode": mode, "mode_label": spec.label, "cached": spec.cached, "phase": phase,
@@ -152,10 +154,11 @@ def run(loaded: Loaded, params: LatencyParams, progress: ProgressFn | None = Non
         tr.emit("measuring this device's peaks (once per measuring process)")
         peaks = device.peaks(model.device, model.dtype).to_dict()
     idx = random_prompt(model, params.batch_size, contexts[-1], params.prompt_seed)
+    checker = gate.Gate(model, params.batch_size, params.prompt_seed)
     stopped = False
     for name in params.modes:
-        tr.emit(f"{name}: checking greedy tokens against mode 1")
-        check = gate.gate(model, name, params.batch_size, params.check_tokens, params.prompt_seed)
+        tr.emit(f"{name}: checking its logits against mode 1")
+        check = checker.check(name)
         tr.tables.setdefault("checks", []).append(check.to_row())
         if not check.passed:
             tr.work += mode_work(params, name, contexts)

@@ -23,6 +23,7 @@ from instruments.experiments.scope import measure_speedup
 from instruments.params import PrecisionParams, precisions_for
 from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, random_prompt, record
 
+MODE = "prealloc_fused"  # the cached mode each precision is timed and compared with
 _DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
            "fp16": torch.float16}
 
@@ -41,7 +42,7 @@ def _tf32(enabled: bool) -> Iterator[None]:
 
 def _teacher_forced(model: GPT, prompt: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """Logits (n, B, vocab) in fp32 for each step when ``tokens`` (B, n) are fed back."""
-    dec = make_decoder(model, "prealloc_fused", batch_size=prompt.size(0),
+    dec = make_decoder(model, MODE, batch_size=prompt.size(0),
                        capacity=prompt.size(1) + tokens.size(1))
     gen = decode(dec, prompt, tokens.size(1), feed=tokens, keep_logits=True)
     return torch.stack(gen.logits)
@@ -65,19 +66,27 @@ def run(loaded: Loaded, params: PrecisionParams, progress: ProgressFn | None = N
     prompt = random_prompt(model, 1, prompt_len)
     tr = Tracker(progress, should_stop, len(wanted), unit="precisions")
     with _tf32(False):
-        ref_tokens = gate.greedy(ref_model, "prealloc_fused", prompt, new_tokens)
+        ref_tokens = gate.greedy(ref_model, MODE, prompt, new_tokens)
         ref_logits = _teacher_forced(ref_model, prompt, ref_tokens)
+    stopped = False
     for prec in wanted:
         if tr.stop():
+            stopped = True
             tr.note("stopped: precisions already compared are kept")
             break
         tr.emit(f"{prec}: timing and comparing with fp32")
         dtype = _DTYPES[prec]
         m = ref_model if dtype == torch.float32 else _converted(ref_model, dtype)
         with _tf32(prec == "tf32"):
+            check = gate.Gate(m).check(MODE)  # against mode 1 in the same precision
+            tr.tables.setdefault("checks", []).append({**check.to_row(), "precision": prec})
+            if not check.passed:
+                tr.note(f"{prec}: {MODE} not timed: {check.detail}")
+                tr.done += 1
+                continue
             logits = _teacher_forced(m, prompt, ref_tokens)
-            own = gate.greedy(m, "prealloc_fused", prompt, new_tokens)
-            row = measure_speedup(m, 1, prompt_len, cached_mode="prealloc_fused",
+            own = gate.greedy(m, MODE, prompt, new_tokens)
+            row = measure_speedup(m, 1, prompt_len, cached_mode=MODE,
                                   uncached_mode="uncached_last", steps=steps, repeats=2)
         diff = (logits - ref_logits).abs()
         same = (own == ref_tokens)[0]
@@ -96,8 +105,9 @@ def run(loaded: Loaded, params: PrecisionParams, progress: ProgressFn | None = N
         if m is not ref_model:
             del m
     rows = tr.tables.get("precision", [])
-    return record(loaded, "precision", params, {"precision": rows},
-                  partial=len(rows) < len(wanted), notes=tr.notes)
+    return record(loaded, "precision", params, {"precision": rows,
+                                                "checks": tr.tables.get("checks", [])},
+                  partial=stopped, notes=tr.notes)
 
 
 def _converted(model: GPT, dtype: torch.dtype) -> GPT:

@@ -24,7 +24,7 @@ from engine.config import PRESETS, GPTConfig
 from engine.decoders import make_decoder
 from engine.loop import decode
 from engine.model import GPT
-from instruments import costs, memory
+from instruments import costs, gate, memory
 from instruments.params import ScopeParams
 from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, random_prompt, record
 from instruments.timing import StepClock, time_call
@@ -147,9 +147,17 @@ def run(loaded: Loaded, params: ScopeParams, progress: ProgressFn | None = None,
     model = loaded.model
     params.check(model.config, str(model.device))
     tr = Tracker(progress, should_stop, len(params.points))
-    (_batches if params.grow == "batch" else _models)(model, params, tr)
-    stopped = len(tr.tables.get("scope", [])) < len(set(params.points))
+    # Both modes pass the gate first (on the loaded model: the same code runs at every size).
+    checker = gate.Gate(model)
+    checks = [checker.check(name) for name in (params.uncached_mode, params.cached_mode)]
+    refused = [c for c in checks if not c.passed]
+    for c in refused:
+        tr.note(f"{c.mode} not timed: {c.detail}")
+    if not refused:
+        (_batches if params.grow == "batch" else _models)(model, params, tr)
+    stopped = not refused and len(tr.tables.get("scope", [])) < len(set(params.points))
     if stopped:
         tr.note("stopped: points already measured are kept")
-    return record(loaded, "scope", params, {"scope": tr.tables.get("scope", [])},
+    return record(loaded, "scope", params, {"scope": tr.tables.get("scope", []),
+                                            "checks": [c.to_row() for c in checks]},
                   partial=stopped, notes=tr.notes)

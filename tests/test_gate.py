@@ -1,0 +1,51 @@
+"""The gate at the shapes users run: gpt2 with random weights (std 0.02), where the greedy stream
+is one token repeated and token equality cannot tell a broken cache from a correct one.
+
+Each of the write-up's bugs is refused for every cached mode it applies to (the positions and
+mask-offset bugs break the steps that run through ``GPT.forward``: modes 3-5; the cache-order
+bug breaks mode 3's concatenating cache, which only a multi-token append can show), and every
+correct mode passes, in fp32 and in bf16 -- never refused for rounding.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import GPT, GPTConfig
+from instruments.checks import inject_bug, private_view
+from instruments.gate import Gate
+
+pytestmark = pytest.mark.timeout(600)
+CORRECT = ["uncached_last", "concat", "prealloc", "prealloc_fused", "fast"]
+BUGS = {"positions": ["concat", "prealloc", "prealloc_fused"],
+        "mask_offset": ["concat", "prealloc", "prealloc_fused"],
+        "cache_order": ["concat"]}
+
+
+@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+def gpt2(request: pytest.FixtureRequest) -> Gate:
+    model = GPT.random(GPTConfig.from_name("gpt2"), dtype=getattr(torch, request.param))
+    gate = Gate(private_view(model))
+    gate.reference()  # mode 1, before any bug is switched on
+    return gate
+
+
+def test_every_correct_mode_passes(gpt2: Gate) -> None:
+    for mode in CORRECT:
+        check = gpt2.check(mode)
+        assert check.passed, check.detail
+        assert check.max_diff <= check.tolerance
+    # The stream is degenerate here: agreeing tokens are reported as proving nothing.
+    assert gpt2.check("concat").tokens.startswith("inconclusive")
+
+
+@pytest.mark.parametrize("bug", list(BUGS))
+def test_each_bug_is_refused_where_it_applies(gpt2: Gate, bug: str) -> None:
+    with inject_bug(gpt2.model, bug):
+        for mode in BUGS[bug]:
+            check = gpt2.check(mode)
+            assert not check.passed, (bug, mode, check.detail)
+            assert check.max_diff > 3 * check.tolerance  # far outside, not on the edge
+        # A mode whose step does not run through the broken code stays passed.
+        assert gpt2.check("fast").passed
