@@ -216,6 +216,10 @@ class CompiledDecoder(Decoder):
 
     appends = False  # its step is its own, not GPT.forward
 
+    def attended_keys(self, length: int) -> int:
+        # On a GPU the step is static-shaped: it attends over the whole cache under a mask.
+        return self.runner.k_buf.size(3) if self.runner.static else length
+
     def __init__(self, model: GPT, *, batch_size: int = 1, capacity: int | None = None,
                  variant: str = "compiled") -> None:
         super().__init__(model, batch_size=batch_size, capacity=capacity,
@@ -259,6 +263,20 @@ class CompiledDecoder(Decoder):
         return logits
 
 
+def capture_and_upload(graph: Any, step: Callable[[], torch.Tensor],
+                       capture: Callable[..., Any]) -> torch.Tensor:
+    """Capture ``step`` into ``graph``, then replay it once so the graph is uploaded now.
+
+    The first replay of a fresh graph uploads it to the device: left to the first timed step,
+    it inflates the sweep's first point. Capture uses the thread-local mode, so CUDA work that
+    another thread of this process issues meanwhile cannot break it (the global mode would).
+    """
+    with capture(graph, capture_error_mode="thread_local"):
+        out = step()
+    graph.replay()
+    return out
+
+
 class CudaGraphDecoder(Decoder):
     """Mode 6: ``graph_step`` captured once per decoder and replayed every step.
 
@@ -266,6 +284,9 @@ class CudaGraphDecoder(Decoder):
     """
 
     appends = False  # its step is its own, not GPT.forward
+
+    def attended_keys(self, length: int) -> int:
+        return self.capacity  # every slot of the cache, masked: the shapes never change
 
     def __init__(self, model: GPT, *, batch_size: int = 1, capacity: int | None = None,
                  capture: bool = True) -> None:
@@ -294,8 +315,8 @@ class CudaGraphDecoder(Decoder):
                 graph_step(*args)
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.static_logits = graph_step(*args)
+        self.static_logits = capture_and_upload(self.graph, lambda: graph_step(*args),
+                                                torch.cuda.graph)
         torch.cuda.synchronize()
         self.compile_s = time.perf_counter() - start  # rows written here are overwritten later
 

@@ -102,6 +102,10 @@ class Decoder:
         return out[:, -1, :]
 
 
+    def attended_keys(self, length: int) -> int:
+        """Keys a step at sequence length ``length`` attends to (its FLOPs and bytes follow)."""
+        return length
+
     @torch.no_grad()
     def append(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits (B, T, vocab) of ``tokens`` (B, T) appended at once after the sequence."""

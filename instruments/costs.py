@@ -49,6 +49,7 @@ def step_flops(
     cached: bool,
     batch_size: int = 1,
     last_only: bool = False,
+    keys: int | None = None,
 ) -> int:
     """FLOPs of one generation step that ends with `context_len` tokens in view.
 
@@ -57,7 +58,9 @@ def step_flops(
     With `last_only` the output projection runs on the final position only:
     2*(N - d*V)*t + 2*d*V + 4*L*d*t^2.
     Cached: one new token through the Linear layers, one query against t keys: 2*N + 4*L*d*t
-    (t includes the new token; `last_only` changes nothing here). Times `batch_size`.
+    (t includes the new token; `last_only` changes nothing here). A cached step that attends
+    over more keys than it has context (a static-shape step over the whole cache, masked)
+    passes `keys`: the attention term is charged for those. Times `batch_size`.
     """
     _check_positive("context_len", context_len)
     _check_positive("batch_size", batch_size)
@@ -65,7 +68,7 @@ def step_flops(
     n = linear_params(cfg)
     attention = 4 * cfg.n_layer * cfg.n_embd * t
     if cached:
-        per_seq = 2 * n + attention
+        per_seq = 2 * n + 4 * cfg.n_layer * cfg.n_embd * (keys or t)
     elif last_only:
         head = _head_params(cfg)
         per_seq = 2 * (n - head) * t + 2 * head + attention * t
@@ -175,7 +178,8 @@ def kv_bytes(cfg: GPTConfig, dtype: Any, batch_size: int, context_len: int) -> i
 
 
 def activation_bytes(cfg: GPTConfig, dtype: Any, context_len: int, cached: bool,
-                     batch_size: int = 1, last_only: bool = False) -> int:
+                     batch_size: int = 1, last_only: bool = False,
+                     keys: int | None = None) -> int:
     """Lower bound on the activation traffic of one step: every activation written once and
     read once, the logits written once.
 
@@ -189,25 +193,27 @@ def activation_bytes(cfg: GPTConfig, dtype: Any, context_len: int, cached: bool,
     _check_positive("context_len", context_len)
     t = context_len
     new = 1 if cached else t
-    per_layer = 2 * (8 * cfg.n_embd * new + cfg.n_head * new * t)
+    per_layer = 2 * (8 * cfg.n_embd * new + cfg.n_head * new * (keys or t))
     logits = cfg.vocab_size * (1 if cached or last_only else t)
     return (cfg.n_layer * per_layer + logits) * batch_size * dtype_bytes(dtype)
 
 
 def step_bytes(
     cfg: GPTConfig, dtype: Any, context_len: int, cached: bool, batch_size: int = 1,
-    last_only: bool = False,
+    last_only: bool = False, keys: int | None = None,
 ) -> int:
     """Lower bound on bytes one step moves to or from memory.
 
     Both modes read the Linear weights once (the batch shares them). Cached: read t-1 cached
-    K/V rows and write the new one (t rows). Uncached: write t K/V rows and read them back once
-    (2t rows). Plus ``activation_bytes`` (each activation written and read once).
+    K/V rows and write the new one (t rows; ``keys`` rows for a step that reads the whole
+    cache). Uncached: write t K/V rows and read them back once (2t rows). Plus
+    ``activation_bytes`` (each activation written and read once).
     """
     _check_positive("context_len", context_len)
-    kv_rows = context_len if cached else 2 * context_len
+    kv_rows = (keys or context_len) if cached else 2 * context_len
     return (linear_weight_bytes(cfg, dtype) + kv_bytes(cfg, dtype, batch_size, kv_rows)
-            + activation_bytes(cfg, dtype, context_len, cached, batch_size, last_only))
+            + activation_bytes(cfg, dtype, context_len, cached, batch_size, last_only,
+                               keys if cached else None))
 
 
 def mask_bytes(cfg: GPTConfig, kind: str | None = None) -> int:

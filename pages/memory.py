@@ -65,6 +65,12 @@ if measured:
     shown = [r for r in measured if keep or r not in extra]
     rows = _bar(shown, "measured") + rows
 st.plotly_chart(breakdown_figure(pd.DataFrame(rows)), width="stretch")
+if job is not None and job.run is not None:
+    ws = job.run["meta"].get("cublas_workspace_bytes")
+    st.caption("cuBLAS workspace: none on a CPU." if ws is None else
+               f"cuBLAS workspace measured on this GPU: {ws:,} B. It depends on the "
+               "architecture: the write-up saw 8,519,680 B on an A40 (Ampere); Hopper GPUs "
+               "(H100, H200) allocate 32 MiB by default.")
 st.caption(f"Batch {batch} × {context} tokens in {dtype}. Hover a segment for its size and "
            "source. At batch 1 the weights dwarf the cache; raise the batch and the cache takes "
            "over." + (" The measured bar comes from the last measurement below." if measured

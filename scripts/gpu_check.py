@@ -7,9 +7,10 @@
 Stages, each with its share of ``--budget-s`` (a stage past its share stops after the current
 point and saves what it measured, marked partial): measured peaks; a latency sweep of every
 available mode over 16 context lengths in fp32 and in bf16; step attribution; the matmul
-staircase (every T on a GPU). Then it prints each cached mode's step time against the
-bandwidth floor, (weights + K/V bytes) / measured read bandwidth; the issue's goal is CUDA-graph
-mode within 2x of it. Exit code 0 when every stage ran (even partly), 2 on bad input.
+staircase (every T on a GPU); memory (the KV cache three ways, the cuBLAS workspace). Then it
+prints each cached mode's step time against the bandwidth floor, (weights + K/V + activation
+bytes) / measured read bandwidth; the goal is CUDA-graph mode within 2x of it. Exit code 0 when
+every stage ran (even partly), 2 on bad input.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ from instruments.device import describe_device, device_available  # noqa: E402
 from instruments.experiments import get  # noqa: E402
 from instruments.spine import Event, Loaded, ModelSpec, load  # noqa: E402
 
-SHARES = {"sweep float32": 0.33, "sweep bfloat16": 0.25, "attribution": 0.12,
-          "staircase": 0.30}  # of the budget left after the peaks
+SHARES = {"sweep float32": 0.30, "sweep bfloat16": 0.22, "attribution": 0.12,
+          "staircase": 0.24, "memory": 0.12}  # of the budget left after the peaks
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -168,6 +169,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {len(totals)} T values; at T={last['T']} the matmuls sum to "
               f"{last['total_ms']:.3f} ms (whole uncached step: "
               f"{'—' if fwd is None else f'{fwd:.3f} ms'})")
+    save(args, run)
+
+    stop = clock.start("memory")
+    contexts = sorted({64, 256, cfg.block_size // 2, cfg.block_size}
+                      & set(range(1, 1 + cfg.block_size)))
+    run = get("memory").run(fp32, params.MemoryParams(
+        contexts, fill="decode" if cuda else "prefill"), None, stop)
+    for r in run["tables"]["kv_memory"][-2:]:
+        print(f"  {r['baseline']:15s} {r['context_len']:5d} tokens: formula "
+              f"{r['kv_formula_bytes']:,} B, allocated delta {r['allocated_delta_bytes']}, "
+              f"RSS delta {r['rss_delta_bytes']}")
+    print(f"  cuBLAS workspace: {run['meta'].get('cublas_workspace_bytes')} B")
     save(args, run)
 
     print(f"\n== cached step vs the bandwidth floor (bytes ÷ {read_gbps['float32']:.0f} GB/s "

@@ -1,7 +1,15 @@
-"""Shared fixtures: small lively models, and the offline tokenizer cache when it exists."""
+"""Shared fixtures: small lively models, and the offline tokenizer cache when it exists.
+
+On a machine without the dashboard's packages (a GPU node with only torch, transformers, pandas,
+psutil, tiktoken and pytest), test files that import streamlit, plotly, playwright or ``ui`` --
+directly or through another test file -- are not collected, so the rest (the CUDA tests among
+them) still run.
+"""
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import os
 from pathlib import Path
 
@@ -16,6 +24,33 @@ if "TIKTOKEN_CACHE_DIR" not in os.environ and _SHARED_TOKENIZER.is_dir():
     os.environ["TIKTOKEN_CACHE_DIR"] = str(_SHARED_TOKENIZER)
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+UI_PACKAGES = {"streamlit", "plotly", "playwright", "ui"}
+
+
+def needs_ui(path: Path, seen: frozenset[Path] = frozenset()) -> bool:
+    """Whether a test file imports a UI package, itself or through a sibling test file."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level and node.module:
+                sibling = path.parent / f"{node.module}.py"
+                if sibling.exists() and sibling not in seen and needs_ui(sibling, seen | {path}):
+                    return True
+                continue
+            names = [node.module or ""]
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "importorskip":
+            names = [a.value for a in node.args if isinstance(a, ast.Constant)]
+        if any(str(n).split(".")[0] in UI_PACKAGES for n in names):
+            return True
+    return False
+
+
+_UI_MISSING = any(importlib.util.find_spec(p) is None for p in ("streamlit", "plotly"))
+collect_ignore = [p.name for p in Path(__file__).parent.glob("test_*.py")
+                  if _UI_MISSING and needs_ui(p)]
 
 SMALL = dict(n_layer=2, n_head=4, n_embd=64, block_size=256, vocab_size=512)
 

@@ -78,6 +78,7 @@ print("torch loaded:", "torch" in sys.modules)
 
 @pytest.mark.timeout(300)
 def test_every_page_renders_without_torch_in_the_server(tmp_path: Path) -> None:
+    pytest.importorskip("streamlit")
     out = subprocess.run([sys.executable, "-c", SERVER, str(tmp_path)], cwd=ROOT,
                          capture_output=True, text=True, timeout=280)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -109,3 +110,14 @@ def test_engine_and_instruments_run_without_the_ui_packages(tmp_path: Path) -> N
                          capture_output=True, text=True, timeout=170)
     assert out.returncode == 0, out.stderr[-2000:]
     assert list(tmp_path.glob("*.json"))
+
+
+def test_ui_test_files_are_known_so_a_gpu_node_can_skip_them() -> None:
+    from tests.conftest import needs_ui
+
+    tests = ROOT / "tests"
+    ui_files = sorted(p.name for p in tests.glob("test_*.py") if needs_ui(p))
+    assert {"test_app.py", "test_bad_input.py", "test_browser.py", "test_figures.py",
+            "test_floor.py", "test_verdicts.py", "test_experiments.py"} <= set(ui_files)
+    assert "test_fast.py" not in ui_files and "test_memory.py" not in ui_files
+    assert "test_arrows.py" in ui_files  # its server test imports streamlit via importorskip

@@ -36,6 +36,8 @@ def test_choices_this_machine_lacks(results: Path, key: str, value: str, what: s
     if key == "device" and torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     at = AppTest.from_file(APP, default_timeout=60)
+    if key == "dtype":
+        at.session_state["device"] = "cpu"  # on a GPU machine cuda would offer float16
     at.session_state[key] = value
     at.run()
     no_traceback(at)

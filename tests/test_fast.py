@@ -196,3 +196,49 @@ def test_cuda_graph_reports_capture_and_replays() -> None:
 def test_compiled_modes_on_gpu(name: str) -> None:
     model = tiny("cuda")
     assert Gate(model).check(name).passed
+
+
+def test_attribution_counts_each_cuda_step_once() -> None:
+    """The profiler lists a record_function span on the CPU and again as a GPU annotation."""
+    from types import SimpleNamespace as NS
+
+    from instruments.experiments.attribution import STEP_SPAN, _read_trace
+
+    cpu, gpu = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+
+    def ev(name, device, start, end, children=()):
+        return NS(name=name, device_type=device, time_range=NS(start=start, end=end),
+                  cpu_children=list(children))
+
+    events = []
+    for step in range(2):  # two steps of 100 µs: 3 operators, 3 launches, 3 kernels of 10 µs
+        t = step * 1000
+        ops = [ev("aten::mm", cpu, t + 10 + 20 * i, t + 25 + 20 * i) for i in range(3)]
+        events += [ev(STEP_SPAN, cpu, t, t + 100, ops), ev(STEP_SPAN, gpu, t, t + 100), *ops]
+        events += [ev("cudaLaunchKernel", cpu, t + 12 + 20 * i, t + 14 + 20 * i) for i in range(3)]
+        events += [ev("gemv_kernel", gpu, t + 30 + 20 * i, t + 40 + 20 * i) for i in range(3)]
+    trace = _read_trace(NS(events=lambda: events), cuda=True)
+    assert trace.ops_per_step == 3 and trace.launches_per_step == 3  # not halved by the duplicate
+    assert trace.kernels_per_step == 3  # the GPU-side annotation is not a kernel
+    assert trace.device_ms == pytest.approx(0.030)  # 3 x 10 µs, not + the 100 µs annotation
+    assert trace.profiled_step_ms == pytest.approx(0.1)
+
+
+def test_a_captured_graph_is_uploaded_before_any_timed_step() -> None:
+    from contextlib import contextmanager
+
+    from engine.compiled import capture_and_upload
+
+    calls: list[str] = []
+
+    class StubGraph:
+        def replay(self) -> None:
+            calls.append("replay")
+
+    @contextmanager
+    def capture(graph, capture_error_mode="global"):
+        calls.append(f"capture ({capture_error_mode})")
+        yield
+
+    out = capture_and_upload(StubGraph(), lambda: calls.append("step") or torch.ones(1), capture)
+    assert calls == ["capture (thread_local)", "step", "replay"] and out.item() == 1.0

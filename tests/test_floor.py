@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-from engine import GPT, GPTConfig
+from engine import GPT, GPTConfig, make_decoder
 from instruments.device import Peaks
 from instruments.experiments import get
 from instruments.experiments.attribution import attribute_step
@@ -218,7 +218,7 @@ def test_gpu_check_dry_run_on_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
                            "--budget-s", "0"]) == 0
     kinds = sorted(r["kind"] for r in load_runs(tmp_path).runs)
     assert kinds == ["attribution", "floor_summary", "hardware", "latency_sweep",
-                     "latency_sweep", "staircase"]
+                     "latency_sweep", "memory", "staircase"]
     assert "bandwidth floor" in capsys.readouterr().out
     rows = [{"mode": "cuda_graph", "cached": True, "phase": "decode", "context_len": 100,
              "latency_ms": 2.0}]
@@ -244,3 +244,38 @@ def test_scope_and_precision_gate_their_modes_first() -> None:
     # bf16 is checked against mode 1 in bf16, with bf16's tolerance: never refused for rounding
     assert [c["passed"] for c in prec["tables"]["checks"]] == [True, True]
     assert len(prec["tables"]["precision"]) == 2
+
+
+def test_a_floor_above_the_step_remeasures_the_peaks_and_flags_what_stays(monkeypatch) -> None:
+    from instruments import device
+
+    slow = Peaks("cpu", "float32", matmul_tflops=0.05, matmul_n=1, read_gbps=1e-4,
+                 read_kernel="sum", copy_gbps=1.0, bandwidth_bytes=1)  # absurdly low
+    calls: list[bool] = []
+
+    def peaks(*a, fresh: bool = False, **k) -> Peaks:
+        calls.append(fresh)
+        return PEAKS if fresh else slow
+
+    monkeypatch.setattr(device, "peaks", peaks)
+    res = run("attribution", AttributionParams(["fast"], [16], steps=2))
+    (row,) = res["tables"]["attribution"]
+    assert calls == [False, True]  # measured once more because a floor beat the step
+    assert row["bandwidth_gbps"] == 5.0 and not row["floor_above_step"]
+    assert "measured again" in res["meta"]["note"]
+    monkeypatch.setattr(device, "peaks", lambda *a, **k: slow)  # still too low: flagged
+    res = run("attribution", AttributionParams(["fast"], [16], steps=2))
+    assert res["tables"]["attribution"][0]["floor_above_step"]
+    assert "still sit below their floor" in res["meta"]["note"]
+
+
+def test_static_shape_modes_are_charged_for_the_whole_cache() -> None:
+    from engine.compiled import CudaGraphDecoder
+    from instruments import costs
+
+    dec = CudaGraphDecoder(tiny(), capacity=128, capture=False)
+    assert dec.attended_keys(10) == 128 and make_decoder(tiny(), "concat").attended_keys(10) == 10
+    assert costs.step_flops(CFG, 10, True, keys=128) - costs.step_flops(CFG, 10, True) == (
+        4 * CFG.n_layer * CFG.n_embd * 118)
+    assert costs.step_bytes(CFG, "float32", 10, True, keys=128) > costs.step_bytes(
+        CFG, "float32", 10, True) + 118 * costs.kv_bytes_per_token(CFG, "float32")

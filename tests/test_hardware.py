@@ -90,9 +90,7 @@ def test_peak_routine_on_a_cpu_keeps_every_sample():
 
 def test_peak_sizes_saturate_a_large_gpu():
     assert hardware.peak_sizes("cpu") == (1024, 512 * 2**20)
-    if not torch.cuda.is_available():
-        pytest.skip("sizes for cuda are asked of a CUDA device")
-    n, nbytes = hardware.peak_sizes("cuda")
+    n, nbytes = hardware.peak_sizes("cuda")  # sizes only: no GPU needed to ask
     assert n >= 8192 and nbytes >= 2 * 2**30
 
 
@@ -114,7 +112,13 @@ def test_benchmark_on_missing_device_raises_clearly():
 
 
 def test_cpu_use_never_initialises_cuda():
-    hardware.describe_device("cpu")
-    hardware.supported_dtypes("cpu")
-    hardware.measure_peaks("cpu", quick=True, min_seconds=0.001, repeats=1)
-    assert not torch.cuda.is_initialized()
+    """In a fresh interpreter: on a GPU machine other tests in this one may have used CUDA."""
+    import subprocess
+    import sys
+
+    code = ("import torch; from instruments import device as d; d.describe_device('cpu'); "
+            "d.supported_dtypes('cpu'); d.measure_peaks('cpu', quick=True, min_seconds=0.001, "
+            "repeats=1); print(torch.cuda.is_initialized())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip().splitlines()[-1] == "False"

@@ -180,3 +180,29 @@ def test_the_queue_runs_one_measurement_per_device_in_order() -> None:
     wait(third)
     assert second.started_s >= first.ended_s - 0.01
     assert third.state == "stopped" and third.run is None and third.pid is None
+
+
+def _rss() -> int:
+    import ctypes
+    import gc
+
+    import psutil
+
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return psutil.Process().memory_info().rss
+
+
+@pytest.mark.slow
+def test_a_model_switch_returns_the_memory_of_the_last_one() -> None:
+    """gpt2's weights and the fast mode's packed copies (~1 GB) go with the model."""
+    worker, out = _worker()
+    base = _rss()
+    gpt2 = ModelSpec("gpt2", "random")
+    worker.handle({"type": "run", "id": "a", "experiment": "latency", "model": gpt2.to_dict(),
+                   "params": small_sweep(contexts=[4], modes=["uncached", "fast"])})
+    assert _messages(out)[-1]["type"] == "result"
+    held = _rss() - base
+    assert held > 800 * 2**20  # 475 MiB of weights + as much again of packed copies
+    worker.handle({"type": "load", "id": "b", "model": TINY.to_dict()})
+    assert _rss() - base < 0.1 * held  # back to the baseline, give or take

@@ -47,19 +47,25 @@ def mode_work(params: LatencyParams, name: str, contexts: list[int]) -> float:
 
 
 def row(model: GPT, mode: str, t: int, batch: int, samples_ms: list[float], phase: str,
-        last_only: bool, compile_s: float) -> dict[str, Any]:
-    """One latency row: the median, every sample, the formula FLOPs/bytes and the rates."""
+        last_only: bool, compile_s: float, keys: int | None = None) -> dict[str, Any]:
+    """One latency row: the median, every sample, the formula FLOPs/bytes and the rates.
+
+    ``keys``: what a cached step attends to when that is more than its context (a static-shape
+    step reads the whole cache): FLOPs and bytes are charged for it.
+    """
     cfg, spec = model.config, modes.MODES[mode]
     cached = spec.cached and phase == "decode"
+    keys = keys if cached else None
     median_ms = statistics.median(samples_ms)
     flops = costs.step_flops(cfg, t, cached=cached, batch_size=batch,
-                             last_only=last_only or spec.cached)
+                             last_only=last_only or spec.cached, keys=keys)
     nbytes = costs.step_bytes(cfg, model.dtype, t, cached=cached, batch_size=batch,
-                              last_only=last_only or spec.cached)
+                              last_only=last_only or spec.cached, keys=keys)
     seconds = median_ms / 1e3
     return {
         "mode": mode, "mode_label": spec.label, "cached": spec.cached, "phase": phase,
-        "context_len": t, "batch_size": batch, "dtype": str(model.dtype).removeprefix("torch."),
+        "context_len": t, "attended_keys": keys or t, "batch_size": batch,
+        "dtype": str(model.dtype).removeprefix("torch."),
         "latency_ms": median_ms, "min_ms": min(samples_ms), "samples_ms": list(samples_ms),
         "flops": flops, "tflops": flops / seconds / 1e12 if seconds > 0 else None,
         "bytes": nbytes, "gbps": nbytes / seconds / 1e9 if seconds > 0 else None,
@@ -117,7 +123,7 @@ def _time_cached(model: GPT, mode: str, p: LatencyParams, contexts: list[int],
                 samples[t].append(s.step_ms)  # type: ignore[arg-type]
                 if last:
                     r = row(model, mode, t, p.batch_size, samples[t], phase, True,
-                            dec.compile_s)
+                            dec.compile_s, dec.attended_keys(t))
                     tr.row("latency", r, f"{mode}: context {t} took {r['latency_ms']:.2f} ms")
                     return
             tr.emit(f"{mode}: {what}, context {t}/{top}", force=False)

@@ -13,10 +13,11 @@ Contract: ``run(loaded, StaircaseParams, progress, should_stop)`` -> run (kind "
 with tables ``staircase`` (T, shape, m, k, n, latency_ms, samples_ms, tflops) and ``totals``
 (one per T:
 ``total_ms`` = n_layer x the four layer matmuls + the head on T rows; ``total_last_ms`` the same
-with the head on one row, as mode 2 does; and, with ``model`` given, ``forward_ms``: the whole
+with the head on one row, as mode 2 does; and, with ``include_forward``, ``forward_ms``: the whole
 uncached forward at T, measured in the same run for the overlay, at every ``forward_every``-th
-T). Each sample runs ``inner`` calls back to back (calibrated to ~``min_sample_ms``) so launch
-and clock overheads on a GPU do not drown a microsecond kernel. ``should_stop()`` is polled
+T). Each sample runs ``inner`` calls back to back (calibrated to ~``min_sample_ms``); on a GPU
+the matmuls are replayed from a CUDA graph, so what is timed is the kernels, not their launches
+(the whole forward is timed as the mode runs it, launches included). ``should_stop()`` is polled
 between T values; each T's totals are streamed as they are measured.
 """
 
@@ -65,8 +66,12 @@ def _weights(model: GPT) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
 
 
 def _time(fn: Callable[[], Any], device: torch.device, warmup: int, repeats: int,
-          min_sample_ms: float) -> tuple[float, list[float], int]:
-    """(median ms per call, per-call samples, calls per sample)."""
+          min_sample_ms: float, kernels_only: bool = False) -> tuple[float, list[float], int]:
+    """(median ms per call, per-call samples, calls per sample).
+
+    ``kernels_only`` on a GPU replays the calls from a CUDA graph: a host loop of small matmuls
+    would time their launches (microseconds each) rather than the matmuls themselves.
+    """
     one = time_call(fn, warmup=warmup, repeats=1, device=device).median_ms
     inner = max(1, min(1000, math.ceil(min_sample_ms / max(one, 1e-6))))
 
@@ -74,9 +79,24 @@ def _time(fn: Callable[[], Any], device: torch.device, warmup: int, repeats: int
         for _ in range(inner):
             fn()
 
-    t = time_call(batch, warmup=0, repeats=repeats, device=device)
+    if kernels_only and device.type == "cuda":
+        batch = _graphed(batch, device)
+    t = time_call(batch, warmup=1, repeats=repeats, device=device)
     samples = [ms / inner for ms in t.samples_ms]
     return statistics.median(samples), samples, inner
+
+
+def _graphed(fn: Callable[[], Any], device: torch.device) -> Callable[[], Any]:
+    """``fn`` captured once into a CUDA graph; the returned call replays it."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):  # warm-up off the default stream, as capture requires
+        fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        fn()
+    return graph.replay
 
 
 @torch.no_grad()
@@ -102,7 +122,7 @@ def run(loaded: Loaded, params: StaircaseParams, progress: ProgressFn | None = N
         k, n = dims[name]
         x = x_full[k][:m]
         ms, samples, inner = _time(lambda: F.linear(x, w, b), dev, 1, params.repeats,
-                                   min_sample_ms)
+                                   min_sample_ms, kernels_only=True)
         shapes.append({
             "T": m, "context_len": m, "shape": name, "m": m, "k": k, "n": n,
             "latency_ms": ms, "samples_ms": samples, "calls_per_sample": inner,
