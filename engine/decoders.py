@@ -102,6 +102,16 @@ class Decoder:
         return out[:, -1, :]
 
 
+    @torch.no_grad()
+    def extend(self, tokens: torch.Tensor) -> None:
+        """Feed ``tokens`` (B, T) without their logits: set-up that fills the cache (any mode
+        whose cache ``GPT.forward`` can write, its own step or not), so a step can then be timed
+        at a longer context without generating up to it."""
+        for i in range(tokens.size(1)):
+            self._push(tokens[:, i : i + 1])
+        if self.cache is not None:
+            self.model(tokens, self.cache, logits="last", mask=self.mask)
+
     def attended_keys(self, length: int) -> int:
         """Keys a step at sequence length ``length`` attends to (its FLOPs and bytes follow)."""
         return length

@@ -59,7 +59,12 @@ def _sweep_opts(p: argparse.ArgumentParser) -> None:
                    help='a preset ("log-spaced (16)", "every length 8..1024") or "8,16,100-200:10"')
     p.add_argument("--modes", default="uncached,concat", help=f"from: {', '.join(modes.MODES)}")
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--repeats", type=int, default=None, help="default 3 on CPU, 5 on CUDA")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="the most timed samples per point (at least 2, more while they "
+                   "disagree by more than 10%%): default 3 on CPU, 5 on CUDA")
+    p.add_argument("--method", default="crop", choices=["crop", "generate"],
+                   help="crop: fill the cache once and crop it to each context (default); "
+                   "generate: one whole generation per repeat, the write-up's way")
     p.add_argument("--warmup-steps", type=int, default=None,
                    help="steps per cached warm-up run (default: 32 on CPU, a full run on CUDA)")
     p.add_argument("--no-peaks", action="store_true", help="do not measure the device's peaks")
@@ -70,7 +75,7 @@ def _e2e_opts(p: argparse.ArgumentParser, own_modes: bool) -> None:
         p.add_argument("--modes", default="uncached,concat")
     p.add_argument("--prompt-len", type=int, default=8)
     p.add_argument("--new-tokens", type=int, default=None,
-                   help="default: up to the block size on CUDA (1016, as the write-up), 120 on "
+                   help="default: up to the block size on CUDA (1016, as the write-up), 64 on "
                    "CPU; 0 leaves the end-to-end part out of a sweep")
     p.add_argument("--e2e-repeats", type=int, default=1)
 
@@ -139,7 +144,7 @@ def _modes(text: str) -> list[str]:
 def _new_tokens(args: argparse.Namespace, block: int) -> int:
     if args.new_tokens is not None:
         return args.new_tokens
-    return block - args.prompt_len if _cuda(args) else min(120, block - args.prompt_len)
+    return block - args.prompt_len if _cuda(args) else min(64, block - args.prompt_len)
 
 
 def _params(command: str, args: argparse.Namespace, block: int) -> Any:
@@ -151,7 +156,7 @@ def _params(command: str, args: argparse.Namespace, block: int) -> Any:
             args.repeats if args.repeats is not None else base.repeats, args.seed,
             args.warmup_steps if args.warmup_steps is not None else base.warmup_steps,
             e2e_new_tokens=_new_tokens(args, block), e2e_prompt_len=args.prompt_len,
-            measure_peaks=not args.no_peaks)
+            measure_peaks=not args.no_peaks, method=args.method)
     if command == "e2e":
         return params.EndToEndParams(_modes(args.modes), args.prompt_len, _new_tokens(args, block),
                                      args.batch, args.e2e_repeats, prompt_seed=args.seed)

@@ -48,27 +48,34 @@ def _modes(names: list[str], device: str) -> None:
 
 @dataclass
 class LatencyParams:
-    """Per-token latency against context, per mode; optionally a whole generation per mode."""
+    """Per-token latency against context, per mode; optionally a whole generation per mode.
+
+    Each point takes ``min_repeats`` timed samples, more while they disagree by more than
+    ``spread`` (max - min over the median), up to ``repeats``. ``method`` "crop" fills each cached
+    mode's cache once and crops it back to each context; "generate" is the write-up's way: one
+    generation per repeat, read as it passes each context (``warmup_steps`` sizes its warm-up).
+    """
 
     contexts: list[int]
     modes: list[str]
     batch_size: int = 1
-    warmup: int = 1  # untimed calls per point (uncached) / untimed runs per mode (cached)
-    repeats: int = 3
+    warmup: int = 1  # untimed calls per mode before its first point (per run: "generate")
+    repeats: int = 3  # the most timed samples per point
     prompt_seed: int = 0
-    warmup_steps: int | None = None  # decode steps per cached warm-up run; None = a full run
+    warmup_steps: int | None = None  # "generate": decode steps per warm-up run; None = a full run
     e2e_new_tokens: int = 0  # > 0: also time a whole generation per mode (end-to-end tables)
     e2e_prompt_len: int = 8
     measure_peaks: bool = True  # the device's peaks go into the run (measured once a process)
+    min_repeats: int = 2
+    spread: float = 0.10
+    method: str = "crop"
 
     @classmethod
     def defaults(cls, device: str, block_size: int) -> LatencyParams:
-        """~16 log-spaced points; more repeats and full warm-up runs on a GPU."""
+        """~16 log-spaced points; more samples allowed on a GPU."""
         contexts = preset_contexts("log-spaced (16)", block_size)
         if str(device).startswith("cuda"):
-            return cls(contexts, ["uncached", "concat"], repeats=5, warmup=1)
-        # On a shared CPU a full warm-up run of gpt2 costs a minute; a short one warms the same
-        # code paths.
+            return cls(contexts, ["uncached", "concat"], repeats=5, warmup=2)
         return cls(contexts, ["uncached", "concat"], repeats=3, warmup=1, warmup_steps=32)
 
     def check(self, cfg: GPTConfig, device: str) -> None:
@@ -76,7 +83,12 @@ class LatencyParams:
         _modes(self.modes, device)
         _whole("batch size", self.batch_size, 1, MAX_BATCH)
         _whole("repeats", self.repeats, 1)
+        _whole("fewest repeats", self.min_repeats, 1)
         _whole("warmup", self.warmup, 0)
+        if self.method not in ("crop", "generate"):
+            raise ValueError(f"method must be 'crop' or 'generate', got {self.method!r}")
+        if not 0 < self.spread < 10:
+            raise ValueError(f"spread must be a share above 0 (0.1 = 10%), got {self.spread!r}")
         if self.warmup_steps is not None:
             _whole("warmup steps", self.warmup_steps, 0)
         if self.e2e_new_tokens:

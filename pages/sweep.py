@@ -10,13 +10,15 @@ from __future__ import annotations
 import streamlit as st
 
 from engine import modes
+from instruments import client, estimate
 from instruments.client import Job
 from instruments.contexts import CONTEXT_PRESETS, parse_contexts, preset_contexts, repeated_contexts
 from instruments.params import MAX_BATCH, LatencyParams, to_dict
 from ui import header, jobs
 from ui.figures import cumulative_figure, latency_figure, ordered_modes
 from ui.figures_perf import floor_sentence
-from ui.state import RUN_ICON, is_cpu, mode_choices, mode_label
+from ui.runs import last_sweep_like
+from ui.state import RUN_ICON, device_facts, is_cpu, mode_choices, mode_label
 
 KEY = "sweep_job"
 CUSTOM = "custom list / range"
@@ -31,6 +33,25 @@ spec0 = LatencyParams.defaults(choice.device, block)
 job = jobs.get(KEY)
 busy = jobs.running(KEY)
 usable, unavailable = mode_choices(choice.device)
+
+E2E_BUDGET_S = 25.0
+
+
+def _params(new: int) -> LatencyParams:
+    """The sweep the widgets describe (ValueError when the contexts cannot be read)."""
+    contexts = parse_contexts(custom, block) if preset == CUSTOM else preset_contexts(preset,
+                                                                                       block)
+    return LatencyParams(contexts, list(picked), int(batch), int(warmup), int(repeats),
+                         warmup_steps=spec0.warmup_steps, e2e_new_tokens=new,
+                         e2e_prompt_len=int(prompt_len))
+
+
+def _planned() -> LatencyParams | None:
+    try:
+        return _params(int(new_tokens))
+    except ValueError:
+        return None
+
 
 with st.expander("What to measure", expanded=job is None):
     c1, c2 = st.columns([1, 1])
@@ -52,40 +73,50 @@ with st.expander("What to measure", expanded=job is None):
             for m, why in unavailable.items()))
     c3, c4, c5, c6 = st.columns(4)
     batch = c3.number_input("Batch size", 1, MAX_BATCH, spec0.batch_size, key="sweep_batch")
-    warmup = c4.number_input("Warm-up runs", 0, 10, spec0.warmup, key="sweep_warmup",
-                             help="Untimed runs before timing each mode.")
+    warmup = c4.number_input("Warm-up calls", 0, 10, spec0.warmup, key="sweep_warmup",
+                             help="Untimed calls before each mode's first point.")
     repeats = c5.number_input("Repeats", 1, 20, spec0.repeats, key="sweep_repeats",
-                              help="Timed runs per point; the line is their median.")
+                              help=f"The most timed samples per point. Each point takes "
+                              f"{spec0.min_repeats}, more while they disagree by more than "
+                              f"{spec0.spread:.0%}; the line is their median.")
     e2e = c6.toggle("End-to-end too", True, key="sweep_e2e",
                     help="Also time one whole generation per mode (Figure 3).")
+    prior = last_sweep_like(choice.model, str(device_facts(choice.device).get("name")),
+                            choice.dtype, client.measuring_threads(), int(batch))
+    fitted = estimate.from_run(prior) if prior else None
     prompt_len, new_tokens = 8, 0
     if e2e:
         c7, c8, _ = st.columns([1, 1, 2])
         prompt_len = c7.number_input("Prompt tokens", 1, block - 1, min(8, block - 1),
                                      key="sweep_prompt")
+        fits_in = None if not cpu or fitted is None else estimate.tokens_that_fit(
+            LatencyParams(spec0.contexts, picked or ["uncached"], e2e_prompt_len=int(prompt_len)),
+            cfg, choice.dtype, fitted[0], E2E_BUDGET_S)
         new_tokens = c8.number_input(
-            "New tokens", 1, block, min(block - 8, 200) if cpu else block - 8,
-            key="sweep_new", help="The write-up generated 1,016 tokens after an 8-token prompt.")
+            "New tokens", 1, block, min(block - 8, fits_in or 64) if cpu else block - 8,
+            key="sweep_new", help="The write-up generated 1,016 tokens after an 8-token prompt. "
+            f"On a CPU the default is what fits about {E2E_BUDGET_S:.0f} s, by your last sweep.")
+    planned = _planned()
+    if planned is not None and fitted is not None:
+        secs = estimate.sweep_seconds(planned, cfg, choice.dtype, fitted[0], fitted[1])
+        st.caption(f"This sweep should take about **{secs:.0f} s**, by the steps your last "
+                   f"sweep of {choice.model} measured here ({str(prior['created_utc'])[:16]}; "
+                   "noisy points take more samples)." if secs is not None else
+                   "No estimate for a mode your last sweep did not time.")
+    elif planned is not None:
+        st.caption(f"No estimate yet: the first sweep of {choice.model} on this device measures "
+                   "what its steps cost; later ones are estimated from it.")
     run_clicked = st.button("Run sweep", type="primary", disabled=busy, icon=RUN_ICON)
-
-
-def _contexts() -> list[int]:
-    if preset == CUSTOM:
-        twice = repeated_contexts(custom, block)
-        if twice:
-            st.info(f"Listed more than once, measured once: {', '.join(map(str, twice))}.")
-        return parse_contexts(custom, block)
-    return preset_contexts(preset, block)
 
 
 if run_clicked:
     try:
-        contexts = _contexts()
-        params = LatencyParams(contexts, list(picked), int(batch), int(warmup), int(repeats),
-                               warmup_steps=spec0.warmup_steps,
-                               e2e_new_tokens=int(new_tokens) if e2e else 0,
-                               e2e_prompt_len=int(prompt_len))
+        twice = repeated_contexts(custom, block) if preset == CUSTOM else []
+        if twice:
+            st.info(f"Listed more than once, measured once: {', '.join(map(str, twice))}.")
+        params = _params(int(new_tokens) if e2e else 0)
         params.check(cfg, choice.device)
+        contexts = params.contexts
     except ValueError as exc:
         st.error(str(exc))
         st.stop()

@@ -101,7 +101,7 @@ def test_sweep_rows_one_per_mode_and_context(tiny: Loaded) -> None:
         mode_rows = [r for r in rows if r["mode"] == mode]
         assert [r["context_len"] for r in mode_rows] == contexts  # monotone, one per length
         for r in mode_rows:
-            assert r["latency_ms"] > 0 and len(r["samples_ms"]) == 2
+            assert r["latency_ms"] > 0 and 2 <= len(r["samples_ms"]) <= 2  # repeats=2
             assert all(s > 0 for s in r["samples_ms"]) and r["tflops"] > 0 and r["gbps"] > 0
             assert r["cached"] == MODES[mode].cached and r["dtype"] == "float32"
             assert r["mode_label"] == MODES[mode].label
@@ -114,7 +114,9 @@ def test_sweep_rows_one_per_mode_and_context(tiny: Loaded) -> None:
     assert by["uncached_last", 9]["bytes"] == costs.step_bytes(TINY, "float32", 9, False,
                                                                 last_only=True)
     rows_seen = [p.row for p in seen if p.table == "latency"]
-    assert rows_seen == rows
+    assert sorted(rows_seen, key=str) == sorted(rows, key=str)
+    # Context by context, every mode at a context before the next: the chart fills evenly.
+    assert [r["context_len"] for r in rows_seen] == [t for t in contexts for _ in modes]
     assert seen[-1].done == seen[-1].total == len(rows)
     assert all(p.eta_s is None or p.eta_s >= 0 for p in seen)
     assert run["meta"]["contexts"] == contexts and run["meta"]["repeats"] == 2
@@ -219,3 +221,52 @@ def test_summary_table_nearest_point_and_ratios() -> None:
     text = format_summary(table)
     assert "6.0x" in text and "100x" in text
     assert "no context" in format_summary([])
+
+
+@pytest.mark.parametrize("mode", ["concat", "prealloc_fused", "fast"])
+def test_a_cropped_cache_steps_exactly_like_a_fresh_one(tiny: Loaded, mode: str) -> None:
+    """The crop method's step at t (cache filled to the longest context, then cropped to t-1)
+    computes what a decoder prefilled to exactly t-1 tokens computes."""
+    from engine import make_decoder
+    from instruments.experiments.latency import _Mode
+
+    model = tiny.model
+    idx = torch.randint(0, 256, (1, 64), generator=torch.Generator().manual_seed(5))
+    st = _Mode(model, mode, LatencyParams([4, 64], [mode]), 64)
+    for t in (8, 40, 64, 12, 33):  # grows, then crops back, then grows again
+        st.sample(idx, t)
+        fresh = make_decoder(model, mode, capacity=64)
+        fresh.prefill(idx[:, : t - 1])
+        want = fresh.step(idx[:, t - 1 : t])
+        st.dec.rewind(t - 1)
+        got = st.dec.step(idx[:, t - 1 : t])
+        assert torch.allclose(got, want, atol=1e-5), (mode, t)
+
+
+def test_samples_are_added_while_they_disagree(tiny: Loaded, monkeypatch) -> None:
+    from instruments.experiments import latency
+
+    durations = iter([10.0, 20.0, 10.5, 10.4] + [5.0] * 200)
+
+    class FakeClock:
+        def __init__(self, *a, **k) -> None: ...
+        def start(self) -> None: ...
+        def stop(self) -> float:
+            return next(durations)
+
+    monkeypatch.setattr(latency, "StepClock", FakeClock)
+    run = sweep(tiny, LatencyParams([8, 16], ["uncached"], repeats=4, warmup=0, spread=0.1))
+    first, second = run["tables"]["latency"]
+    assert first["samples_ms"] == [10.0, 20.0, 10.5, 10.4]  # 10 vs 20 disagree: up to 4
+    assert first["spread_ms"] == pytest.approx(10.0) and first["latency_ms"] == 10.45
+    assert second["samples_ms"] == [5.0, 5.0]  # agree at once: the fewest, 2
+
+
+def test_the_write_ups_method_still_runs(tiny: Loaded) -> None:
+    run = sweep(tiny, LatencyParams([4, 8, 16], ["uncached", "concat"], repeats=1,
+                                    method="generate", warmup_steps=4))
+    rows = run["tables"]["latency"]
+    assert [(r["mode"], r["context_len"]) for r in rows] == [
+        ("uncached", 4), ("uncached", 8), ("uncached", 16), ("concat", 4), ("concat", 8),
+        ("concat", 16)]
+    assert run["meta"]["method"] == "generate" and run["meta"]["timings"]["total_s"] > 0

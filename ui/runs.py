@@ -123,3 +123,17 @@ def saved_runs() -> LoadResult:
         loaded.skipped.extend(more.skipped)
     loaded.runs.sort(key=lambda run: str(run.get("created_utc", "")))
     return loaded
+
+
+def last_sweep_like(model: str, device_name: str, dtype: str, threads: int,
+                    batch: int) -> dict[str, Any] | None:
+    """The newest complete sweep of this model on this device, dtype, threads and batch: what
+    the estimate before Run is fitted on (None when there is none yet)."""
+    for run in reversed(saved_runs().runs):
+        meta = run.get("meta") or {}
+        if (run.get("kind") == "latency_sweep" and not meta.get("partial")
+                and meta.get("model") == model and meta.get("device_name") == device_name
+                and meta.get("dtype") == dtype and meta.get("threads") == threads
+                and int(meta.get("batch_size") or 1) == batch):
+            return run
+    return None

@@ -1,49 +1,39 @@
 """Latency sweep: per-token time against context length, per decode mode (kind "latency_sweep").
 
 ``run(loaded, LatencyParams, progress, should_stop)`` -> run with tables
-  latency   one row per mode x context (ascending within a mode): latency_ms (median),
-            samples_ms (every timed repeat), min_ms, flops/bytes from instruments.costs and the
-            achieved rates
+  latency   one row per mode x context: latency_ms (median), samples_ms (every timed sample),
+            spread_ms (max - min), min_ms, flops/bytes from instruments.costs and the rates
   checks    the gate's verdict per mode (``instruments.gate``: logits against mode 1; a mode
             that fails it is not timed, and a note says so)
   summary   the write-up's Table 1 at 10/100/500/1000 tokens
   end_to_end, cumulative   with ``e2e_new_tokens`` > 0: a whole generation per mode
-Uncached modes: one full forward of a t-token prompt per requested t (``warmup`` untimed +
-``repeats`` timed calls). Cached modes: one generation per repeat through the engine's decode
-loop, every step timed, and the step whose input makes the sequence t tokens long is the sample
-for t. ``should_stop()`` is polled between steps; a stopped run keeps its rows, marked partial.
+The work runs context by context, every mode at a context before the next context, so the
+chart fills evenly from the left. Uncached modes: one full forward of a t-token prompt per
+sample. Cached modes (method "crop"): the cache is filled once, growing with the contexts, and
+cropped back to t - 1 tokens before each timed step at t -- no generation up to t. Each point
+takes ``min_repeats`` samples, more while they disagree by more than ``spread``, at most
+``repeats``. Method "generate" times cached modes the write-up's way (``latency_generate``).
+``should_stop()`` is polled between samples; a stopped run keeps its rows, marked partial.
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 from typing import Any
 
 import torch
 
 from engine import modes
-from engine.decoders import make_decoder
-from engine.loop import Step, decode
+from engine.decoders import Decoder, make_decoder
 from engine.model import GPT
 from instruments import costs, device, gate, memory
 from instruments.experiments import end_to_end
+from instruments.experiments.latency_generate import generation_work, time_by_generation
 from instruments.params import EndToEndParams, LatencyParams
 from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, random_prompt, record
 from instruments.tables import summary_table
-from instruments.timing import StepClock, time_call
-
-
-def _uncached_work(t: int) -> float:
-    return 1.0 + t / 128  # one full forward ~ a cached step at short context, then ~linear
-
-
-def mode_work(params: LatencyParams, name: str, contexts: list[int]) -> float:
-    """Work units of one mode: a cached step is 1, an uncached forward 1 + t/128 (for the ETA)."""
-    if modes.MODES[name].cached:
-        steps = contexts[-1] - max(1, contexts[0] - 1)
-        warm = steps if params.warmup_steps is None else min(steps, params.warmup_steps)
-        return params.repeats * steps + params.warmup * warm
-    return (params.warmup + params.repeats) * sum(_uncached_work(t) for t in contexts)
+from instruments.timing import StepClock, synchronize
 
 
 def row(model: GPT, mode: str, t: int, batch: int, samples_ms: list[float], phase: str,
@@ -67,79 +57,78 @@ def row(model: GPT, mode: str, t: int, batch: int, samples_ms: list[float], phas
         "context_len": t, "attended_keys": keys or t, "batch_size": batch,
         "dtype": str(model.dtype).removeprefix("torch."),
         "latency_ms": median_ms, "min_ms": min(samples_ms), "samples_ms": list(samples_ms),
+        "spread_ms": max(samples_ms) - min(samples_ms),
         "flops": flops, "tflops": flops / seconds / 1e12 if seconds > 0 else None,
         "bytes": nbytes, "gbps": nbytes / seconds / 1e9 if seconds > 0 else None,
         "compile_s": compile_s,  # set-up (compile / capture) time, never part of a step
     }
 
 
-def _time_uncached(model: GPT, mode: str, p: LatencyParams, contexts: list[int],
-                   idx: torch.Tensor, tr: Tracker) -> bool:
-    """Returns True if stopped. One decoder; prefill of each length is one full forward."""
-    dec = make_decoder(model, mode, batch_size=p.batch_size)
-    last_only = getattr(dec, "logits", "all") == "last"
-    for t in contexts:
-        prompt = idx[:, :t]
+def _point_work(mode: str, t: int) -> float:
+    """Relative cost of one sample, for the time left: a cached step is 1; a forward grows with
+    t (about 1 + t/16 on a CPU; the estimate rescales itself by the time actually taken)."""
+    return 1.0 if modes.MODES[mode].cached else 1.0 + t / 16
+
+
+class _Mode:
+    """One mode during a sweep: its decoder (kept across contexts) and whether it is warm."""
+
+    def __init__(self, model: GPT, name: str, p: LatencyParams, top: int) -> None:
+        self.name, self.model = name, model
+        self.cached = modes.MODES[name].cached
+        self.dec: Decoder = make_decoder(model, name, batch_size=p.batch_size, capacity=top)
+        self.warm = False
+
+    def sample(self, idx: torch.Tensor, t: int) -> tuple[float, str]:
+        """One timed call at context t: (ms, phase)."""
+        dec, dev = self.dec, self.model.device
+        clock = StepClock(dev)
+        if not self.cached or t == 1:  # a forward of t tokens (a cached mode's prefill at 1)
+            clock.start()
+            dec.prefill(idx[:, :t])
+            return clock.stop(), ("prefill" if self.cached else "forward")  # type: ignore
+        length = dec.length
+        if dec.seq is None or length == 0:
+            dec.prefill(idx[:, : t - 1])
+        elif length >= t - 1:
+            dec.rewind(t - 1)  # crop: the next step overwrites what came after
+        else:
+            dec.extend(idx[:, length : t - 1])  # fill the cache up to t - 1 tokens, untimed
+        synchronize(dev)
+        clock.start()
+        dec.step(idx[:, t - 1 : t])
+        return clock.stop(), "decode"  # type: ignore[return-value]
+
+
+def _measure_point(st: _Mode, p: LatencyParams, idx: torch.Tensor, t: int,
+                   tr: Tracker) -> dict[str, Any] | None:
+    """The samples of one point (more while they disagree); None if stopped."""
+    if not st.warm:
         for _ in range(p.warmup):
-            dec.prefill(prompt)
-            tr.work += _uncached_work(t)
-            if tr.stop():
-                return True
-        samples: list[float] = []
-        for _ in range(p.repeats):
-            samples += time_call(lambda pr=prompt: dec.prefill(pr), warmup=0, repeats=1,
-                                 device=model.device).samples_ms
-            tr.work += _uncached_work(t)
-            if tr.stop():
-                return True
-        r = row(model, mode, t, p.batch_size, samples, "forward", last_only, dec.compile_s)
-        tr.row("latency", r, f"{mode}: context {t} took {r['latency_ms']:.2f} ms")
-    return False
-
-
-def _time_cached(model: GPT, mode: str, p: LatencyParams, contexts: list[int],
-                 idx: torch.Tensor, tr: Tracker) -> bool:
-    """One generation per repeat; rows are emitted during the last one, as it passes them."""
-    top = contexts[-1]
-    start = max(1, contexts[0] - 1)  # prefill length: the first step makes the sequence start+1
-    wanted = set(contexts)
-    samples: dict[int, list[float]] = {t: [] for t in contexts}
-    n_runs = p.warmup + p.repeats
-    for run_i in range(n_runs):
-        timed, last = run_i >= p.warmup, run_i == n_runs - 1
-        n_steps = top - start
-        if not timed and p.warmup_steps is not None:
-            n_steps = min(n_steps, p.warmup_steps)
-        what = f"run {run_i + 1 - p.warmup}/{p.repeats}" if timed else "warm-up"
-        dec = make_decoder(model, mode, batch_size=p.batch_size, capacity=top)
-
-        def on_step(s: Step, timed: bool = timed, last: bool = last, what: str = what,
-                    dec: Any = dec) -> None:
-            # The prefill's context is `start`; step k's input makes the sequence start + k long.
-            t, phase = s.context_len, s.phase
-            if s.index > 0:
-                tr.work += 1
-            if timed and t in wanted and (phase != "prefill" or t == 1):
-                samples[t].append(s.step_ms)  # type: ignore[arg-type]
-                if last:
-                    r = row(model, mode, t, p.batch_size, samples[t], phase, True,
-                            dec.compile_s, dec.attended_keys(t))
-                    tr.row("latency", r, f"{mode}: context {t} took {r['latency_ms']:.2f} ms")
-                    return
-            tr.emit(f"{mode}: {what}, context {t}/{top}", force=False)
-
-        gen = decode(dec, idx[:, :start], n_steps + 1, timer=StepClock(model.device),
-                     on_step=on_step, should_stop=tr.stop)
-        del dec  # free this run's cache before the next one allocates its own
-        if gen.stopped_early or tr.stop():
-            return True
-    return False
+            st.sample(idx, t)
+        st.warm = True
+    samples: list[float] = []
+    phase = "forward"
+    fewest = min(p.min_repeats, p.repeats)
+    while len(samples) < p.repeats:
+        if tr.stop():
+            return None
+        ms, phase = st.sample(idx, t)
+        samples.append(ms)
+        tr.work += _point_work(st.name, t)
+        med = statistics.median(samples)
+        if len(samples) >= fewest and (max(samples) - min(samples)) <= p.spread * med:
+            break
+    last_only = getattr(st.dec, "logits", "last") == "last"
+    return row(st.model, st.name, t, p.batch_size, samples, phase, last_only, st.dec.compile_s,
+               st.dec.attended_keys(t))
 
 
 @torch.no_grad()
 def run(loaded: Loaded, params: LatencyParams, progress: ProgressFn | None = None,
         should_stop: StopFn | None = None) -> dict[str, Any]:
     """Per-token latency of each mode at each context length (see the module docstring)."""
+    start_s = time.perf_counter()
     model = loaded.model
     params.check(model.config, str(model.device))
     contexts = sorted(set(params.contexts))
@@ -151,44 +140,77 @@ def run(loaded: Loaded, params: LatencyParams, progress: ProgressFn | None = Non
     if not ok:
         raise ValueError(f"This sweep would not fit in memory ({why}). Use a smaller batch size "
                          "or shorter contexts.")
-    work = sum(mode_work(params, name, contexts) for name in params.modes)
+    generate = params.method == "generate"
+    work = sum(generation_work(params, contexts) if generate and modes.MODES[m].cached
+               else sum(_point_work(m, t) * min(params.min_repeats, params.repeats)
+                        for t in contexts) for m in params.modes)
     e2e = params.e2e_new_tokens > 0
     points = len(contexts) * len(params.modes) + (len(params.modes) if e2e else 0)
     tr = Tracker(progress, should_stop, points, total_work=work)
-    peaks = None
-    if params.measure_peaks:
-        tr.emit("measuring this device's peaks (once per measuring process)")
-        peaks = device.peaks(model.device, model.dtype).to_dict()
     idx = random_prompt(model, params.batch_size, contexts[-1], params.prompt_seed)
     checker = gate.Gate(model, params.batch_size, params.prompt_seed)
+    timings = {"gate_s": 0.0}
+    states: dict[str, _Mode | None] = {}
+
+    def ready(name: str) -> _Mode | None:
+        """The mode's state, gated on first use (None: refused, not timed)."""
+        if name not in states:
+            tr.emit(f"{name}: checking its logits against mode 1")
+            t0 = time.perf_counter()
+            check = checker.check(name)
+            timings["gate_s"] += time.perf_counter() - t0
+            tr.tables.setdefault("checks", []).append(check.to_row())
+            states[name] = _Mode(model, name, params, contexts[-1]) if check.passed else None
+            if not check.passed:
+                tr.done += len(contexts)
+                tr.note(f"{name} not timed: {check.detail}")
+        return states[name]
+
     stopped = False
-    for name in params.modes:
-        tr.emit(f"{name}: checking its logits against mode 1")
-        check = checker.check(name)
-        tr.tables.setdefault("checks", []).append(check.to_row())
-        if not check.passed:
-            tr.work += mode_work(params, name, contexts)
-            tr.done += len(contexts)
-            tr.note(f"{name} not timed: {check.detail}")
+    if generate:  # cached modes the write-up's way, mode after mode; uncached as below
+        for name in [m for m in params.modes if modes.MODES[m].cached]:
+            if ready(name) is not None and time_by_generation(
+                    model, name, params, contexts, idx, tr, row):
+                stopped = True
+                break
+    sweep = [(t, m) for t in contexts for m in params.modes
+             if not (generate and modes.MODES[m].cached)]
+    for t, name in sweep if not stopped else []:
+        st = ready(name)
+        if st is None:
             continue
-        timer = _time_cached if modes.MODES[name].cached else _time_uncached
-        if timer(model, name, params, contexts, idx, tr) or tr.stop():
+        r = _measure_point(st, params, idx, t, tr)
+        if r is None:
             stopped = True
             break
+        tr.row("latency", r, f"{name}: context {t} took {r['latency_ms']:.2f} ms "
+               f"({len(r['samples_ms'])} samples)")
+    states.clear()  # free the caches before the end-to-end part allocates its own
+    timings["sweep_s"] = time.perf_counter() - start_s
     if e2e and not stopped:
-        e2e_params = EndToEndParams(params.modes, params.e2e_prompt_len, params.e2e_new_tokens,
-                                    params.batch_size, prompt_seed=params.prompt_seed)
+        t0 = time.perf_counter()
         passed = [c["mode"] for c in tr.tables.get("checks", []) if c["passed"]]
-        stopped = end_to_end.measure(model, e2e_params, passed, tr)
+        stopped = end_to_end.measure(model, EndToEndParams(
+            params.modes, params.e2e_prompt_len, params.e2e_new_tokens, params.batch_size,
+            prompt_seed=params.prompt_seed), passed, tr)
+        timings["e2e_s"] = time.perf_counter() - t0
     if stopped:
         tr.note("stopped: what was measured is kept")
-    rows = tr.tables.get("latency", [])
+    peaks = None
+    if params.measure_peaks:  # last: the first point must not wait for them
+        tr.emit("measuring this device's peaks (once per measuring process)")
+        t0 = time.perf_counter()
+        peaks = device.peaks(model.device, model.dtype).to_dict()
+        timings["peaks_s"] = time.perf_counter() - t0
+    timings["total_s"] = time.perf_counter() - start_s
+    rows = sorted(tr.tables.get("latency", []),
+                  key=lambda r: (modes.ordered(params.modes).index(r["mode"]), r["context_len"]))
     tables = {"latency": rows, "checks": tr.tables.get("checks", []),
               "summary": summary_table(rows, pair=_pair(rows)),
               "end_to_end": tr.tables.get("end_to_end", []),
               "cumulative": tr.tables.get("cumulative", [])}
     return record(loaded, "latency_sweep", params, tables, partial=stopped, notes=tr.notes,
-                  measured_peaks=peaks)
+                  measured_peaks=peaks, timings=timings)
 
 
 def _pair(rows: list[dict[str, Any]]) -> tuple[str, str]:

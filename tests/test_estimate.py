@@ -1,0 +1,61 @@
+"""The time a sweep will take, fitted from the steps a previous one measured."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.config import GPTConfig
+from instruments import estimate
+from instruments.params import LatencyParams
+
+CFG = GPTConfig.from_name("gpt2")
+
+
+def rows(a_ms: float, per_gflop_ms: float, flat_ms: float) -> list[dict]:
+    out = []
+    for t in (8, 64, 256, 1024):
+        gflops = estimate.cost_of(CFG, "float32", "uncached", t) / 1e9
+        out.append({"mode": "uncached", "context_len": t, "latency_ms": a_ms + per_gflop_ms
+                    * gflops, "phase": "forward"})
+        out.append({"mode": "concat", "context_len": t, "latency_ms": flat_ms,
+                    "phase": "decode"})
+    return out
+
+
+def test_fits_recover_the_step_costs() -> None:
+    fits = estimate.fit(rows(40.0, 2.0, 45.0), CFG, "float32")
+    t = 500
+    gflops = estimate.cost_of(CFG, "float32", "uncached", t) / 1e9
+    assert estimate.point_ms(fits, CFG, "float32", "uncached", t) == pytest.approx(40 + 2 * gflops)
+    assert estimate.point_ms(fits, CFG, "float32", "concat", t) == pytest.approx(45.0)
+
+
+def test_a_sweep_estimate_adds_up_its_work() -> None:
+    fits = estimate.fit(rows(40.0, 2.0, 45.0), CFG, "float32")
+    p = LatencyParams([8, 64], ["uncached", "concat"], warmup=1, repeats=3)
+    point = {m: [estimate.point_ms(fits, CFG, "float32", m, t) for t in (8, 64)]
+             for m in p.modes}
+    fill = estimate.point_ms(fits, CFG, "float32", "uncached", 64)  # the cache, filled once
+    want_ms = sum(2 * sum(v) + v[0] for v in point.values()) + fill
+    assert estimate.sweep_seconds(p, CFG, "float32", fits, 7.0) == pytest.approx(
+        want_ms / 1e3 + 7.0, rel=0.02)
+    assert estimate.sweep_seconds(LatencyParams([8], ["fast"]), CFG, "float32", fits) is None
+
+
+def test_the_end_to_end_length_that_fits_a_budget() -> None:
+    fits = estimate.fit(rows(40.0, 2.0, 45.0), CFG, "float32")
+    p = LatencyParams([8], ["uncached", "concat"], e2e_prompt_len=8)
+    n = estimate.tokens_that_fit(p, CFG, "float32", fits, 20.0)
+    at = LatencyParams([8], ["uncached", "concat"], e2e_prompt_len=8, e2e_new_tokens=n)
+    over = LatencyParams([8], ["uncached", "concat"], e2e_prompt_len=8, e2e_new_tokens=n + 1)
+    assert estimate.end_to_end_seconds(at, CFG, "float32", fits) <= 20.0
+    assert estimate.end_to_end_seconds(over, CFG, "float32", fits) > 20.0
+
+
+def test_an_estimate_from_a_saved_run() -> None:
+    run = {"meta": {"config": CFG.to_dict(), "dtype": "float32",
+                    "timings": {"gate_s": 12.5, "peaks_s": 3.0}},
+           "tables": {"latency": rows(40.0, 2.0, 45.0)}}
+    fits, fixed = estimate.from_run(run)
+    assert fixed == 15.5 and set(fits) == {"uncached", "concat"}
+    assert estimate.from_run({"meta": {}, "tables": {}}) is None
