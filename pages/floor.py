@@ -105,8 +105,8 @@ with tab_attr:
                    "for; red: time nothing was busy (host gaps); orange: busy time above the "
                    "floor, which neither the floor nor the host time explains.")
         st.plotly_chart(counts_figure(df), width="stretch")
-        st.caption("Operators per step grow with the layers, not with context; CUDA graphs "
-                   "and compilation cut the launches.")
+        st.caption("ATen operator calls (and, on a GPU, kernel launches) per decode step, as "
+                   "the profiler counted them.")
         peaks = ((job.run or {}).get("meta") or {}).get("peaks", {}).get("measured")
         if peaks:
             st.caption(f"Floors from the peaks measured with this run: "
@@ -193,8 +193,7 @@ with tab_scope:
         x = "batch_size" if job.params["grow"] == "batch" else "model"
         st.plotly_chart(scope_figure(df, x), width="stretch")
         st.caption("Solid: how many times faster the cached step is than re-running the "
-                   "whole sequence. Dashed: how many times fewer FLOPs it does. The gap "
-                   "narrows as each launch carries more work.")
+                   "whole sequence. Dashed: how many times fewer FLOPs it does.")
         st.dataframe(scope_table(df), hide_index=True)
 
     jobs.section(KEY_C, draw_scope, table="scope", stem="scope",

@@ -89,8 +89,8 @@ def _draw(job: Job) -> None:
                  f"{b} {tb}; logit gap {gap_a} ({a} run) / {gap_b} ({b} run).")
     log_y = st.toggle("log y", False, key="gen_logy")
     st.plotly_chart(step_latency_figure(tokens, log_y=log_y), width="stretch")
-    st.caption("Uncached steps grow with the context; cached steps stay nearly flat. "
-               "The first cached step is the prefill of the whole prompt.")
+    st.caption("The time of each generated token against the context it attended to. A cached "
+               "mode's first step is the prefill of the whole prompt.")
 
 
 jobs.section(KEY, _draw, table="tokens", stem="generation",

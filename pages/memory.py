@@ -115,8 +115,7 @@ def _draw(j: Job) -> None:
     df = jobs.rows(j, "kv_memory")
     st.plotly_chart(kv_memory_figure(df, baseline, log_y), width="stretch")
     st.caption("Figure 6: the formula (dashed) against the bytes the cache tensors hold "
-               "(filled) and what the allocator or the process gained (hollow). Tensor bytes "
-               "sit on the formula; allocator readings add blocks and offsets. The measuring "
+               "(filled) and what the allocator or the process gained (hollow). The measuring "
                "process may have run other experiments first, so \"before warm-up\" is before "
                "this measurement's warm-up, not before the process's first matmul.")
     if j.finished and not df.empty:

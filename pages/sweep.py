@@ -140,9 +140,8 @@ def _draw(j: Job) -> None:
     df = jobs.rows(j, "latency")
     st.plotly_chart(latency_figure(df, log_x=log_x, log_y=log_y, show_samples=samples,
                                    modes=shown), width="stretch")
-    st.caption("Median time per token (line) and each timed run (faint points). Uncached "
-               "modes climb with context; cached ones should stay nearly flat. Measured in a "
-               "process of its own: nothing this page draws runs beside a timed step.")
+    st.caption("Median time per token (line) and each timed sample (faint points), measured in "
+               "a process of its own: nothing this page draws runs beside a timed step.")
     if not j.finished:
         return
     said = floor_sentence(df, ((j.run or {}).get("meta") or {}).get("peaks", {}).get("measured"))
@@ -159,15 +158,18 @@ def _draw(j: Job) -> None:
             "compare_ms": st.column_config.NumberColumn(f"{fast} (ms)", format="%.2f"),
             "speedup": st.column_config.NumberColumn("measured speedup", format="%.1f×"),
             "flop_reduction": st.column_config.NumberColumn("FLOP reduction", format="%.0f×")})
-        st.caption("Table 1: the FLOP ratio grows with context; the measured speedup "
-                   "grows far more slowly.")
+        last = table.iloc[-1]
+        st.caption(f"Table 1. At {int(last['measured_context_len'])} tokens {fast} does "
+                   f"{last['flop_reduction']:.0f}× fewer FLOPs than {slow} and took "
+                   f"{last['speedup']:.1f}× less time.")
     cum = jobs.rows(j, "cumulative")
     if not cum.empty:
         st.subheader("A whole generation, end to end")
         st.plotly_chart(cumulative_figure(cum), width="stretch")
-        st.caption("Figure 3: cumulative time as tokens are generated. Uncached steps get "
-                   "dearer each token, so the total bends upward; cached totals grow linearly.")
         totals = jobs.rows(j, "end_to_end")
+        st.caption("Figure 3: cumulative time as tokens are generated. " + "; ".join(
+            f"{r.mode}: {int(r.new_tokens)} tokens in {r.total_s:.2f} s"
+            for r in totals.itertuples()) + ".")
         st.dataframe(totals[["mode", "prompt_len", "new_tokens", "total_s", "prefill_ms"]],
                      hide_index=True, column_config={
                          "prompt_len": st.column_config.NumberColumn("prompt (tokens)"),
@@ -177,7 +179,7 @@ def _draw(j: Job) -> None:
                                                                      format="%.1f")})
     checks = jobs.rows(j, "checks")
     if not checks.empty:
-        with st.expander("Mode checks (greedy tokens against mode 1)"):
+        with st.expander("Mode checks (logits against mode 1)"):
             st.dataframe(checks, hide_index=True)
     if not df.empty:
         with st.expander("Raw rows"):
