@@ -1,6 +1,8 @@
 """The two KV caches: a concatenating one (as in the write-up) and a preallocated one.
 
-Both expose the same small interface the attention layers use:
+(``engine.kv_variants`` adds a paged and a quantized one behind the same API; the cache kinds
+"paged", "kv_int8", "kv_float16" and "kv_bfloat16" of ``GPT.make_cache``.) All expose
+the same small interface the attention layers use:
   ``cache.length``              tokens already cached (positions 0..length-1)
   ``cache.update(layer, k, v)`` store the new keys/values (B, nh, T_new, hs) after the old ones
                                  and return all keys/values so far, old first
@@ -13,7 +15,9 @@ from __future__ import annotations
 
 import torch
 
-CACHE_KINDS = ("prealloc", "concat")
+# cache kind -> storage dtype of the quantized cache (engine.kv_variants.QuantizedKVCache)
+QUANTIZED_KINDS = {"kv_int8": "int8", "kv_float16": "float16", "kv_bfloat16": "bfloat16"}
+CACHE_KINDS = ("prealloc", "concat", "paged", *QUANTIZED_KINDS)
 
 
 class ConcatKVCache:

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
 from .config import MASK_KINDS, GPTConfig
-from .kv_cache import CACHE_KINDS, ConcatKVCache, KVCache, PreallocKVCache
+from .kv_cache import CACHE_KINDS, QUANTIZED_KINDS, ConcatKVCache, KVCache, PreallocKVCache
 
 
 class CausalSelfAttention(nn.Module):
@@ -247,6 +247,15 @@ class GPT(nn.Module):
                 cfg.n_layer, batch_size, cfg.n_head, cap, cfg.head_dim,
                 device=self.device, dtype=self.dtype,
             )
+        if kind == "paged" or kind in QUANTIZED_KINDS:
+            from .kv_variants import PagedKVCache, QuantizedKVCache  # noqa: PLC0415 (rarely used)
+
+            cap = cfg.block_size if capacity is None else capacity
+            shape = (cfg.n_layer, batch_size, cfg.n_head, cap, cfg.head_dim)
+            if kind == "paged":
+                return PagedKVCache(*shape, device=self.device, dtype=self.dtype)
+            return QuantizedKVCache(*shape, storage=QUANTIZED_KINDS[kind], device=self.device,
+                                    dtype=self.dtype)
         raise ValueError(f"unknown cache kind {kind!r}; allowed: {', '.join(CACHE_KINDS)}")
 
     # -- forward -------------------------------------------------------------------------------

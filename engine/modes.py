@@ -31,6 +31,9 @@ class ModeSpec:
     options: dict[str, object] = field(default_factory=dict)
     needs: str = ""  # "" | "cuda" | "compiler": what the device must offer
     slow_setup: bool = False  # first use compiles for minutes on a CPU: opt-in, never a default
+    # Not exact by design (a lossy cache): the share of mode 1's largest |logit| its logits may
+    # stray by, used by the gate when larger than the dtype's own tolerance. 0: exact.
+    tolerance: float = 0.0
 
 
 _EAGER = "engine.decoders:Decoder"
@@ -69,6 +72,16 @@ MODES: dict[str, ModeSpec] = {spec.name: spec for spec in (
              "copies): inductor packs them itself and generates matrix-vector kernels. Minutes "
              "to compile on a CPU; holds packed weight copies.", "engine.compiled:CompiledDecoder",
              dict(variant="fast_compiled"), needs="compiler", slow_setup=True),
+    ModeSpec("paged", 10, "10 · paged KV cache (blocks of 16 tokens, gathered per step)",
+             "#393b79", True, "Keys/values in 16-token blocks of a shared pool, handed out as "
+             "positions need them (a block table per sequence, as vLLM does); every step gathers "
+             "the blocks back in order for fused attention -- the copy a paged-attention kernel "
+             "avoids. Exact.", _EAGER, dict(cache_kind="paged", mask="none")),
+    ModeSpec("int8_kv", 11, "11 · int8 KV cache (a scale per token and head)", "#637939", True,
+             "Keys/values stored as int8 with one absmax scale per token and head (a quarter of "
+             "fp32's bytes), dequantized every step for fused attention. Not exact: its logits "
+             "error is measured and must stay within 5% of the largest logit.", _EAGER,
+             dict(cache_kind="kv_int8", mask="none"), tolerance=0.05),
 )}
 UNCACHED = tuple(name for name, spec in MODES.items() if not spec.cached)
 SEED_PAIR = ("uncached", "concat")  # what the write-up compared as "no cache" vs "KV cache"

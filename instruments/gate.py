@@ -6,7 +6,8 @@ can give "identical" tokens. The gate therefore feeds the same random tokens (te
 through mode 1 and through the mode, at a short context and at a long one (512 tokens where the
 model allows), and compares every step's logits: max |Δ| must stay within a tolerance set by the
 dtype, relative to the largest reference logit (``TOLERANCE``: on gpt2 with random weights a
-correct mode differs by ≤ 5e-6 of it in fp32 and ≤ 0.012 in bf16, the write-up's bugs by ≥ 0.4).
+correct mode differs by ≤ 5e-6 of it in fp32 and ≤ 0.012 in bf16, the write-up's bugs by ≥ 0.4;
+a lossy mode -- the int8 cache -- is held to its registered ``tolerance`` when that is wider).
 A mode whose steps go through ``GPT.forward`` also appends three tokens at once (what the cache
 order bug breaks; single-token decode is blind to it). Greedy tokens are then compared too, for
 the record: "identical", "differ at token k", or "inconclusive" when mode 1's stream repeats a
@@ -20,7 +21,7 @@ from typing import Any
 
 import torch
 
-from engine import dtypes
+from engine import dtypes, modes
 from engine.decoders import make_decoder
 from engine.loop import decode
 from engine.model import GPT
@@ -99,7 +100,7 @@ class Gate:
             stages = self._stages("uncached")
             scale = max(float(v.abs().max()) for v in stages.values() if v is not None)
             prompt = self.tokens[:, : self.short]
-            self._ref = {"stages": stages, "tol": self.tol_share * scale,
+            self._ref = {"stages": stages, "tol": self.tol_share * scale, "scale": scale,
                          "greedy": greedy(self.model, "uncached", prompt, 16)}
         return self._ref
 
@@ -115,7 +116,8 @@ class Gate:
 
     def _check(self, name: str) -> ModeCheck:
         ref = self.reference()
-        tol = ref["tol"]
+        # a lossy mode (the int8 cache) is held to its own stated bound when that is wider
+        tol = max(ref["tol"], modes.MODES[name].tolerance * ref["scale"])
         worst, where, skipped = 0.0, "", []
         for stage, got in self._stages(name).items():
             want = ref["stages"][stage]

@@ -2,9 +2,9 @@
 is one token repeated and token equality cannot tell a broken cache from a correct one.
 
 Each of the write-up's bugs is refused for every cached mode it applies to (the positions and
-mask-offset bugs break the steps that run through ``GPT.forward``: modes 3-5; the cache-order
-bug breaks mode 3's concatenating cache, which only a multi-token append can show), and every
-correct mode passes, in fp32 and in bf16 -- never refused for rounding.
+mask-offset bugs break the steps that run through ``GPT.forward``: modes 3-5, 10 and 11; the
+cache-order bug breaks mode 3's concatenating cache, which only a multi-token append can show),
+and every correct mode passes, in fp32 and in bf16 -- never refused for rounding.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from instruments.checks import inject_bug, private_view
 from instruments.gate import Gate
 
 pytestmark = pytest.mark.timeout(600)
-CORRECT = ["uncached_last", "concat", "prealloc", "prealloc_fused", "fast"]
-BUGS = {"positions": ["concat", "prealloc", "prealloc_fused"],
-        "mask_offset": ["concat", "prealloc", "prealloc_fused"],
+CORRECT = ["uncached_last", "concat", "prealloc", "prealloc_fused", "fast", "paged", "int8_kv"]
+BUGS = {"positions": ["concat", "prealloc", "prealloc_fused", "paged", "int8_kv"],
+        "mask_offset": ["concat", "prealloc", "prealloc_fused", "paged", "int8_kv"],
         "cache_order": ["concat"]}
 
 

@@ -26,6 +26,8 @@ def test_mode_equals_naive_loop(name: str) -> None:
         pytest.skip("compiles for minutes on 2 cores; set KV_LAB_COMPILE_TESTS=1 to run")
     result = Gate(model, batch=2).check(name)
     assert result.passed, result.detail
+    if MODES[name].tolerance:
+        return  # a lossy cache (int8): its logits are bounded, its greedy tokens may part ways
     same = decode(make_decoder(model, name, batch_size=2), random_prompt(8, batch=2), 40)
     want = decode(make_decoder(model, "uncached", batch_size=2), random_prompt(8, batch=2), 40)
     assert torch.equal(same.tokens, want.tokens)  # a lively model: the greedy tokens agree too

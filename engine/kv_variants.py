@@ -1,0 +1,156 @@
+"""Two more KV caches behind the same small API (``engine.kv_cache``): paged, and quantized.
+
+``PagedKVCache``: keys/values live in fixed-size blocks of ``block_tokens`` tokens in one pool;
+each sequence has a block table, and a block is taken from the free list only when a position
+first needs it (as vLLM hands out blocks). Attention needs the keys in order, so ``update``
+gathers the sequence's blocks into contiguous (B, nh, S, hs) tensors every call -- the copy a
+paged-attention kernel avoids, and what this mode's step time shows. Exact: the same values as
+a contiguous cache.
+
+``QuantizedKVCache``: keys/values stored in a smaller type -- int8 with one scale per token and
+head (absmax / 127), or float16 / bfloat16 -- and returned dequantized in the model's dtype.
+Not exact: the logits move, by an amount the planner measures and the gate bounds.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+INT8_MAX = 127.0
+
+
+class PagedKVCache:
+    kind = "paged"
+
+    def __init__(self, n_layer: int, batch_size: int, n_head: int, capacity: int,
+                 head_dim: int, *, block_tokens: int = 16, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32) -> None:
+        self.block_tokens = block_tokens
+        self.blocks_per_seq = math.ceil(capacity / block_tokens)
+        n_blocks = batch_size * self.blocks_per_seq
+        shape = (n_layer, n_blocks, n_head, block_tokens, head_dim)  # (L, blocks, nh, bt, hs)
+        self.k_pool = torch.zeros(shape, device=device, dtype=dtype)
+        self.v_pool = torch.zeros(shape, device=device, dtype=dtype)
+        self.table = torch.full((batch_size, self.blocks_per_seq), -1, dtype=torch.long,
+                                device=device)  # block ids of each sequence, in order
+        self.free = list(range(n_blocks - 1, -1, -1))  # pop() hands out 0, 1, 2, ...
+        self.n_layer, self.capacity, self.length, self.allocated = n_layer, capacity, 0, 0
+
+    def _ensure_blocks(self, end: int) -> None:
+        """Take blocks from the free list for every position below ``end`` (on demand)."""
+        need = math.ceil(end / self.block_tokens)
+        if end > self.capacity or need > self.blocks_per_seq:
+            raise ValueError(f"KV cache holds at most {self.capacity} tokens; this step would "
+                             f"need {end}")
+        for j in range(self.allocated, need):
+            ids = [self.free.pop() for _ in range(self.table.size(0))]
+            self.table[:, j] = torch.tensor(ids, device=self.table.device)
+        self.allocated = max(self.allocated, need)
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        B, nh, T, hs = k.shape
+        start, end = self.length, self.length + T
+        if layer == 0:
+            self._ensure_blocks(end)
+        pos = torch.arange(start, end, device=self.table.device)
+        blk = self.table[:, pos // self.block_tokens]  # (B, T) block of each new position
+        off = (pos % self.block_tokens).expand(B, T)  # (B, T) its slot in the block
+        self.k_pool[layer][blk, :, off] = k.transpose(1, 2)  # (B, T, nh, hs)
+        self.v_pool[layer][blk, :, off] = v.transpose(1, 2)
+        n = math.ceil(end / self.block_tokens)
+        ids = self.table[:, :n]  # (B, n) -> gather the blocks in order: (B, n, nh, bt, hs)
+        keys = self.k_pool[layer][ids].permute(0, 2, 1, 3, 4).reshape(B, nh, -1, hs)
+        values = self.v_pool[layer][ids].permute(0, 2, 1, 3, 4).reshape(B, nh, -1, hs)
+        return keys[:, :, :end], values[:, :, :end]  # (B, nh, S, hs), oldest first
+
+    def advance(self, n_new: int) -> None:
+        self.length += n_new
+
+    def crop(self, length: int) -> None:
+        if not 0 <= length <= self.length:
+            raise ValueError(f"crop length must be in 0..{self.length}, got {length}")
+        keep = math.ceil(length / self.block_tokens)
+        for j in range(keep, self.allocated):  # blocks past the new end go back to the pool
+            self.free.extend(int(i) for i in self.table[:, j].tolist())
+            self.table[:, j] = -1
+        self.allocated = min(self.allocated, keep)
+        self.length = length
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.k_pool, self.v_pool]
+
+    def nbytes(self) -> int:
+        """Bytes of the pool: every block, handed out or free."""
+        return sum(t.numel() * t.element_size() for t in self.tensors())
+
+    def used_nbytes(self) -> int:
+        """Bytes of the blocks handed out (a partly filled last block counts whole)."""
+        per_block = self.k_pool[:, :1].numel() * self.k_pool.element_size() * 2
+        return per_block * self.allocated * self.table.size(0)
+
+
+class QuantizedKVCache:
+    """Rows stored as ``storage`` ("int8", "float16" or "bfloat16"), read in ``dtype``."""
+
+    def __init__(self, n_layer: int, batch_size: int, n_head: int, capacity: int,
+                 head_dim: int, *, storage: str = "int8", device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32) -> None:
+        if storage not in ("int8", "float16", "bfloat16"):
+            raise ValueError(f"storage must be int8, float16 or bfloat16, got {storage!r}")
+        self.kind = f"kv_{storage}"
+        self.storage, self.dtype = storage, dtype
+        shape = (n_layer, batch_size, n_head, capacity, head_dim)  # (L, B, nh, T_max, hs)
+        held = torch.int8 if storage == "int8" else getattr(torch, storage)
+        self.k_q = torch.zeros(shape, device=device, dtype=held)
+        self.v_q = torch.zeros(shape, device=device, dtype=held)
+        self.k_scale = self.v_scale = None
+        if storage == "int8":  # one scale per token and head
+            self.k_scale = torch.zeros(shape[:-1] + (1,), device=device, dtype=dtype)
+            self.v_scale = torch.zeros(shape[:-1] + (1,), device=device, dtype=dtype)
+        self.n_layer, self.capacity, self.length = n_layer, capacity, 0
+
+    def _store(self, q: torch.Tensor, scale: torch.Tensor | None, x: torch.Tensor,
+               start: int, end: int) -> None:
+        if scale is None:
+            q[:, :, start:end] = x.to(q.dtype)
+            return
+        s = (x.abs().amax(dim=-1, keepdim=True) / INT8_MAX).clamp_min(1e-12)
+        scale[:, :, start:end] = s
+        q[:, :, start:end] = torch.round(x / s).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+
+    def _read(self, q: torch.Tensor, scale: torch.Tensor | None, end: int) -> torch.Tensor:
+        rows = q[:, :, :end].to(self.dtype)
+        return rows if scale is None else rows * scale[:, :, :end]
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        start, end = self.length, self.length + k.size(2)
+        if end > self.capacity:
+            raise ValueError(f"KV cache holds at most {self.capacity} tokens; this step would "
+                             f"need {end}")
+        ks = None if self.k_scale is None else self.k_scale[layer]
+        vs = None if self.v_scale is None else self.v_scale[layer]
+        self._store(self.k_q[layer], ks, k, start, end)
+        self._store(self.v_q[layer], vs, v, start, end)
+        return self._read(self.k_q[layer], ks, end), self._read(self.v_q[layer], vs, end)
+
+    def advance(self, n_new: int) -> None:
+        self.length += n_new
+
+    def crop(self, length: int) -> None:
+        if not 0 <= length <= self.length:
+            raise ValueError(f"crop length must be in 0..{self.length}, got {length}")
+        self.length = length
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (self.k_q, self.v_q, self.k_scale, self.v_scale) if t is not None]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors())
+
+    def used_nbytes(self) -> int:
+        per_token = sum(t[:, :, :, :1].numel() * t.element_size() for t in self.tensors())
+        return per_token * self.length
