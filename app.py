@@ -18,6 +18,7 @@ PAGES = [
     st.Page("pages/flops.py", title="FLOPs vs time", icon=":material/speed:"),
     st.Page("pages/floor.py", title="Floor lab", icon=":material/troubleshoot:"),
     st.Page("pages/memory.py", title="Memory", icon=":material/memory:"),
+    st.Page("pages/planner.py", title="KV memory planner", icon=":material/calculate:"),
     st.Page("pages/correctness.py", title="Correctness lab", icon=":material/bug_report:"),
     st.Page("pages/results.py", title="Results", icon=":material/folder_open:"),
 ]

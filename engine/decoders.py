@@ -3,12 +3,13 @@
   decoder.prefill(idx)  -> logits (B, vocab) for the token after ``idx`` (B, T); starts a sequence
   decoder.step(token)   -> logits (B, vocab) after appending ``token`` (B, 1)
 Uncached modes keep the whole sequence and re-run it every step; cached modes keep a KV cache.
-This base class is modes 1-5 (eager PyTorch through ``GPT.forward`` with a cache kind, a mask
-variant and a logits choice); modes 6-9 subclass it in ``engine.compiled`` and ``engine.fast``.
+This base class is modes 1-5, 10 and 11 (eager PyTorch through ``GPT.forward`` with a cache
+kind, a mask variant and a logits choice); modes 6-9 subclass it in ``engine.compiled`` and
+``engine.fast``.
 ``make_decoder(model, name)`` builds any mode of ``engine.modes.MODES``.
 
-Decoders whose steps go through ``GPT.forward`` (``appends = True``: modes 1-5) also take
-several tokens at once, ``decoder.append(tokens) -> (B, T, vocab)``, the path a multi-token
+Decoders whose steps go through ``GPT.forward`` (``appends = True``: modes 1-5, 10, 11) also
+take several tokens at once, ``decoder.append(tokens) -> (B, T, vocab)``, the path a multi-token
 append (speculative decoding, a chunked prefill) would use; modes with a step of their own
 (6-9) do not, and say so.
 

@@ -25,36 +25,48 @@ class PagedKVCache:
     kind = "paged"
 
     def __init__(self, n_layer: int, batch_size: int, n_head: int, capacity: int,
-                 head_dim: int, *, block_tokens: int = 16, device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32) -> None:
+                 head_dim: int, *, block_tokens: int = 16, pool_blocks: int | None = None,
+                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> None:
         self.block_tokens = block_tokens
         self.blocks_per_seq = math.ceil(capacity / block_tokens)
-        n_blocks = batch_size * self.blocks_per_seq
+        # By default the pool can hold every sequence at full capacity; a smaller pool (what a
+        # server sizes to its memory) runs out when the sequences together need more blocks.
+        n_blocks = batch_size * self.blocks_per_seq if pool_blocks is None else pool_blocks
         shape = (n_layer, n_blocks, n_head, block_tokens, head_dim)  # (L, blocks, nh, bt, hs)
         self.k_pool = torch.zeros(shape, device=device, dtype=dtype)
         self.v_pool = torch.zeros(shape, device=device, dtype=dtype)
         self.table = torch.full((batch_size, self.blocks_per_seq), -1, dtype=torch.long,
                                 device=device)  # block ids of each sequence, in order
         self.free = list(range(n_blocks - 1, -1, -1))  # pop() hands out 0, 1, 2, ...
-        self.n_layer, self.capacity, self.length, self.allocated = n_layer, capacity, 0, 0
+        self.held = [0] * batch_size  # blocks handed out to each sequence
+        self.n_layer, self.capacity, self.length = n_layer, capacity, 0
 
-    def _ensure_blocks(self, end: int) -> None:
-        """Take blocks from the free list for every position below ``end`` (on demand)."""
-        need = math.ceil(end / self.block_tokens)
-        if end > self.capacity or need > self.blocks_per_seq:
+    @property
+    def allocated(self) -> int:
+        return max(self.held)
+
+    def reserve(self, seq: int, tokens: int) -> None:
+        """Hand sequence ``seq`` the blocks for its first ``tokens`` positions (on demand: only
+        those it does not hold yet). Sequences of a batch can hold different numbers of blocks
+        (the planner's mixed-length batch does); a forward reserves for all of them alike."""
+        need = math.ceil(tokens / self.block_tokens)
+        if tokens > self.capacity:
             raise ValueError(f"KV cache holds at most {self.capacity} tokens; this step would "
-                             f"need {end}")
-        for j in range(self.allocated, need):
-            ids = [self.free.pop() for _ in range(self.table.size(0))]
-            self.table[:, j] = torch.tensor(ids, device=self.table.device)
-        self.allocated = max(self.allocated, need)
+                             f"need {tokens}")
+        if need - self.held[seq] > len(self.free):
+            raise ValueError(f"the paged pool is out of blocks ({self.k_pool.size(1)} blocks of "
+                             f"{self.block_tokens} tokens, {len(self.free)} free)")
+        for j in range(self.held[seq], need):
+            self.table[seq, j] = self.free.pop()
+        self.held[seq] = max(self.held[seq], need)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor]:
         B, nh, T, hs = k.shape
         start, end = self.length, self.length + T
         if layer == 0:
-            self._ensure_blocks(end)
+            for seq in range(B):
+                self.reserve(seq, end)
         pos = torch.arange(start, end, device=self.table.device)
         blk = self.table[:, pos // self.block_tokens]  # (B, T) block of each new position
         off = (pos % self.block_tokens).expand(B, T)  # (B, T) its slot in the block
@@ -73,10 +85,11 @@ class PagedKVCache:
         if not 0 <= length <= self.length:
             raise ValueError(f"crop length must be in 0..{self.length}, got {length}")
         keep = math.ceil(length / self.block_tokens)
-        for j in range(keep, self.allocated):  # blocks past the new end go back to the pool
-            self.free.extend(int(i) for i in self.table[:, j].tolist())
-            self.table[:, j] = -1
-        self.allocated = min(self.allocated, keep)
+        for seq, held in enumerate(self.held):  # blocks past the new end go back to the pool
+            for j in range(keep, held):
+                self.free.append(int(self.table[seq, j]))
+                self.table[seq, j] = -1
+            self.held[seq] = min(held, keep)
         self.length = length
 
     def tensors(self) -> list[torch.Tensor]:
@@ -89,7 +102,7 @@ class PagedKVCache:
     def used_nbytes(self) -> int:
         """Bytes of the blocks handed out (a partly filled last block counts whole)."""
         per_block = self.k_pool[:, :1].numel() * self.k_pool.element_size() * 2
-        return per_block * self.allocated * self.table.size(0)
+        return per_block * sum(self.held)
 
 
 class QuantizedKVCache:

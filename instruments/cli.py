@@ -4,6 +4,7 @@
   python -m instruments e2e --new-tokens 120 --prompt-len 8
   python -m instruments memory --memory-contexts 64-1024:64
   python -m instruments hardware | attribution | staircase | scope | precision
+  python -m instruments planner --distribution long-tailed --sequences 32 --block-tokens 16
   python -m instruments all      (hardware, sweep with its end-to-end part, memory)
 Each command runs one experiment of ``instruments.experiments`` in this process (it is its own
 process: nothing else runs beside the timed steps) and saves the run it returns into
@@ -108,10 +109,25 @@ def _scope_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", type=int, default=128)
 
 
+def _planner_opts(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--distribution", default="long-tailed",
+                   choices=["long-tailed", "uniform", "fixed"])
+    p.add_argument("--sequences", type=int, default=32, help="sequences in the mixed batch")
+    p.add_argument("--mean-len", type=int, default=None,
+                   help="their mean final length (default: a quarter of the block size)")
+    p.add_argument("--block-tokens", type=int, default=16, help="tokens per paged block")
+    p.add_argument("--fit-contexts", default=None,
+                   help="contexts to fit (default: block/8, /4, /2, block)")
+    p.add_argument("--max-alloc-mib", type=int, default=None,
+                   help="the most one allocation may take (default: 2048 on a CPU, the whole "
+                   "budget on a GPU)")
+
+
 COMMAND_OPTS: dict[str, list[Callable[[argparse.ArgumentParser], None]]] = {
     "sweep": [_sweep_opts, lambda p: _e2e_opts(p, False)], "e2e": [lambda p: _e2e_opts(p, True)],
     "memory": [_memory_opts], "hardware": [], "attribution": [_floor_opts],
     "staircase": [_staircase_opts], "scope": [_scope_opts], "precision": [],
+    "planner": [_planner_opts],
     "all": [_sweep_opts, lambda p: _e2e_opts(p, False), _memory_opts],
 }
 
@@ -188,6 +204,10 @@ def _params(command: str, args: argparse.Namespace, block: int) -> Any:
         return params.ScopeParams(args.grow, points, args.context)
     if command == "precision":
         return params.PrecisionParams()
+    if command == "planner":
+        fit = parse_contexts(args.fit_contexts, block) if args.fit_contexts else None
+        return params.PlannerParams(args.distribution, args.sequences, args.mean_len,
+                                    args.block_tokens, args.seed, fit, args.max_alloc_mib)
     raise CliError(f"unknown command {command!r}")
 
 
@@ -286,6 +306,13 @@ def _summary(run: dict[str, Any]) -> None:
     for row in tables.get("floor", []):
         print(f"a step that streams the {row['linear_weight_bytes'] / 1e6:.1f} MB of Linear "
               f"weights cannot beat {row['floor_ms']:.2f} ms here")
+    for row in tables.get("layouts", []):
+        print(f"{row['label']:>40}: {row['reserved_bytes'] / 2**20:,.1f} MiB reserved, "
+              f"{row['waste_share']:.0%} wasted, {row['fits_sequences']} sequences fit")
+    for row in tables.get("storages", []):
+        err = row.get("rel_error")
+        print(f"KV in {row['storage']:>8}: {row['bytes_per_token']:,} B/token" +
+              ("" if err is None else f", logits error {err:.2g} of the largest logit"))
     for row in tables.get("kv_memory", [])[-1:]:
         print(f"KV cache at {row['context_len']} tokens: formula {row['kv_formula_bytes']:,} B, "
               f"tensors {row['kv_tensor_bytes']:,} B")

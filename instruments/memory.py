@@ -158,6 +158,27 @@ def storage_bytes(tensors: Sequence[torch.Tensor]) -> int:
     return sum(seen.values())
 
 
+def allocation(device: Any, build: Any) -> dict[str, Any]:
+    """Allocate what ``build()`` returns (tensors, or objects with ``tensors()``), read what the
+    allocator (CUDA) or the process (CPU) gained, free it. ``fits`` False on out-of-memory."""
+    _sync_and_collect(device, full=True)
+    before = _snapshot(device)
+    try:
+        made = build()
+    except torch.OutOfMemoryError as exc:
+        _sync_and_collect(device, full=True)
+        return {"fits": False, "error": str(exc).splitlines()[0]}
+    parts = made if isinstance(made, (list, tuple)) else [made]
+    tensors = [t for p in parts for t in (p.tensors() if hasattr(p, "tensors") else [p])]
+    after = _snapshot(device)
+    row = {"fits": True, "error": None, "tensor_bytes": storage_bytes(tensors),
+           "tensors": len(tensors), **{f"{k}_delta_bytes": _delta(after, before, k)
+                                       for k in ("allocated", "reserved", "rss")}}
+    del made, parts, tensors
+    _sync_and_collect(device, full=True)
+    return row
+
+
 @torch.no_grad()
 def measure_kv_memory(model: GPT, contexts: Sequence[int], batch_size: int = 1,
                       cache_kind: str = "concat", warmup_first: bool = True,

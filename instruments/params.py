@@ -8,7 +8,7 @@ work starts (the measuring process checks again, with the model in hand).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from engine import modes
@@ -299,6 +299,47 @@ class GenerationParams:
             raise ValueError(
                 f"Prompt ({n} tokens) + {self.new_tokens} new tokens is beyond the model's limit"
                 f" of {limit} tokens; allowed: at most {max(limit - n, 0)} new tokens.")
+
+
+@dataclass
+class PlannerParams:
+    """What fits (formula, then allocated), a mixed-length batch held three ways, KV storage
+    types with their logits error against fp32, and the KV-head what-if (``instruments.kv_plan``).
+    """
+
+    distribution: str = "long-tailed"
+    sequences: int = 32
+    mean_len: int | None = None  # None: a quarter of the model's limit
+    block_tokens: int = 16
+    seed: int = 0
+    contexts: list[int] | None = None  # fit points; None: limit/8, /4, /2, the limit
+    # the most one allocation may take, MiB; None: 2 GiB on a CPU (the machine keeps working),
+    # the plan's whole budget on a GPU
+    max_alloc_mib: int | None = None
+    error_tokens: int = 64  # decode steps whose logits are compared with fp32, per storage
+
+    def resolved(self, cfg: GPTConfig) -> PlannerParams:
+        """A copy with every None filled in for ``cfg``."""
+        block = cfg.block_size
+        return replace(self, mean_len=self.mean_len or max(1, block // 4),
+                       contexts=self.contexts or sorted({max(1, block // 8), max(1, block // 4),
+                                                         max(1, block // 2), block}))
+
+    def check(self, cfg: GPTConfig, device: str) -> None:
+        from instruments.kv_plan import DISTRIBUTIONS
+
+        if self.distribution not in DISTRIBUTIONS:
+            raise ValueError(f"distribution must be one of {', '.join(DISTRIBUTIONS)}, got "
+                             f"{self.distribution!r}")
+        _whole("sequences", self.sequences, 1, 4096)
+        if self.mean_len is not None:
+            _whole("mean length", self.mean_len, 1, cfg.block_size)
+        _whole("block size (tokens)", self.block_tokens, 1, cfg.block_size)
+        if self.contexts is not None:
+            _contexts("context lengths", self.contexts, 1, cfg.block_size)
+        if self.max_alloc_mib is not None:
+            _whole("largest allocation (MiB)", self.max_alloc_mib, 1)
+        _whole("error tokens", self.error_tokens, 1, max(1, cfg.block_size // 2))
 
 
 def to_dict(params: Any) -> dict[str, Any]:

@@ -29,6 +29,8 @@ GUIDE = [
      "What sets the cached step's floor: profiler attribution, matmul staircase, batch and size."),
     ("pages/memory.py", "Memory",
      "Weights, KV cache, masks and workspace; when the cache outgrows the weights (Figure 6)."),
+    ("pages/planner.py", "KV memory planner",
+     "How many sequences fit here; what paged blocks, int8 KV or fewer KV heads would save."),
     ("pages/correctness.py", "Correctness lab",
      "Checks against transformers, and the silent bugs each check can or cannot see."),
     ("pages/results.py", "Results",

@@ -7,7 +7,8 @@
 Stages, each with its share of ``--budget-s`` (a stage past its share stops after the current
 point and saves what it measured, marked partial): measured peaks; a latency sweep of every
 available mode over 16 context lengths in fp32 and in bf16; step attribution; the matmul
-staircase (every T on a GPU); memory (the KV cache three ways, the cuBLAS workspace). Then it
+staircase (every T on a GPU); memory (the KV cache three ways, the cuBLAS workspace); the KV
+planner (the predicted batch allocated for real, layouts, KV storage errors). Then it
 prints each cached mode's step time against the bandwidth floor, (weights + K/V + activation
 bytes) / measured read bandwidth; the goal is CUDA-graph mode within 2x of it. Exit code 0 when
 every stage ran (even partly), 2 on bad input.
@@ -35,7 +36,7 @@ from instruments.experiments import get  # noqa: E402
 from instruments.spine import Event, Loaded, ModelSpec, load  # noqa: E402
 
 SHARES = {"sweep float32": 0.30, "sweep bfloat16": 0.22, "attribution": 0.12,
-          "staircase": 0.24, "memory": 0.12}  # of the budget left after the peaks
+          "staircase": 0.20, "memory": 0.10, "planner": 0.06}  # of the budget left after the peaks
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -181,6 +182,21 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['kv_formula_bytes']:,} B, allocated delta {r['allocated_delta_bytes']}, "
               f"RSS delta {r['rss_delta_bytes']}")
     print(f"  cuBLAS workspace: {run['meta'].get('cublas_workspace_bytes')} B")
+    save(args, run)
+
+    stop = clock.start("planner")  # on a GPU: the whole predicted batch allocated for real
+    run = get("planner").run(fp32, params.PlannerParams(max_alloc_mib=None if cuda else 256),
+                             None, stop)
+    print(f"  free {run['meta']['free_bytes']:,} B, budget {run['meta']['budget_bytes']:,} B")
+    for r in run["tables"]["fit"]:
+        extra = {k: r.get(k) for k in ("allocated_delta_bytes", "reserved_delta_bytes",
+                                       "rss_delta_bytes")}
+        print(f"  {r['context_len']:5d} tokens: {r['formula_batch']} fit by formula, "
+              f"{r['allocated_batch']} allocated (fits {r['fits']}); tensors "
+              f"{r.get('tensor_bytes')} B vs formula {r['formula_bytes']} B; {extra}")
+    for r in run["tables"]["storages"]:
+        print(f"  KV in {r['storage']:8s}: {r['bytes_per_token']:,} B/token, logits error "
+              f"{r.get('rel_error')} of the largest, top-1 agreement {r.get('top1_agree')}")
     save(args, run)
 
     print(f"\n== cached step vs the bandwidth floor (bytes ÷ {read_gbps['float32']:.0f} GB/s "

@@ -20,7 +20,8 @@ from streamlit.testing.v1 import AppTest
 from instruments.results import collect_meta, load_runs, new_run, save_run
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
-PAGES = ["overview", "generate", "sweep", "flops", "floor", "memory", "correctness", "results"]
+PAGES = ["overview", "generate", "sweep", "flops", "floor", "memory", "planner", "correctness",
+         "results"]
 pytestmark = pytest.mark.timeout(180)
 
 
@@ -221,6 +222,27 @@ def test_memory_measurement_runs_and_saves(results: Path) -> None:
     at.radio(key="mem_baseline").set_value("before warm-up").run()
     no_traceback(at)
     assert [r["kind"] for r in load_runs(results).runs] == ["memory"]
+
+
+def test_planner_allocates_what_its_formula_says_and_saves(results: Path) -> None:
+    at = open_page("planner")
+    assert len(charts(at)) == 3  # by formula before any run: layouts, waste, storage
+    at.number_input(key="plan_cap").set_value(8)
+    at.button[0].click().run()
+    job = wait_job(at, "planner_job")
+    assert job.state == "done", job.error
+    fit = job.run["tables"]["fit"]
+    assert fit and all(r["tensor_bytes"] == r["formula_bytes"] for r in fit)
+    assert all(r["capped"] and r["formula_bytes"] <= 8 * 2**20 for r in fit)
+    assert {r["storage"] for r in job.run["tables"]["storages"]} >= {"float32", "int8"}
+    assert len(charts(at)) == 4  # + the what-if bars, now that the budget is known
+    assert [r["kind"] for r in load_runs(results).runs] == ["kv_planner"]
+    at.button[1].click().run()  # the paged and int8 modes timed beside mode 5
+    steps = wait_job(at, "planner_steps_job")
+    assert steps.state == "done", steps.error
+    assert {r["mode"] for r in steps.run["tables"]["latency"]} == {"prealloc_fused", "paged",
+                                                                   "int8_kv"}
+    assert any("against mode 5: mode 10" in c.value for c in at.caption)
 
 
 def test_bug_switch_never_touches_the_shared_model() -> None:

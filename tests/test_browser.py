@@ -185,6 +185,22 @@ def test_pages_in_chromium(server: tuple[str, Path], tmp_path: Path) -> None:
         wait_finished(page, 300_000)
         shot(page, "memory", tmp_path)
 
+        go_to(page, "KV memory planner")
+        cap = page.get_by_role("spinbutton", name="Largest allocation (MiB, 0 = automatic)")
+        cap.fill("256")
+        cap.press("Enter")
+        settle(page)
+        page.get_by_role("button", name="Plan on this device").click()
+        page.wait_for_selector('[data-testid="stProgress"]', timeout=30_000)
+        wait_finished(page, 300_000)
+        page.wait_for_selector('text=/sequences fit/', timeout=10_000)
+        page.get_by_role("button", name="Time modes 5, 10, 11").click()
+        page.wait_for_selector('[data-testid="stProgress"]', timeout=30_000)
+        wait_finished(page, 480_000)
+        page.wait_for_selector('text=/against mode 5: mode 10/', timeout=10_000)
+        assert page.locator(".js-plotly-plot").count() >= 5
+        shot(page, "planner", tmp_path)
+
         go_to(page, "Correctness lab")
         page.get_by_role("button", name="Run the checks").click()
         page.wait_for_selector('[data-testid="stProgress"]', timeout=30_000)
@@ -193,14 +209,14 @@ def test_pages_in_chromium(server: tuple[str, Path], tmp_path: Path) -> None:
         shot(page, "correctness", tmp_path)
 
         go_to(page, "Results")
-        # peaks, generation, sweep, attribution, memory, correctness
-        page.wait_for_selector('text=/Saved runs \\(6\\)/', timeout=30_000)
+        # peaks, generation, sweep, attribution, memory, planner + its sweep, correctness
+        page.wait_for_selector('text=/Saved runs \\(8\\)/', timeout=30_000)
         assert page.locator(".js-plotly-plot").count() == 1
         shot(page, "results", tmp_path)
         browser.close()
     assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(
         f"{n}.png" for n in ("overview", "generate", "sweep", "flops", "floor", "memory",
-                             "correctness", "results"))
+                             "planner", "correctness", "results"))
 
 
 @contextlib.contextmanager

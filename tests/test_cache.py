@@ -11,14 +11,17 @@ import torch
 
 from engine import generate
 from engine.config import MASK_KINDS
-from engine.kv_cache import CACHE_KINDS
+from engine.kv_cache import CACHE_KINDS, QUANTIZED_KINDS
 from instruments.checks import cached_equals_uncached, inject_bug, multi_token_append
 
 from .conftest import random_prompt, small_model
 
+# the quantized caches are lossy by design: bounded in tests/test_kv_variants.py, not exact
+EXACT = [k for k in CACHE_KINDS if k not in QUANTIZED_KINDS]
+
 
 @pytest.mark.parametrize("mask", MASK_KINDS)
-@pytest.mark.parametrize("cache_kind", CACHE_KINDS)
+@pytest.mark.parametrize("cache_kind", EXACT)
 @pytest.mark.parametrize("batch", [1, 3])
 def test_cached_equals_uncached_200_tokens(mask: str, cache_kind: str, batch: int) -> None:
     model = small_model(mask)
@@ -32,7 +35,7 @@ def test_cached_equals_uncached_200_tokens(mask: str, cache_kind: str, batch: in
 
 
 @pytest.mark.parametrize("mask", MASK_KINDS)
-@pytest.mark.parametrize("cache_kind", CACHE_KINDS)
+@pytest.mark.parametrize("cache_kind", EXACT)
 @pytest.mark.parametrize("n_new", [1, 2, 3, 7])
 def test_multi_token_append_matches_full_forward(mask: str, cache_kind: str, n_new: int) -> None:
     model = small_model(mask)

@@ -217,7 +217,7 @@ def test_gpu_check_dry_run_on_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert gpu_check.main(["--device", "cpu", "--tiny", "--out", str(tmp_path),
                            "--budget-s", "0"]) == 0
     kinds = sorted(r["kind"] for r in load_runs(tmp_path).runs)
-    assert kinds == ["attribution", "floor_summary", "hardware", "latency_sweep",
+    assert kinds == ["attribution", "floor_summary", "hardware", "kv_planner", "latency_sweep",
                      "latency_sweep", "memory", "staircase"]
     assert "bandwidth floor" in capsys.readouterr().out
     rows = [{"mode": "cuda_graph", "cached": True, "phase": "decode", "context_len": 100,

@@ -66,7 +66,8 @@ def test_paged_cache_bytes() -> None:
     cache = PagedKVCache(2, 3, 4, 40, 8, block_tokens=16)  # 3 blocks per sequence
     per_block = 2 * 4 * 16 * 8 * 4  # layers x heads x tokens x head dim x fp32 bytes, per K or V
     assert cache.nbytes() == 2 * per_block * 3 * 3
-    cache._ensure_blocks(17)
+    for seq in range(3):
+        cache.reserve(seq, 17)
     assert cache.used_nbytes() == 2 * per_block * 2 * 3
 
 

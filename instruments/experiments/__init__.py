@@ -45,6 +45,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
                "correctness"),
     Experiment("generation", "generation", "side-by-side generation", P.GenerationParams,
                "generation"),
+    Experiment("planner", "kv_planner", "KV memory planner", P.PlannerParams, "planner"),
 )}
 
 

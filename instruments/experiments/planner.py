@@ -1,0 +1,190 @@
+"""The KV memory planner: what fits on this device, by formula and allocated (kind "kv_planner").
+
+``run(loaded, PlannerParams, progress, should_stop)`` -> run with tables
+  fit            per context: sequences that fit in the budget by formula, then a cache of that
+                 many (capped at ``max_alloc_mib``) allocated for real: tensor bytes against the
+                 formula, and what the allocator (CUDA) or the process (CPU) gained; freed after
+  layouts        the drawn mixed-length batch held three ways (``kv_plan.LAYOUTS``), each
+                 allocated with the engine's own caches (a paged pool sized to exactly the blocks
+                 the lengths need, blocks handed out per sequence): reserved / in use / wasted
+  against_batch  reserved bytes of each layout for the first b sequences of the same draw
+                 continued (formula), b = 1, 2, 4, ... 4096
+  storages       KV stored in the model dtype, fp16, bf16, int8: bytes per token (formula and
+                 measured) and the logits error against fp32 on the loaded model
+  kv_heads       fewer KV heads (grouped / multi-query attention): a what-if, formula only
+The budget is ``kv_plan.HEADROOM`` of the free memory (the weights already loaded) less one
+full-length prefill's activations at batch 1 and, on a GPU, a workspace estimate. Meta carries
+free_bytes, overhead_bytes, budget_bytes, alloc_cap_bytes, weights_bytes and the drawn lengths.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from engine import dtypes
+from engine.decoders import Decoder
+from engine.kv_variants import PagedKVCache
+from engine.loop import decode
+from engine.model import GPT
+from instruments import costs, kv_plan, memory
+from instruments.params import PlannerParams
+from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, random_prompt, record
+
+MIB = 2**20
+CPU_ALLOC_CAP_MIB = 2048
+AGAINST_BATCH_MAX = 4096
+ERROR_PROMPT = 128  # tokens prefilled before the decode steps whose logits are compared
+
+
+def _cap_bytes(p: PlannerParams, device: torch.device, budget: int | None) -> int:
+    if p.max_alloc_mib is not None:
+        return p.max_alloc_mib * MIB
+    if device.type == "cuda" and budget is not None:
+        return budget
+    return CPU_ALLOC_CAP_MIB * MIB
+
+
+def _fit_rows(model: GPT, p: PlannerParams, budget: int | None, cap: int,
+              tr: Tracker) -> None:
+    cfg, dev = model.config, model.device
+    bpt = kv_plan.kv_bytes_per_token(cfg, model.dtype)
+    for t in p.contexts or []:
+        if tr.stop():
+            return
+        fit = None if budget is None else kv_plan.max_batch(budget, bpt, t)
+        batch = min(fit if fit is not None else 1, cap // (bpt * t))
+        row: dict[str, Any] = {"context_len": t, "bytes_per_token": bpt, "formula_batch": fit,
+                               "allocated_batch": batch, "capped": fit is not None and
+                               batch < fit, "formula_bytes": bpt * t * batch}
+        if batch < 1:
+            row.update(fits=None, error=f"one sequence needs {bpt * t / MIB:,.0f} MiB, over "
+                       f"the {cap / MIB:,.0f} MiB allowed per allocation")
+        else:
+            row.update(memory.allocation(dev, lambda b=batch, t=t: model.make_cache(
+                "prealloc", b, t)))
+        tr.work += 1
+        tr.row("fit", row, f"{t} tokens: {fit if fit is not None else '?'} sequences fit by "
+               f"formula; allocated {batch}")
+
+
+def _layout(model: GPT, layout: str, lengths: list[int], block_tokens: int) -> Any:
+    cfg = model.config
+    if layout == "contiguous":
+        return model.make_cache("prealloc", len(lengths), cfg.block_size)
+    if layout == "exact":
+        return [model.make_cache("prealloc", 1, n) for n in lengths]
+    blocks = kv_plan.reserved_tokens("paged", lengths, cfg.block_size, block_tokens)
+    cache = PagedKVCache(cfg.n_layer, len(lengths), cfg.n_head, cfg.block_size, cfg.head_dim,
+                         block_tokens=block_tokens, pool_blocks=blocks // block_tokens,
+                         device=model.device, dtype=model.dtype)
+    for seq, n in enumerate(lengths):  # every block of the pool is handed out, none is left
+        cache.reserve(seq, n)
+    return cache
+
+
+def _layout_rows(model: GPT, p: PlannerParams, lengths: list[int], budget: int | None,
+                 cap: int, tr: Tracker) -> None:
+    bpt = kv_plan.kv_bytes_per_token(model.config, model.dtype)
+    for row in kv_plan.layouts(lengths, model.config.block_size, p.block_tokens, bpt, budget):
+        if tr.stop():
+            return
+        if row["reserved_bytes"] > cap:
+            row.update(fits=None, error=f"{row['reserved_bytes'] / MIB:,.0f} MiB is over the "
+                       f"{cap / MIB:,.0f} MiB allowed per allocation: formula only")
+        else:
+            row.update(memory.allocation(model.device, lambda r=row: _layout(
+                model, r["layout"], lengths, p.block_tokens)))
+        tr.work += 1
+        tr.row("layouts", row, f"{row['label']}: {row['reserved_bytes'] / MIB:,.1f} MiB reserved")
+
+
+def _reference(model: GPT, tokens: torch.Tensor, free: int | None) -> tuple[torch.Tensor, str]:
+    """fp32 logits (B, T, vocab) of ``tokens``: the model itself, or an fp32 copy of it."""
+    if model.dtype == torch.float32:
+        return model(tokens, use_cache=False, logits="all", mask="none")[0].float(), "the model"
+    need = costs.weight_bytes(model.config, torch.float32)
+    if free is not None and need > kv_plan.HEADROOM * free:
+        raise MemoryError(f"an fp32 copy of the weights needs {need / MIB:,.0f} MiB")
+    ref = copy.deepcopy(model).float()
+    try:
+        return ref(tokens, use_cache=False, logits="all", mask="none")[0], "an fp32 copy"
+    finally:
+        del ref
+
+
+def _storage_rows(model: GPT, p: PlannerParams, free: int | None, budget: int | None,
+                  tr: Tracker) -> None:
+    cfg = model.config
+    prompt = max(1, min(ERROR_PROMPT, cfg.block_size - p.error_tokens))
+    steps = min(p.error_tokens, cfg.block_size - prompt)
+    tokens = random_prompt(model, 1, prompt + steps, p.seed)
+    try:
+        want, against = _reference(model, tokens, free)
+        want = want[:, prompt - 1:].transpose(0, 1)  # (steps + 1, B, vocab), as decode keeps them
+    except MemoryError as exc:
+        want, against = None, str(exc)
+        tr.note(f"logits errors not measured: {exc}")
+    own = dtypes.canonical(model.dtype)
+    for row in kv_plan.storage_rows(cfg, model.dtype, budget):
+        storage = row["storage"]
+        if tr.stop():
+            return
+        if storage == "float32" and own != "float32":
+            continue  # wider than the model's own: nothing to save
+        kind = "prealloc" if storage == own else f"kv_{storage}"
+        dec = Decoder(model, capacity=prompt + steps, cache_kind=kind, mask="none")
+        gen = decode(dec, tokens[:, :prompt], steps + 1, feed=tokens[:, prompt:],
+                     keep_logits=True)
+        row.update(cache_kind=kind, measured_bytes_per_token=dec.cache.nbytes()
+                   // (prompt + steps), compared_tokens=steps + 1, reference=against)
+        if want is not None:
+            got = torch.stack(gen.logits).float()
+            err = (got - want).abs()
+            row.update(max_abs_error=float(err.max()),
+                       rel_error=float(err.max() / want.abs().max()),
+                       top1_agree=float((got.argmax(-1) == want.argmax(-1)).float().mean()))
+        del dec, gen
+        tr.work += 1
+        tr.row("storages", row, f"KV in {storage}: {row['bytes_per_token']:,} B/token")
+
+
+@torch.no_grad()
+def run(loaded: Loaded, params: PlannerParams, progress: ProgressFn | None = None,
+        should_stop: StopFn | None = None) -> dict[str, Any]:
+    model = loaded.model
+    cfg, dev = model.config, model.device
+    params.check(cfg, str(dev))
+    p = params.resolved(cfg)
+    est = costs.peak_memory_estimate(cfg, model.dtype, 1, cfg.block_size, "prealloc",
+                                     logits_all=False, device=str(dev), mask="none")
+    overhead = est["total_bytes"] - est["weights_bytes"] - est["kv_bytes"]
+    free = memory.free_bytes(dev)
+    budget = kv_plan.budget(free, overhead)
+    cap = _cap_bytes(p, dev, budget)
+    lengths = kv_plan.draw_lengths(p.distribution, p.sequences, p.mean_len, cfg.block_size,
+                                   p.seed)
+    n_storages = len(kv_plan.storage_rows(cfg, model.dtype, None))
+    tr = Tracker(progress, should_stop, len(p.contexts) + len(kv_plan.LAYOUTS) + n_storages)
+    _fit_rows(model, p, budget, cap, tr)
+    _layout_rows(model, p, lengths, budget, cap, tr)
+    _storage_rows(model, p, free, budget, tr)
+    stopped = tr.stop()
+    if stopped:
+        tr.note("stopped: what was measured is kept")
+    bpt = kv_plan.kv_bytes_per_token(cfg, model.dtype)
+    # The same draw continued (its first sequences are the batch above), far enough for the
+    # layouts' lines to cross this device's budget.
+    many = kv_plan.draw_lengths(p.distribution, max(p.sequences, AGAINST_BATCH_MAX),
+                                p.mean_len, cfg.block_size, p.seed)
+    batches = sorted({2**k for k in range(13) if 2**k <= len(many)} | {p.sequences})
+    tables = {name: tr.tables.get(name, []) for name in ("fit", "layouts", "storages")}
+    tables["against_batch"] = kv_plan.memory_against_batch(many, cfg.block_size,
+                                                           p.block_tokens, bpt, batches)
+    tables["kv_heads"] = kv_plan.kv_head_rows(cfg, model.dtype, budget)
+    return record(loaded, "kv_planner", p, tables, partial=stopped, notes=tr.notes,
+                  free_bytes=free, overhead_bytes=overhead, budget_bytes=budget,
+                  alloc_cap_bytes=cap, weights_bytes=memory.weights_bytes(model),
+                  lengths=lengths)
