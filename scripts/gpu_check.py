@@ -104,6 +104,25 @@ def floor_lines(rows: list[dict[str, Any]], cfg: GPTConfig, read_gbps: float,
     return lines
 
 
+def planner_verdict(row: dict[str, Any]) -> str:
+    """Did the allocated cache hold its formula's bytes, and did the CUDA allocator gain them
+    within its rounding (512 B per tensor)? The text says which, so a mismatch shows."""
+    if not row.get("fits"):
+        return f"NOT allocated: {row.get('error')}"
+    tensors, formula = row["tensor_bytes"], row["formula_bytes"]
+    text = f"tensors {tensors:,} B {'=' if tensors == formula else '!= (MISMATCH)'} formula"
+    gained = row.get("allocated_delta_bytes")
+    if gained is not None:
+        slack = gained - tensors
+        ok = 0 <= slack <= 512 * row["tensors"]
+        text += (f"; allocator +{gained:,} B ({slack:+,} B: "
+                 f"{'within rounding' if ok else 'OUTSIDE rounding'}), reserved "
+                 f"+{row.get('reserved_delta_bytes'):,} B")
+    elif row.get("rss_delta_bytes") is not None:
+        text += f"; process +{row['rss_delta_bytes']:,} B"
+    return text
+
+
 def _print_row(p: Event) -> None:  # print finished points only
     if p.row is not None:
         print(f"  {p.message}", flush=True)
@@ -189,11 +208,8 @@ def main(argv: list[str] | None = None) -> int:
                              None, stop)
     print(f"  free {run['meta']['free_bytes']:,} B, budget {run['meta']['budget_bytes']:,} B")
     for r in run["tables"]["fit"]:
-        extra = {k: r.get(k) for k in ("allocated_delta_bytes", "reserved_delta_bytes",
-                                       "rss_delta_bytes")}
         print(f"  {r['context_len']:5d} tokens: {r['formula_batch']} fit by formula, "
-              f"{r['allocated_batch']} allocated (fits {r['fits']}); tensors "
-              f"{r.get('tensor_bytes')} B vs formula {r['formula_bytes']} B; {extra}")
+              f"{r['allocated_batch']} allocated: {planner_verdict(r)}")
     for r in run["tables"]["storages"]:
         print(f"  KV in {r['storage']:8s}: {r['bytes_per_token']:,} B/token, logits error "
               f"{r.get('rel_error')} of the largest, top-1 agreement {r.get('top1_agree')}")

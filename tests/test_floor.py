@@ -219,7 +219,13 @@ def test_gpu_check_dry_run_on_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     kinds = sorted(r["kind"] for r in load_runs(tmp_path).runs)
     assert kinds == ["attribution", "floor_summary", "hardware", "kv_planner", "latency_sweep",
                      "latency_sweep", "memory", "staircase"]
-    assert "bandwidth floor" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "bandwidth floor" in out
+    ok = {"fits": True, "tensor_bytes": 2048, "formula_bytes": 2048, "tensors": 2,
+          "allocated_delta_bytes": 2048 + 1024, "reserved_delta_bytes": 2**21}
+    assert "within rounding" in gpu_check.planner_verdict(ok)
+    assert "OUTSIDE rounding" in gpu_check.planner_verdict({**ok, "allocated_delta_bytes": 2**20})
+    assert "MISMATCH" in gpu_check.planner_verdict({**ok, "formula_bytes": 4096})
     rows = [{"mode": "cuda_graph", "cached": True, "phase": "decode", "context_len": 100,
              "latency_ms": 2.0}]
     line = gpu_check.floor_lines(rows, CFG, 5.0, "float32")[0]
