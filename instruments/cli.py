@@ -5,6 +5,7 @@
   python -m instruments memory --memory-contexts 64-1024:64
   python -m instruments hardware | attribution | staircase | scope | precision
   python -m instruments planner --distribution long-tailed --sequences 32 --block-tokens 16
+  python -m instruments predict --modes uncached,concat,prealloc_fused,fast --passes 3
   python -m instruments all      (hardware, sweep with its end-to-end part, memory)
 Each command runs one experiment of ``instruments.experiments`` in this process (it is its own
 process: nothing else runs beside the timed steps) and saves the run it returns into
@@ -123,11 +124,19 @@ def _planner_opts(p: argparse.ArgumentParser) -> None:
                    "budget on a GPU)")
 
 
+def _predict_opts(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--modes", default=None, help="default: every mode that can be predicted "
+                   "and runs here without minutes of compiling")
+    p.add_argument("--contexts", default="log-spaced (16)")
+    p.add_argument("--repeats", type=int, default=3, help="most samples per point and pass")
+    p.add_argument("--passes", type=int, default=3, help="passes over the cached modes")
+
+
 COMMAND_OPTS: dict[str, list[Callable[[argparse.ArgumentParser], None]]] = {
     "sweep": [_sweep_opts, lambda p: _e2e_opts(p, False)], "e2e": [lambda p: _e2e_opts(p, True)],
     "memory": [_memory_opts], "hardware": [], "attribution": [_floor_opts],
     "staircase": [_staircase_opts], "scope": [_scope_opts], "precision": [],
-    "planner": [_planner_opts],
+    "planner": [_planner_opts], "predict": [_predict_opts],
     "all": [_sweep_opts, lambda p: _e2e_opts(p, False), _memory_opts],
 }
 
@@ -208,6 +217,12 @@ def _params(command: str, args: argparse.Namespace, block: int) -> Any:
         fit = parse_contexts(args.fit_contexts, block) if args.fit_contexts else None
         return params.PlannerParams(args.distribution, args.sequences, args.mean_len,
                                     args.block_tokens, args.seed, fit, args.max_alloc_mib)
+    if command == "predict":
+        base = params.PredictionParams.defaults(args.device, block)
+        return params.PredictionParams(
+            _modes(args.modes) if args.modes else base.modes, parse_contexts(args.contexts,
+                                                                             block),
+            args.batch, args.repeats, passes=args.passes)
     raise CliError(f"unknown command {command!r}")
 
 
@@ -268,7 +283,8 @@ class _Progress:
 
 def run_one(command: str, loaded: Loaded, args: argparse.Namespace, stop: _Stop) -> bool:
     """Run one command's experiment and save its run; True if it ended early (partial)."""
-    exp = experiments.get({"sweep": "latency", "e2e": "end_to_end"}.get(command, command))
+    exp = experiments.get({"sweep": "latency", "e2e": "end_to_end",
+                           "predict": "prediction"}.get(command, command))
     try:
         p = _params(command, args, loaded.model.config.block_size)
         p.check(loaded.model.config, args.device)
@@ -313,6 +329,8 @@ def _summary(run: dict[str, Any]) -> None:
         err = row.get("rel_error")
         print(f"KV in {row['storage']:>8}: {row['bytes_per_token']:,} B/token" +
               ("" if err is None else f", logits error {err:.2g} of the largest logit"))
+    for row in tables.get("verdicts", []):
+        print(row["sentence"])
     for row in tables.get("kv_memory", [])[-1:]:
         print(f"KV cache at {row['context_len']} tokens: formula {row['kv_formula_bytes']:,} B, "
               f"tensors {row['kv_tensor_bytes']:,} B")

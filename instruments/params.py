@@ -302,6 +302,38 @@ class GenerationParams:
 
 
 @dataclass
+class PredictionParams:
+    """Calibrate the parts of a step on this device, then measure each mode and predict it
+    (``instruments.predict``). The calibration is kept in the measuring process and reused
+    unless ``recalibrate``."""
+
+    modes: list[str]
+    contexts: list[int]
+    batch_size: int = 1
+    repeats: int = 3  # the most timed samples per measured point and pass (at least 2)
+    calibration_repeats: int = 3
+    recalibrate: bool = False
+    # Cached modes are measured in this many passes over the contexts, their samples pooled:
+    # a burst of machine noise then owns no point (uncached forwards, long, take one pass).
+    passes: int = 3
+
+    @classmethod
+    def defaults(cls, device: str, block_size: int) -> PredictionParams:
+        from instruments.predict import RECIPES
+
+        usable = [m for m in modes.defaults(device) if m in RECIPES]
+        return cls(usable, preset_contexts("log-spaced (16)", block_size))
+
+    def check(self, cfg: GPTConfig, device: str) -> None:
+        _modes(self.modes, device)
+        _contexts("context lengths", self.contexts, 1, cfg.block_size)
+        _whole("batch size", self.batch_size, 1, MAX_BATCH)
+        _whole("repeats", self.repeats, 1, 50)
+        _whole("calibration repeats", self.calibration_repeats, 1, 20)
+        _whole("passes", self.passes, 1, 10)
+
+
+@dataclass
 class PlannerParams:
     """What fits (formula, then allocated), a mixed-length batch held three ways, KV storage
     types with their logits error against fp32, and the KV-head what-if (``instruments.kv_plan``).

@@ -17,12 +17,13 @@ from instruments.contexts import parse_contexts
 from instruments.params import (
     AttributionParams,
     PrecisionParams,
+    PredictionParams,
     ScopeParams,
     StaircaseParams,
     precisions_for,
     to_dict,
 )
-from ui import header, jobs
+from ui import header, jobs, predicted
 from ui.floor_figures import (
     attribution_figure,
     attribution_table,
@@ -65,8 +66,9 @@ def _contexts(text: str) -> list[int] | None:
         return None
 
 
-tab_attr, tab_stair, tab_scope, tab_prec = st.tabs(
-    ["Step attribution", "Staircase", "Scope: batch and model size", "Precision"])
+tab_attr, tab_pred, tab_stair, tab_scope, tab_prec = st.tabs(
+    ["Step attribution", "Predicted step", "Staircase", "Scope: batch and model size",
+     "Precision"])
 
 # ------------------------------------------------------------------------- step attribution
 with tab_attr:
@@ -116,6 +118,39 @@ with tab_attr:
 
     jobs.section(KEY_A, draw_attr, table="attribution", stem="attribution",
                  empty="Pick modes and contexts, then **Profile**.")
+
+# ---------------------------------------------------------------------------- predicted step
+with tab_pred:
+    KEY_PR = "floor_pred_job"
+    st.markdown("Time each part of a step alone on this device -- the Linear matmuls at the "
+                "rows a mode multiplies, attention and the KV cache at each context, the small "
+                "operators, and the same step on a *hollow* model (the same layers with widths "
+                "of 4: only dispatch and Python left) -- then add them up and set the sum "
+                "against the measured step. The residual is what the parts do not explain.")
+    defaults = PredictionParams.defaults(choice.device, block)
+    predictable = [m for m in usable if m in predicted.PREDICTABLE]
+    r1, r2, r3 = st.columns([3, 2, 1])
+    pmodes = r1.multiselect("Decode modes", predictable,
+                            [m for m in defaults.modes if m in predictable],
+                            key="floor_pred_modes", format_func=mode_label,
+                            help="Compiled modes (6, 7, 9) are not predicted: they fuse the "
+                            "operators this model adds up.")
+    ptext = r2.text_input("Context lengths", ", ".join(map(str, defaults.contexts)),
+                          key="floor_pred_ctx", help=f"Comma-separated or ranges like "
+                          f"8-{block}:64.")
+    prep = int(r3.number_input("Samples per point", 2, 20, defaults.repeats,
+                               key="floor_pred_rep"))
+    recal = st.toggle("Calibrate again", False, key="floor_pred_recal",
+                      help="The calibration is kept in the measuring process and reused.")
+    if st.button("Predict and measure", type="primary", icon=":material/play_arrow:",
+                 key="floor_pred_go", disabled=jobs.running(KEY_PR) or not pmodes):
+        contexts = _contexts(ptext)
+        if contexts:
+            _start(KEY_PR, "prediction", PredictionParams(pmodes, contexts, repeats=prep,
+                                                          recalibrate=recal),
+                   f"step prediction, {choice.model}")
+    jobs.section(KEY_PR, predicted.draw, table="latency", stem="prediction",
+                 empty="Pick modes and contexts, then **Predict and measure**.")
 
 # ------------------------------------------------------------------------------- staircase
 with tab_stair:

@@ -289,3 +289,19 @@ def test_results_page_lists_shipped_examples(results: Path) -> None:
     at = open_page("results")
     heads = [h.value for h in [*at.header, *at.subheader, *at.markdown]]
     assert any("Saved runs (4)" in h for h in heads), heads
+
+
+def test_floor_lab_predicts_the_step_and_saves(results: Path) -> None:
+    at = open_page("floor")
+    at.multiselect(key="floor_pred_modes").set_value(["uncached_last", "prealloc_fused"])
+    at.text_input(key="floor_pred_ctx").set_value("4, 16")
+    at.number_input(key="floor_pred_rep").set_value(2)
+    at.run()
+    at.button(key="floor_pred_go").click().run()
+    job = wait_job(at, "floor_pred_job", 150)
+    assert job.state == "done", job.error
+    assert {v["mode"] for v in job.run["tables"]["verdicts"]} == {"uncached_last",
+                                                                  "prealloc_fused"}
+    assert len(charts(at)) == 3  # predicted vs measured, residual, parts
+    assert sum("worst miss" in m.value for m in at.markdown) == 2
+    assert [r["kind"] for r in load_runs(results).runs] == ["step_prediction"]

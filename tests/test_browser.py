@@ -33,6 +33,7 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
 MODEL = os.environ.get("KVLAB_BROWSER_MODEL", "tiny")
 SWEEP = os.environ.get("KVLAB_BROWSER_CONTEXTS", "8, 16, 32, 64, 96, 128")
 MEMORY = os.environ.get("KVLAB_BROWSER_MEMORY", "8, 32, 64, 128")
+PREDICT = os.environ.get("KVLAB_BROWSER_PREDICT", "4, 16, 64")
 
 pytestmark = [
     pytest.mark.browser,
@@ -174,6 +175,18 @@ def test_pages_in_chromium(server: tuple[str, Path], tmp_path: Path) -> None:
         wait_finished(page, 480_000)
         assert page.locator(".js-plotly-plot").count() >= 1
         shot(page, "floor", tmp_path)
+        page.get_by_role("tab", name="Predicted step").click()
+        settle(page)
+        points = page.get_by_role("textbox", name="Context lengths")
+        points.fill(PREDICT)
+        points.press("Enter")
+        settle(page)
+        page.get_by_role("button", name="Predict and measure").click()
+        page.wait_for_selector('[data-testid="stProgress"]', timeout=30_000)
+        wait_finished(page, 900_000)
+        page.wait_for_selector('text=/worst miss/', timeout=10_000)
+        assert page.locator(".js-plotly-plot").count() >= 4  # + prediction, residual, parts
+        shot(page, "floor_predict", tmp_path)
 
         go_to(page, "Memory")
         points = page.get_by_role("textbox", name="Context lengths")
@@ -209,14 +222,15 @@ def test_pages_in_chromium(server: tuple[str, Path], tmp_path: Path) -> None:
         shot(page, "correctness", tmp_path)
 
         go_to(page, "Results")
-        # peaks, generation, sweep, attribution, memory, planner + its sweep, correctness
-        page.wait_for_selector('text=/Saved runs \\(8\\)/', timeout=30_000)
+        # peaks, generation, sweep, attribution, prediction, memory, planner + its sweep,
+        # correctness
+        page.wait_for_selector('text=/Saved runs \\(9\\)/', timeout=30_000)
         assert page.locator(".js-plotly-plot").count() == 1
         shot(page, "results", tmp_path)
         browser.close()
     assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(
-        f"{n}.png" for n in ("overview", "generate", "sweep", "flops", "floor", "memory",
-                             "planner", "correctness", "results"))
+        f"{n}.png" for n in ("overview", "generate", "sweep", "flops", "floor", "floor_predict",
+                             "memory", "planner", "correctness", "results"))
 
 
 @contextlib.contextmanager

@@ -46,6 +46,8 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
     Experiment("generation", "generation", "side-by-side generation", P.GenerationParams,
                "generation"),
     Experiment("planner", "kv_planner", "KV memory planner", P.PlannerParams, "planner"),
+    Experiment("prediction", "step_prediction", "step prediction", P.PredictionParams,
+               "prediction"),
 )}
 
 

@@ -1,0 +1,310 @@
+"""Calibration: the parts a decode step is made of, each timed alone on this device.
+
+``calibrate(model, modes, batch_size, max_context, repeats, tick)`` -> rows, each
+``{"part", "variant", "scale", "x", "ms", "samples_ms"}``; ``instruments.predict`` sums them
+into a predicted step. Parts (every one over all the model's layers, as a step runs them):
+
+  layers     variant = weight layout ("out_in": ``F.linear`` on the model's ``[out, in]``
+             weights; "packed": mode 8's ``[in, out]`` chunked copies), x = rows: the four Linear
+             matmuls of every layer on x rows (1 per sequence for a cached step, T for a forward)
+  head       the output projection on x rows, same layouts
+  attention  variant = cache kind + core ("concat_seed", "prealloc_fused", ...), x = context S:
+             one new token per sequence written into the mode's own cache class (holding S - 1
+             tokens) and attended over S keys -- explicit scores with the write-up's mask
+             ("seed") or ``scaled_dot_product_attention`` ("fused")
+  attention_full  variant "seed", x = T: an uncached forward's T queries over T keys
+  small      x = rows: layer norms, GELU, residual adds, the heads' re-assembly copy and the
+             embeddings, at their real widths
+  hollow     variant = mode, x = context: the mode's own decoder running a whole step (cached
+             modes) or forward (uncached) on a *hollow* model -- the same number of layers and
+             the same code, widths of 4 and a vocabulary of 8 -- so arithmetic is nil and what
+             is left is operator dispatch, module calls and the Python of the step and its loop
+
+Every part except "hollow" is timed twice: at the model's real widths (``scale`` "real") and on
+the hollow model ("hollow"). The predictor charges ``hollow`` step time once and, for each part,
+only real - hollow: the work that grows with the widths, without counting a part's dispatch
+twice. x values are a geometric grid (``grid``); the predictor interpolates between them.
+Samples: ``repeats`` timed calls after one warm-up (2 for a piece over half a second), more
+while they disagree by more than 10%.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from engine import modes
+from engine.config import GPTConfig
+from engine.fast import fast_weights
+from engine.model import GPT
+from instruments import predict
+from instruments.timing import synchronize
+
+Tick = Callable[[str], bool]  # (what is being timed) -> True when asked to stop
+HOLLOW_WIDTH, HOLLOW_VOCAB = 4, 8
+
+
+def grid(top: int, fine_below: int | None = None) -> list[int]:
+    """1, 2, 3, 4, 6, 8, 12, ... (powers of two and 1.5x between) up to and including ``top``;
+    with ``fine_below``, powers of two only from there on (a forward's matmuls at long contexts
+    cost seconds, and grow as a power of T between the points)."""
+    points = {1, top}
+    p = 1
+    while p < top:
+        mid = 3 * p // 2 if fine_below is None or p < fine_below else p
+        points.update(x for x in (p, mid) if 1 <= x <= top)
+        p *= 2
+    return sorted(points)
+
+
+def hollow_model(model: GPT) -> GPT:
+    """Same layers, same code, widths of 4 and a vocabulary of 8: a step with nil arithmetic."""
+    cfg = model.config
+    hcfg = GPTConfig(n_layer=cfg.n_layer, n_head=1, n_embd=HOLLOW_WIDTH,
+                     block_size=cfg.block_size, vocab_size=HOLLOW_VOCAB, mask=cfg.mask)
+    return GPT.random(hcfg, device=model.device, dtype=model.dtype, seed=0)
+
+
+def _flush_buffer() -> torch.Tensor:
+    """A buffer 1.5x the last-level cache (sysfs; 64 MiB if unknown): one pass over it
+    evicts whatever a timed part would otherwise find in cache."""
+    size = 64 * 2**20
+    text = _read("/sys/devices/system/cpu/cpu0/cache/index3/size")
+    if text and text.rstrip("K").isdigit():
+        size = int(text.rstrip("K")) * 1024
+    return torch.zeros(int(size * 1.5) // 4)
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _sample(fn: Callable[[], Any], device: torch.device, repeats: int) -> list[float]:
+    """``repeats`` timed calls after a warm-up; one more (up to twice as many) while they
+    disagree by more than 10% of their median. A call that returns a number (ms) is timed by
+    itself (it leaves untimed work out); otherwise the call is timed whole."""
+
+    def one() -> float:
+        start = time.perf_counter()
+        own = fn()
+        synchronize(device)
+        whole = (time.perf_counter() - start) * 1e3
+        return float(own) if isinstance(own, float) else whole
+
+    first_ms = one()
+    if first_ms > 500:  # a forward's matmuls at long contexts: stable, and seconds each
+        repeats = min(repeats, 2)
+    samples = []
+    for _ in range(max(1, repeats)):
+        synchronize(device)
+        samples.append(one())
+    while (len(samples) < 2 * repeats
+           and max(samples) - min(samples) > 0.1 * statistics.median(samples)):
+        samples.append(one())
+    return samples
+
+
+class _Parts:
+    """The timed pieces of one model (real or hollow) at batch B."""
+
+    def __init__(self, model: GPT, batch: int, cold: bool) -> None:
+        self.model, self.batch, self.cold = model, batch, cold
+        self.cfg, self.dev, self.dtype = model.config, model.device, model.dtype
+        gen = torch.Generator().manual_seed(0)
+        self._randn = lambda *shape: torch.randn(*shape, generator=gen).to(self.dev, self.dtype)
+
+    # -- weights ---------------------------------------------------------------------------
+    def linears(self, layout: str, rows: int) -> Callable[[], Any]:
+        d = self.cfg.n_embd
+        if layout == "packed":  # mode 8 multiplies (B, C) rows
+            x, x4 = self._randn(rows, d), self._randn(rows, 4 * d)
+            w = fast_weights(self.model)
+            ordered = [c for lay in w.layers for c in ((lay.qkv, x), (lay.proj, x), (lay.fc, x),
+                                                        (lay.fc_proj, x4))]
+            return lambda: [f(a) for f, a in ordered]
+        # GPT.forward's Linears see (B, T, C): measured here 5% slower than (B*T, C) at one row
+        x, x4 = self._randn(1, rows, d), self._randn(1, rows, 4 * d)
+        mats = []
+        for blk in self.model.transformer.h:
+            mats += [(blk.attn.c_attn, x), (blk.attn.c_proj, x), (blk.mlp.c_fc, x),
+                     (blk.mlp.c_proj, x4)]
+        return lambda: [F.linear(a, m.weight, m.bias) for m, a in mats]
+
+    def head(self, layout: str, rows: int) -> Callable[[], Any]:
+        if layout == "packed":
+            packed, x = fast_weights(self.model).head, self._randn(rows, self.cfg.n_embd)
+            return lambda: packed(x)
+        w, x = self.model.lm_head.weight, self._randn(1, rows, self.cfg.n_embd)
+        return lambda: F.linear(x, w)
+
+    # -- attention -------------------------------------------------------------------------
+    def _core(self, core: str) -> Callable[..., torch.Tensor]:
+        hs = self.cfg.head_dim
+        if core == "fused":
+            return lambda q, k, v, off: F.scaled_dot_product_attention(q, k, v)
+        block = self.cfg.block_size
+        mask = torch.tril(torch.ones(block, block, device=self.dev)).view(1, 1, block, block)
+
+        def seed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, off: int) -> torch.Tensor:
+            # The model's explicit path (engine.model.CausalSelfAttention, mask "seed").
+            T, S = q.size(2), k.size(2)
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
+            att = att.masked_fill(mask[:, :, off:off + T, :S] == 0, float("-inf"))
+            return F.softmax(att, dim=-1) @ v
+
+        return seed
+
+    def attention(self, variant: str, context: int) -> Callable[[], float | None]:
+        """One new token into a cache of ``context - 1`` tokens, attended over ``context``.
+
+        On a CPU each layer's part is timed on its own with the caches emptied before it (an
+        untimed pass over a buffer larger than the last-level cache): inside a step, the
+        layer's weights stream through the cache between one layer's attention and the next,
+        so its keys and values come from memory, not from cache (measured here: timed warm,
+        the concatenating and paged caches' attention at 659 tokens came out 20-40% below
+        what it costs inside the step). The hollow model's keys are a few bytes: not flushed.
+        """
+        kind, core_name = variant.rsplit("_", 1)
+        core = self._core(core_name)
+        cfg, B = self.cfg, self.batch
+        nh, hs = cfg.n_head, cfg.head_dim
+        cache = self.model.make_cache(kind, B, capacity=max(context, 1))
+        if context > 1:
+            for layer in range(cfg.n_layer):
+                cache.update(layer, self._randn(B, nh, context - 1, hs),
+                             self._randn(B, nh, context - 1, hs))
+            cache.advance(context - 1)
+        q, k1, v1 = (self._randn(B, nh, 1, hs) for _ in range(3))
+        flush = _flush_buffer() if self.dev.type == "cpu" and self.cold else None
+
+        def step() -> float | None:
+            total_s = 0.0
+            for layer in range(cfg.n_layer):
+                if flush is not None:
+                    flush.sum()
+                start = time.perf_counter()
+                k, v = cache.update(layer, k1, v1)
+                core(q, k, v, context - 1)
+                total_s += time.perf_counter() - start
+            cache.crop(context - 1)  # back to where it was (cheap; the hollow run pays it too)
+            return total_s * 1e3 if self.dev.type == "cpu" else None
+
+        return step
+
+    def attention_full(self, t: int) -> Callable[[], Any]:
+        B, nh, hs = self.batch, self.cfg.n_head, self.cfg.head_dim
+        q, k, v = (self._randn(B, nh, t, hs) for _ in range(3))
+        core = self._core("seed")
+        return lambda: [core(q, k, v, 0) for _ in range(self.cfg.n_layer)]
+
+    # -- the rest ----------------------------------------------------------------------------
+    def small(self, rows: int) -> Callable[[], Any]:
+        cfg, m = self.cfg, self.model
+        d, nh, hs = cfg.n_embd, cfg.n_head, cfg.head_dim
+        x, h4 = self._randn(1, rows, d), self._randn(1, rows, 4 * d)
+        heads = self._randn(1, nh, rows, hs)
+        idx = torch.zeros(1, rows, dtype=torch.long, device=self.dev)
+        pos = torch.arange(rows, device=self.dev)
+        tr = m.transformer
+
+        def run() -> None:
+            e = tr.wte(idx) + tr.wpe(pos)
+            for blk in tr.h:
+                a = blk.ln_1(x)
+                y = heads.transpose(1, 2).contiguous().view(1, rows, d)
+                e = x + y
+                a = blk.ln_2(e)
+                F.gelu(h4, approximate="tanh")
+                e = e + a
+            tr.ln_f(e)
+
+        return run
+
+    def build(self, part: str, variant: str, x: int) -> Callable[[], Any]:
+        """The call that times ``part`` (a calibration row's part, variant and x)."""
+        if part == "attention_full":
+            return self.attention_full(x)
+        if part == "small":
+            return self.small(x)
+        build = {"layers": self.linears, "head": self.head, "attention": self.attention,
+                 "hollow": self.step}[part]
+        return build(variant, x)
+
+    # -- the whole step on this model (only called on the hollow one) ------------------------
+    def step(self, mode: str, context: int) -> Callable[[], Any]:
+        from engine.decoders import make_decoder
+        from instruments.spine import random_prompt
+
+        dec = make_decoder(self.model, mode, batch_size=self.batch,
+                           capacity=max(context, 2))
+        idx = random_prompt(self.model, self.batch, context, seed=0)
+        if not modes.MODES[mode].cached or context == 1:
+            return lambda: dec.prefill(idx[:, :context])
+        dec.prefill(idx[:, : context - 1])
+        token = idx[:, context - 1:context]
+
+        def one() -> None:
+            dec.step(token)
+            dec.rewind(context - 1)
+
+        return one
+
+
+def plan(model_modes: list[str], batch: int, max_context: int) -> list[tuple[str, str, int]]:
+    """(part, variant, x) to time for ``model_modes``: only what those modes need."""
+    todo: list[tuple[str, str, int]] = []
+    xs, coarse = grid(max_context), grid(max_context, fine_below=256)
+    for mode in model_modes:
+        recipe = predict.RECIPES.get(mode)
+        if recipe is None:
+            continue
+        if recipe.cached:
+            todo += [("layers", recipe.layout, batch), ("head", recipe.layout, batch),
+                     ("small", "", batch)]
+            todo += [("attention", recipe.attention, s) for s in xs]
+        else:
+            todo += [("layers", recipe.layout, batch * t) for t in coarse]
+            todo += [("head", recipe.layout, batch * (t if recipe.head_all else 1))
+                     for t in coarse]
+            todo += [("small", "", batch * t) for t in coarse]
+            todo += [("attention_full", "seed", t) for t in coarse]
+        todo += [("hollow", mode, s) for s in xs]
+    return list(dict.fromkeys(todo))
+
+
+@torch.no_grad()
+def calibrate(model: GPT, model_modes: list[str], batch: int, max_context: int,
+              repeats: int = 3, tick: Tick | None = None,
+              skip: set[tuple[str, str, int]] | None = None) -> list[dict[str, Any]]:
+    """Time every part ``model_modes`` need (see the module docstring); rows as described.
+
+    ``skip``: (part, variant, x) pieces already calibrated. ``tick(message)`` is called before
+    each piece; when it returns True calibration stops and the rows so far are returned.
+    """
+    hollow = hollow_model(model)
+    scales = {"real": _Parts(model, batch, True), "hollow": _Parts(hollow, batch, False)}
+    rows: list[dict[str, Any]] = []
+    for part, variant, x in plan(model_modes, batch, max_context):
+        if skip and (part, variant, x) in skip:
+            continue
+        for scale, parts in scales.items():
+            if part == "hollow" and scale == "real":
+                continue
+            if tick is not None and tick(f"calibrating {part} {variant} at {x} ({scale})"):
+                return rows
+            fn = parts.build(part, variant, x)
+            samples = _sample(fn, model.device, repeats)
+            rows.append({"part": part, "variant": variant, "scale": scale, "x": x,
+                         "ms": statistics.median(samples), "samples_ms": samples})
+            del fn
+    return rows

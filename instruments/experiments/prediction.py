@@ -1,0 +1,143 @@
+"""Predicted against measured step time, per mode and context (kind "step_prediction").
+
+``run(loaded, PredictionParams, progress, should_stop)`` -> run with tables
+  calibration  the parts timed alone (``instruments.calibration``; kept in this process per
+               model, batch and thread count, and reused unless ``recalibrate``)
+  latency, checks  the modes measured by the latency sweep itself (gated first, cached steps
+               by cropping the cache), so measured numbers are the sweep's numbers; cached
+               modes in ``passes`` passes with their samples pooled (``pooled``)
+  prediction   per point: measured and predicted ms, the residual and its share, the parts
+  verdicts     per mode: the worst |residual| share against the goal (15% cached, 25%
+               uncached) and, where it misses, which part the residuals point at
+Calibration runs first, with nothing else timed beside it; a stop during it keeps the pieces
+already timed (partial run), a stop during the sweep keeps the points measured.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from instruments import calibration, predict
+from instruments.experiments import latency
+from instruments.params import LatencyParams, PredictionParams
+from instruments.spine import Event, Loaded, ProgressFn, StopFn, Tracker, record
+
+# (model spec, batch, threads) -> calibration rows, for this measuring process's lifetime
+_CALIBRATIONS: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+
+
+def _key(loaded: Loaded, batch: int) -> tuple[Any, ...]:
+    return (loaded.spec, id(loaded.model), batch, torch.get_num_threads())
+
+
+@torch.no_grad()
+def run(loaded: Loaded, params: PredictionParams, progress: ProgressFn | None = None,
+        should_stop: StopFn | None = None) -> dict[str, Any]:
+    """Calibrate (or reuse), measure, predict (see the module docstring)."""
+    start_s = time.perf_counter()
+    model = loaded.model
+    params.check(model.config, str(model.device))
+    contexts = sorted(set(params.contexts))
+    key = _key(loaded, params.batch_size)
+    have = [] if params.recalibrate else list(_CALIBRATIONS.get(key, []))
+    done = {(r["part"], r["variant"], r["x"]) for r in have}
+    todo = [p for p in calibration.plan(params.modes, params.batch_size, contexts[-1])
+            if p not in done]
+    timings_todo = sum(1 if part == "hollow" else 2 for part, _, _ in todo)
+    tr = Tracker(progress, should_stop, max(timings_todo, 1), unit="calibration timings")
+    notes: list[str] = []
+    if todo:
+        tr.emit(f"calibrating {len(todo)} parts on this device (nothing else is timed now)")
+
+        def tick(message: str) -> bool:
+            tr.work += 1
+            tr.done += 1
+            tr.emit(message, force=False)
+            return tr.stop()
+
+        new = calibration.calibrate(model, params.modes, params.batch_size, contexts[-1],
+                                    params.calibration_repeats, tick, skip=done)
+        have += new
+        _CALIBRATIONS[key] = have
+    else:
+        notes.append("calibration reused from earlier in this measuring process")
+    calibration_s = time.perf_counter() - start_s
+    for r in have:  # streamed, so a page can predict each point as it is measured
+        tr.emit(f"calibrated {r['part']} {r['variant']} at {r['x']}", table="calibration",
+                row=r)
+    if tr.stop():
+        return record(loaded, "step_prediction", params, {"calibration": have}, partial=True,
+                      notes=["stopped while calibrating: the parts timed so far are kept"],
+                      timings={"calibration_s": calibration_s})
+    sweeps = []
+    cached = [m for m in params.modes if m in predict.RECIPES and predict.RECIPES[m].cached]
+    passes = params.passes if cached else 1
+    sizes = [len(contexts) * len(params.modes if i == 0 else cached) for i in range(passes)]
+    for i in range(passes):
+        names = params.modes if i == 0 else cached
+        if sweeps and (sweeps[-1]["meta"].get("partial") or tr.stop()):
+            break
+        relay = _relay(progress, i, sizes) if progress is not None else None
+        sweeps.append(latency.run(loaded, LatencyParams(
+            contexts, names, params.batch_size, repeats=max(2, params.repeats),
+            measure_peaks=False), relay, should_stop))
+    sweep = sweeps[0]
+    measured = pooled([s["tables"]["latency"] for s in sweeps])
+    points = predict.compare(predict.Calibration(have), measured)
+    verdicts = predict.verdicts(points)
+    tr.unit, tr.total, tr.done = "points", len(points), len(points)
+    for v in verdicts:
+        tr.emit(v["sentence"])
+    notes += list(dict.fromkeys(n for s in sweeps for n in s["meta"].get("notes") or []))
+    tables = {"calibration": tr.tables.get("calibration", have), "latency": measured,
+              "checks": sweep["tables"]["checks"], "prediction": points, "verdicts": verdicts}
+    return record(loaded, "step_prediction", params, tables,
+                  partial=any(s["meta"].get("partial") for s in sweeps), notes=notes,
+                  timings={"calibration_s": calibration_s,
+                           "total_s": time.perf_counter() - start_s})
+
+
+def _relay(progress: ProgressFn, i: int, sizes: list[int]) -> ProgressFn:
+    """Pass ``i``'s progress as progress over all passes: points counted across them, the
+    message saying which pass it is. The time left is the pass's own, plus (from the second
+    pass on, once a cached pass has been timed) as long again for each pass still to come."""
+    before, grand = sum(sizes[:i]), sum(sizes)
+    later = len(sizes) - i - 1
+
+    def relay(ev: Event) -> None:
+        eta = ev.eta_s
+        if later and eta is not None:
+            eta = eta + later * (ev.elapsed_s + eta) if i > 0 else None
+        progress(replace(ev, done=before + ev.done, total=grand, eta_s=eta,
+                         message=f"pass {i + 1} of {len(sizes)}: {ev.message}"))
+
+    return relay
+
+
+def pooled(passes: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One latency row per (mode, context) with the samples of every pass: median, min, spread
+    and the rates recomputed over all of them."""
+    rows: dict[tuple[str, int], dict[str, Any]] = {}
+    for rows_of_pass in passes:
+        for r in rows_of_pass:
+            key = (r["mode"], r["context_len"])
+            if key not in rows:
+                rows[key] = {**r, "samples_ms": list(r["samples_ms"])}
+            else:
+                rows[key]["samples_ms"] += list(r["samples_ms"])
+    for r in rows.values():
+        s = r["samples_ms"]
+        r.update(latency_ms=statistics.median(s), min_ms=min(s), spread_ms=max(s) - min(s),
+                 passes=sum(1 for p in passes for q in p
+                            if (q["mode"], q["context_len"]) == (r["mode"], r["context_len"])))
+        seconds = r["latency_ms"] / 1e3
+        if seconds > 0 and r.get("flops") is not None:
+            r["tflops"] = r["flops"] / seconds / 1e12
+        if seconds > 0 and r.get("bytes") is not None:
+            r["gbps"] = r["bytes"] / seconds / 1e9
+    return list(rows.values())

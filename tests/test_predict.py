@@ -1,0 +1,182 @@
+"""The step predictor: interpolation, parts, residuals and verdicts on synthetic calibration data,
+and one real calibration + prediction run on the tiny model."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from instruments import predict
+from instruments.predict import Calibration, compare, interpolate, predict_point, verdicts
+
+GRID = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+
+
+def test_interpolation_is_exact_on_power_laws_and_linear_where_logs_fail() -> None:
+    pts = [(x, 3.0 * x**1.5) for x in GRID]
+    for x in (3, 100, 700):
+        assert interpolate(pts, x) == pytest.approx(3.0 * x**1.5, rel=1e-9)
+    assert interpolate([(5, 2.0)], 100) == 2.0
+    assert interpolate([(1, 0.0), (3, 2.0)], 2) == pytest.approx(1.0)  # a zero: linear
+    assert interpolate(pts, 2048) == pytest.approx(3.0 * 2048**1.5, rel=1e-9)  # extrapolated
+    with pytest.raises(ValueError):
+        interpolate([], 1)
+
+
+def synthetic(attention_per_token_ms: float = 0.01, weights_ms: float = 30.0,
+              host_ms: float = 1.0) -> list[dict]:
+    """A calibration with known parts: real - hollow is what the predictor must charge."""
+    rows = []
+
+    def add(part: str, variant: str, x: int, real: float, hollow: float | None) -> None:
+        rows.append({"part": part, "variant": variant, "scale": "real", "x": x, "ms": real})
+        if hollow is not None:
+            rows.append({"part": part, "variant": variant, "scale": "hollow", "x": x,
+                         "ms": hollow})
+
+    for x in GRID:
+        add("layers", "out_in", x, weights_ms + 0.1 * x, 0.2)  # per row once compute-bound
+        add("head", "out_in", x, 10.0 + 0.05 * x, 0.01)
+        add("small", "", x, 0.5 + 0.001 * x, 0.3)
+        add("attention", "prealloc_fused", x, 0.05 + attention_per_token_ms * x, 0.05)
+        add("attention_full", "seed", x, 0.05 + 1e-4 * x * x, 0.05)
+        for mode in ("prealloc_fused", "uncached"):
+            add("hollow", mode, x, 0.0, host_ms)
+    return [r for r in rows if not (r["part"] == "hollow" and r["scale"] == "real")]
+
+
+def test_a_cached_step_is_the_sum_of_real_minus_hollow_parts_plus_the_hollow_step() -> None:
+    cal = Calibration(synthetic())
+    p = predict_point(cal, "prealloc_fused", 128)  # a calibrated point: no interpolation
+    assert p["weights_ms"] == pytest.approx((30.1 - 0.2) + (10.05 - 0.01))  # one row each
+    assert p["attention_ms"] == pytest.approx(0.01 * 128)
+    assert p["small_ops_ms"] == pytest.approx(0.5 + 0.001 - 0.3)
+    assert p["dispatch_host_ms"] == pytest.approx(1.0)
+    assert p["predicted_ms"] == pytest.approx(sum(p[k] for k in predict.PARTS))
+
+
+def test_an_uncached_forward_multiplies_every_position_and_mode_2_projects_one() -> None:
+    cal = Calibration(synthetic())
+    full = predict_point(cal, "uncached", 128)
+    assert full["weights_ms"] == pytest.approx((30 + 12.8 - 0.2) + (10 + 6.4 - 0.01))
+    assert full["attention_ms"] == pytest.approx(1e-4 * 128 * 128)
+    last = predict_point(Calibration(synthetic() + [
+        {"part": "hollow", "variant": "uncached_last", "scale": "hollow", "x": 1, "ms": 1.0}]),
+        "uncached_last", 128)
+    assert last["weights_ms"] == pytest.approx((30 + 12.8 - 0.2) + (10.05 - 0.01))
+
+
+def test_compiled_modes_and_missing_calibration_say_why() -> None:
+    cal = Calibration(synthetic())
+    assert predict_point(cal, "compiled", 8)["why"] == predict.NOT_PREDICTED
+    missing = predict_point(cal, "concat", 8)
+    assert missing["predicted_ms"] is None and "concat_seed" in missing["why"]
+
+
+def _measured(mode: str, scale_of: dict[int, float], cal: Calibration) -> list[dict]:
+    return [{"mode": mode, "context_len": t, "cached": mode != "uncached",
+             "latency_ms": predict_point(cal, mode, t)["predicted_ms"] * f}
+            for t, f in scale_of.items()]
+
+
+def test_verdicts_hold_within_the_goal_and_fail_outside_it() -> None:
+    cal = Calibration(synthetic())
+    close = compare(cal, _measured("prealloc_fused", {8: 1.10, 100: 0.92, 1000: 1.05}, cal))
+    far = compare(cal, _measured("prealloc_fused", {8: 1.0, 100: 1.0, 1000: 1.30}, cal))
+    v_close, v_far = verdicts(close)[0], verdicts(far)[0]
+    assert v_close["within"] is True and v_close["worst_share"] == pytest.approx(0.10 / 1.10)
+    assert v_far["within"] is False and v_far["worst_context"] == 1000
+    assert "outside the goal" in v_far["sentence"]
+    # Uncached modes get 25%: a 20% miss passes there and fails a cached mode.
+    unc = compare(cal, _measured("uncached", {8: 1.25, 64: 1.25}, cal))
+    assert verdicts(unc)[0]["within"] is True
+    cached = compare(cal, _measured("prealloc_fused", {8: 1.25, 64: 1.25}, cal))
+    assert verdicts(cached)[0]["within"] is False
+
+
+def test_the_part_that_is_off_is_named() -> None:
+    """Attention that really costs 3x its calibration: the residual follows attention. A host
+    loop 10 ms slower than calibrated: a constant residual."""
+    base = Calibration(synthetic())
+    slow_attention = Calibration(synthetic(attention_per_token_ms=0.03))
+    rows = [{"mode": "prealloc_fused", "context_len": t, "cached": True,
+             "latency_ms": predict_point(slow_attention, "prealloc_fused", t)["predicted_ms"]}
+            for t in (8, 64, 256, 512, 1024)]
+    v = verdicts(compare(base, rows))[0]
+    assert v["within"] is False and v["off_part"] == "attention_ms"
+    assert "3.00x" in v["sentence"]
+    slow_host = Calibration(synthetic(host_ms=11.0))
+    rows = [{"mode": "prealloc_fused", "context_len": t, "cached": True,
+             "latency_ms": predict_point(slow_host, "prealloc_fused", t)["predicted_ms"]}
+            for t in (8, 64, 256, 512, 1024)]
+    v = verdicts(compare(base, rows))[0]
+    assert v["within"] is False and v["off_part"] == "constant"
+    assert "+10.00 ms" in v["sentence"]
+
+
+def test_not_predicted_modes_get_a_verdict_without_a_number() -> None:
+    rows = compare(Calibration(synthetic()),
+                   [{"mode": "compiled", "context_len": 8, "cached": True, "latency_ms": 5.0}])
+    v = verdicts(rows)[0]
+    assert v["within"] is None and v["worst_share"] is None and "not predicted" in v["sentence"]
+
+
+def test_a_generation_is_a_prompt_forward_then_one_step_per_token() -> None:
+    cal = Calibration(synthetic() + [
+        {"part": "hollow", "variant": "uncached_last", "scale": "hollow", "x": 1, "ms": 1.0}])
+    total = predict.predict_generation(cal, "prealloc_fused", 8, 4)
+    expect = predict_point(cal, "uncached_last", 8)["predicted_ms"] + sum(
+        predict_point(cal, "prealloc_fused", t)["predicted_ms"] for t in (9, 10, 11))
+    assert total == pytest.approx(expect)
+
+
+def test_the_grid_and_the_plan_cover_what_the_modes_need() -> None:
+    from instruments import calibration
+
+    assert calibration.grid(16) == [1, 2, 3, 4, 6, 8, 12, 16]
+    assert calibration.grid(100)[-1] == 100
+    plan = calibration.plan(["prealloc_fused", "compiled"], 1, 16)
+    parts = {(p, v) for p, v, _ in plan}
+    assert ("attention", "prealloc_fused") in parts and ("hollow", "prealloc_fused") in parts
+    assert not any(p == "attention_full" for p, _ in parts)  # no uncached mode asked for
+    assert not any(v == "compiled" for _, v in parts)
+
+
+def test_a_real_prediction_run_on_the_tiny_model() -> None:
+    from instruments.experiments import prediction
+    from instruments.params import PredictionParams
+    from instruments.spine import ModelSpec, load
+
+    loaded = load(ModelSpec("tiny"))
+    params = PredictionParams(["uncached_last", "prealloc_fused", "fast"], [4, 16, 32],
+                              repeats=2, calibration_repeats=1)
+    run = prediction.run(loaded, params)
+    t = run["tables"]
+    assert run["kind"] == "step_prediction" and not run["meta"]["partial"]
+    assert {r["scale"] for r in t["calibration"]} == {"real", "hollow"}
+    assert all(r["ms"] > 0 and r["samples_ms"] for r in t["calibration"])
+    assert len(t["prediction"]) == len(t["latency"]) == 9
+    for p in t["prediction"]:
+        assert p["predicted_ms"] > 0
+        assert p["predicted_ms"] == pytest.approx(sum(p[k] for k in predict.PARTS))
+        assert p["residual_ms"] == pytest.approx(p["measured_ms"] - p["predicted_ms"])
+        assert math.isfinite(p["residual_share"])
+    assert {v["mode"] for v in t["verdicts"]} == set(params.modes)
+    # The calibration is reused by the next run in the same process.
+    again = prediction.run(loaded, params)
+    assert "calibration reused" in " ".join(again["meta"]["notes"])
+
+
+def test_passes_pool_their_samples_into_one_median() -> None:
+    from instruments.experiments.prediction import pooled
+
+    row = {"mode": "concat", "context_len": 8, "flops": 2e9, "bytes": 4e8}
+    first = [{**row, "samples_ms": [40.0, 41.0], "latency_ms": 40.5}]
+    burst = [{**row, "samples_ms": [90.0, 95.0], "latency_ms": 92.5}]  # a noisy pass
+    third = [{**row, "samples_ms": [40.5, 41.5], "latency_ms": 41.0}]
+    (merged,) = pooled([first, burst, third])
+    assert merged["samples_ms"] == [40.0, 41.0, 90.0, 95.0, 40.5, 41.5]
+    assert merged["latency_ms"] == pytest.approx(41.25) and merged["passes"] == 3
+    assert merged["spread_ms"] == pytest.approx(55.0)
+    assert merged["tflops"] == pytest.approx(2e9 / 0.04125 / 1e12)

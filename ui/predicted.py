@@ -1,0 +1,65 @@
+"""The Floor lab's predicted-step section: a prediction job's rows drawn as they arrive.
+
+While the job runs, the calibration rows and the sweep's latency rows stream in and the
+prediction is computed here from them (``instruments.predict``, torch-free); once the run is
+saved its own ``prediction`` table is drawn.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from instruments import predict
+from instruments.client import Job
+from ui import jobs
+from ui.figures_predict import parts_figure, prediction_figure, residual_figure, verdict_table
+
+PREDICTABLE = tuple(predict.RECIPES)
+
+
+def points(job: Job) -> pd.DataFrame:
+    """The run's prediction table, or one computed from the rows streamed so far."""
+    done = jobs.rows(job, "prediction")
+    if not done.empty:
+        return done
+    cal, lat = jobs.rows(job, "calibration"), jobs.rows(job, "latency")
+    if cal.empty or lat.empty:
+        return pd.DataFrame()
+    rows = predict.compare(predict.Calibration(cal.to_dict("records")), lat.to_dict("records"))
+    return pd.DataFrame(rows)
+
+
+def draw(job: Job) -> None:
+    if not job.finished:
+        # Nothing is drawn while it measures: redrawing these charts every second beside the
+        # run slowed its steps up to 3x on the 2-core machine here (memory bandwidth and the
+        # last-level cache are shared even when the cores are not).
+        measured = len(job.tables.get("latency", []))
+        st.caption(f"{measured} points measured so far. The charts are drawn when the run "
+                   "ends: redrawing them beside the measurement would disturb it (the cores "
+                   "share memory bandwidth and cache).")
+        return
+    df = points(job)
+    if df.empty:
+        st.caption("Nothing was measured: the run ended while calibrating.")
+        return
+    verdicts = predict.verdicts(df.to_dict("records"))
+    st.plotly_chart(prediction_figure(df), width="stretch")
+    st.caption("Solid: the measured median step (uncached modes: the forward of the whole "
+               "sequence). Dashed: the sum of the parts, each timed alone on this device.")
+    for v in verdicts:
+        icon = (":material/check_circle:" if v["within"] else ":material/remove_circle:"
+                if v["within"] is None else ":material/cancel:")
+        st.markdown(f"{icon} {v['sentence']}")
+    st.plotly_chart(residual_figure(df), width="stretch")
+    shown = [m for m in df["mode"].drop_duplicates() if df[df["mode"] == m]["predicted_ms"]
+             .notna().any()]
+    if shown:
+        mode = st.selectbox("Parts of the prediction for", shown, key=f"pred_parts_{job.id}")
+        st.plotly_chart(parts_figure(df, str(mode)), width="stretch")
+        st.caption("Weights: every Linear matmul at the rows the mode multiplies. Attention: "
+                   "the KV cache's write (or concatenation, gather, dequantization) and the "
+                   "attention over the context. Small operators: norms, GELU, residual adds, "
+                   "embeddings. Dispatch and host loop: the same step on the hollow model.")
+    st.dataframe(verdict_table(verdicts), hide_index=True)
