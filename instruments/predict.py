@@ -23,6 +23,7 @@ operators this sum is made of.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -181,7 +182,7 @@ def verdicts(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     Where a mode misses, which part is off: the residuals are fitted against the part that
     varies most across the mode's contexts (attention for a cached step, weights for a
     forward). A residual that follows that part means it is mis-scaled (by the fitted slope); a
-    residual that stays put means a context-independent part is off by the intercept.
+    residual that stays put means a context-independent part is off by about its median.
     """
     out = []
     by_mode: dict[str, list[dict[str, Any]]] = {}
@@ -225,8 +226,9 @@ def _which_part(pts: list[dict[str, Any]]) -> tuple[str, str]:
     if len(pts) >= 3 and abs(slope) * spread > abs(intercept):
         return growing, (f"The residual follows {PART_LABELS[growing]}: that part runs "
                          f"{1 + slope:.2f}x its calibrated time inside the step.")
+    typical = statistics.median(ys)
     constant = "dispatch_host_ms" if growing != "weights_ms" else "small_ops_ms"
-    return "constant", (f"The residual stays about {intercept:+.2f} ms "
-                        f"({intercept / mean_measured:+.0%} of the step) whatever the context: "
+    return "constant", (f"The residual stays about {typical:+.2f} ms "
+                        f"({typical / mean_measured:+.0%} of the step) whatever the context: "
                         f"a part that does not grow with it ({PART_LABELS['weights_ms']} at one "
                         f"row, or {PART_LABELS[constant]}) is off by that much.")

@@ -8,7 +8,8 @@ Stages, each with its share of ``--budget-s`` (a stage past its share stops afte
 point and saves what it measured, marked partial): measured peaks; a latency sweep of every
 available mode over 16 context lengths in fp32 and in bf16; step attribution; the matmul
 staircase (every T on a GPU); memory (the KV cache three ways, the cuBLAS workspace); the KV
-planner (the predicted batch allocated for real, layouts, KV storage errors). Then it
+planner (the predicted batch allocated for real, layouts, KV storage errors); the predicted
+step (calibrated parts summed against every eager mode's measured step). Then it
 prints each cached mode's step time against the bandwidth floor, (weights + K/V + activation
 bytes) / measured read bandwidth; the goal is CUDA-graph mode within 2x of it. Exit code 0 when
 every stage ran (even partly), 2 on bad input.
@@ -33,10 +34,12 @@ from instruments import costs, params, results  # noqa: E402
 from instruments.contexts import preset_contexts  # noqa: E402
 from instruments.device import describe_device, device_available  # noqa: E402
 from instruments.experiments import get  # noqa: E402
+from instruments.predict import RECIPES  # noqa: E402
 from instruments.spine import Event, Loaded, ModelSpec, load  # noqa: E402
 
-SHARES = {"sweep float32": 0.30, "sweep bfloat16": 0.22, "attribution": 0.12,
-          "staircase": 0.20, "memory": 0.10, "planner": 0.06}  # of the budget left after the peaks
+SHARES = {"sweep float32": 0.28, "sweep bfloat16": 0.20, "attribution": 0.10,
+          "staircase": 0.16, "memory": 0.10, "planner": 0.06,
+          "prediction": 0.10}  # of the budget left after the peaks
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -213,6 +216,15 @@ def main(argv: list[str] | None = None) -> int:
     for r in run["tables"]["storages"]:
         print(f"  KV in {r['storage']:8s}: {r['bytes_per_token']:,} B/token, logits error "
               f"{r.get('rel_error')} of the largest, top-1 agreement {r.get('top1_agree')}")
+    save(args, run)
+
+    stop = clock.start("prediction")  # never run on a GPU yet: what does the sum of parts miss?
+    pred_modes = [m for m in sweep_modes(args.device, False) if m in RECIPES]
+    run = get("prediction").run(fp32, params.PredictionParams(
+        pred_modes, preset_contexts("log-spaced (16)", cfg.block_size), repeats=2, passes=2),
+        None, stop)
+    for v in run["tables"].get("verdicts", []):
+        print("  " + v["sentence"])
     save(args, run)
 
     print(f"\n== cached step vs the bandwidth floor (bytes ÷ {read_gbps['float32']:.0f} GB/s "

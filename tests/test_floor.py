@@ -218,7 +218,7 @@ def test_gpu_check_dry_run_on_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
                            "--budget-s", "0"]) == 0
     kinds = sorted(r["kind"] for r in load_runs(tmp_path).runs)
     assert kinds == ["attribution", "floor_summary", "hardware", "kv_planner", "latency_sweep",
-                     "latency_sweep", "memory", "staircase"]
+                     "latency_sweep", "memory", "staircase", "step_prediction"]
     out = capsys.readouterr().out
     assert "bandwidth floor" in out
     ok = {"fits": True, "tensor_bytes": 2048, "formula_bytes": 2048, "tensors": 2,
