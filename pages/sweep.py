@@ -14,7 +14,7 @@ from instruments import client, estimate
 from instruments.client import Job
 from instruments.contexts import CONTEXT_PRESETS, parse_contexts, preset_contexts, repeated_contexts
 from instruments.params import MAX_BATCH, LatencyParams, to_dict
-from ui import header, jobs
+from ui import header, jobs, predicted
 from ui.figures import cumulative_figure, latency_figure, ordered_modes
 from ui.figures_perf import floor_sentence
 from ui.runs import last_sweep_like
@@ -138,10 +138,12 @@ if job is not None:
 
 def _draw(j: Job) -> None:
     df = jobs.rows(j, "latency")
-    st.plotly_chart(latency_figure(df, log_x=log_x, log_y=log_y, show_samples=samples,
-                                   modes=shown), width="stretch")
+    fig = latency_figure(df, log_x=log_x, log_y=log_y, show_samples=samples, modes=shown)
+    calibrated = predicted.overlay(j, fig, shown) if j.finished else None
+    st.plotly_chart(fig, width="stretch")
     st.caption("Median time per token (line) and each timed sample (faint points), measured in "
-               "a process of its own: nothing this page draws runs beside a timed step.")
+               "a process of its own: nothing this page draws runs beside a timed step."
+               + (f" Dashed: {calibrated}" if calibrated else ""))
     if not j.finished:
         return
     said = floor_sentence(df, ((j.run or {}).get("meta") or {}).get("peaks", {}).get("measured"))

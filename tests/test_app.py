@@ -305,3 +305,15 @@ def test_floor_lab_predicts_the_step_and_saves(results: Path) -> None:
     assert len(charts(at)) == 3  # predicted vs measured, residual, parts
     assert sum("worst miss" in m.value for m in at.markdown) == 2
     assert [r["kind"] for r in load_runs(results).runs] == ["step_prediction"]
+    # A later sweep of a calibrated mode on the same machine draws the prediction over its curve.
+    at.switch_page("pages/sweep.py").run()
+    configure_sweep(at, "4, 16", repeats=2)
+    at.multiselect(key="sweep_modes").set_value(["prealloc_fused", "concat"]).run()
+    at.button[0].click().run()
+    sweep = wait_job(at, "sweep_job")
+    assert sweep.state == "done", sweep.error
+    said = [c.value for c in at.caption if "Dashed: the step predicted" in c.value]
+    assert len(said) == 1, [c.value for c in at.caption]
+    names = [t.get("name") for t in json.loads(charts(at)[0].proto.spec)["data"]]
+    assert "prealloc_fused predicted" in names  # its dashed line
+    assert "concat predicted" not in names  # never calibrated: no line, rather than a wrong one

@@ -44,6 +44,19 @@ def prediction_figure(df: pd.DataFrame) -> go.Figure:
                  height=480)
 
 
+def add_prediction(fig: go.Figure, df: pd.DataFrame) -> go.Figure:
+    """Dashed predicted lines (``predict.compare`` rows) over a latency figure, one per mode."""
+    part = _predicted(df)
+    for mode in ordered_modes(part["mode"].astype(str)) if not part.empty else []:
+        m = part[part["mode"] == mode]
+        fig.add_trace(go.Scatter(x=m["context_len"], y=m["predicted_ms"], mode="lines",
+                                 name=f"{mode} predicted", legendgroup=mode, showlegend=False,
+                                 line=dict(color=mode_color(mode), width=1.5, dash="dash"),
+                                 hovertemplate="%{x} tokens<br>predicted %{y:.2f} ms<extra>"
+                                 + mode + "</extra>"))
+    return fig
+
+
 def residual_figure(df: pd.DataFrame) -> go.Figure:
     """(measured − predicted) / measured per mode against context, with the two goals."""
     fig = go.Figure()

@@ -8,12 +8,20 @@ saved its own ``prediction`` table is drawn.
 from __future__ import annotations
 
 import pandas as pd
+import plotly.graph_objects as go
 import streamlit as st
 
 from instruments import predict
 from instruments.client import Job
 from ui import jobs
-from ui.figures_predict import parts_figure, prediction_figure, residual_figure, verdict_table
+from ui.figures_predict import (
+    add_prediction,
+    parts_figure,
+    prediction_figure,
+    residual_figure,
+    verdict_table,
+)
+from ui.runs import last_sweep_like
 
 PREDICTABLE = tuple(predict.RECIPES)
 
@@ -28,6 +36,30 @@ def points(job: Job) -> pd.DataFrame:
         return pd.DataFrame()
     rows = predict.compare(predict.Calibration(cal.to_dict("records")), lat.to_dict("records"))
     return pd.DataFrame(rows)
+
+
+def overlay(job: Job, fig: go.Figure, modes: list[str]) -> str | None:
+    """Dashed predicted lines on a finished sweep's chart, from the newest saved calibration of
+    the same model, device, dtype, threads and batch (the Floor lab's Predicted step); the
+    caption to write under the chart, or None when there is no such calibration or the user
+    turned it off."""
+    meta = (job.run or {}).get("meta") or {}
+    cal_run = last_sweep_like(str(meta.get("model")), str(meta.get("device_name")),
+                              str(meta.get("dtype")), int(meta.get("threads") or 0),
+                              int(meta.get("batch_size") or 1), kind="step_prediction")
+    if cal_run is None or not st.toggle("predicted", True, key=f"sweep_predicted_{job.id}",
+                                        help="The sum of the parts calibrated on this machine "
+                                        "in the Floor lab's Predicted step."):
+        return None
+    rows = [r for r in jobs.rows(job, "latency").to_dict("records") if r["mode"] in modes]
+    points = pd.DataFrame(predict.compare(
+        predict.Calibration((cal_run.get("tables") or {}).get("calibration") or []), rows))
+    if points.empty or points["predicted_ms"].isna().all():
+        return None
+    add_prediction(fig, points)
+    when = str(cal_run.get("created_utc", ""))[:16].replace("T", " ")
+    return (f"the step predicted from the parts calibrated here on {when} UTC (Floor lab, "
+            "Predicted step); compiled modes are not predicted.")
 
 
 def draw(job: Job) -> None:

@@ -126,12 +126,13 @@ def saved_runs() -> LoadResult:
 
 
 def last_sweep_like(model: str, device_name: str, dtype: str, threads: int,
-                    batch: int) -> dict[str, Any] | None:
-    """The newest complete sweep of this model on this device, dtype, threads and batch: what
-    the estimate before Run is fitted on (None when there is none yet)."""
+                    batch: int, kind: str = "latency_sweep") -> dict[str, Any] | None:
+    """The newest complete run of ``kind`` (a sweep: what the estimate before Run is fitted on;
+    a step prediction: the calibration a sweep's chart can overlay) of this model on this
+    device, dtype, threads and batch (None when there is none yet)."""
     for run in reversed(saved_runs().runs):
         meta = run.get("meta") or {}
-        if (run.get("kind") == "latency_sweep" and not meta.get("partial")
+        if (run.get("kind") == kind and not meta.get("partial")
                 and meta.get("model") == model and meta.get("device_name") == device_name
                 and meta.get("dtype") == dtype and meta.get("threads") == threads
                 and int(meta.get("batch_size") or 1) == batch):
