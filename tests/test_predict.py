@@ -180,3 +180,15 @@ def test_passes_pool_their_samples_into_one_median() -> None:
     assert merged["latency_ms"] == pytest.approx(41.25) and merged["passes"] == 3
     assert merged["spread_ms"] == pytest.approx(55.0)
     assert merged["tflops"] == pytest.approx(2e9 / 0.04125 / 1e12)
+
+
+def test_a_part_too_small_to_matter_is_never_blamed() -> None:
+    """A residual that grows with the context while attention is a few µs: no part is blamed
+    (a slope on that part would read 1000x); the sum is missing something context-dependent."""
+    cal = Calibration(synthetic(attention_per_token_ms=1e-5))
+    rows = [{"mode": "prealloc_fused", "context_len": t, "cached": True,
+             "latency_ms": predict_point(cal, "prealloc_fused", t)["predicted_ms"] + 0.01 * t}
+            for t in (8, 64, 256, 512, 1024)]
+    v = verdicts(compare(cal, rows))[0]
+    assert v["within"] is False and v["off_part"] == "context"
+    assert "missing from the sum" in v["sentence"]
