@@ -22,6 +22,8 @@ from ui.figures_perf import (
     share_sentence,
     throughput_figure,
 )
+from ui.figures_predict import add_predicted_reduction
+from ui.predicted import predicted_for
 from ui.runs import latency_frame, pick_sweep_run
 
 choice = header.page("FLOPs vs time", "FLOPs are counted from formulas (instruments.costs); "
@@ -50,10 +52,17 @@ if base is None:
     st.caption("This run has no uncached mode to compare against; add mode 1 or 2 to the sweep.")
 else:
     log_y = st.toggle("log y", True, key="flops_red_log")
-    st.plotly_chart(reduction_figure(df, base, log_y=log_y), width="stretch")
+    fig = reduction_figure(df, base, log_y=log_y)
+    points, when = predicted_for(run)
+    if not points.empty:
+        add_predicted_reduction(fig, points, base)
+    st.plotly_chart(fig, width="stretch")
     st.caption(f"Figure 4: dashed, how many times fewer FLOPs each cached mode does than "
                f"{base}; solid, how many times less time it takes. The gap between them is "
-               "what arithmetic does not explain.")
+               "what arithmetic does not explain."
+               + (f" Dotted: the same ratio from the step predicted by the parts calibrated "
+                  f"here on {when} UTC (Floor lab, Predicted step) -- weights streamed, "
+                  "attention and cache, small operators, dispatch." if not points.empty else ""))
 
 # ------------------------------------------------------------------------------- Figure 5
 st.subheader("Achieved arithmetic throughput")

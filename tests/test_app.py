@@ -308,7 +308,8 @@ def test_floor_lab_predicts_the_step_and_saves(results: Path) -> None:
     # A later sweep of a calibrated mode on the same machine draws the prediction over its curve.
     at.switch_page("pages/sweep.py").run()
     configure_sweep(at, "4, 16", repeats=2)
-    at.multiselect(key="sweep_modes").set_value(["prealloc_fused", "concat"]).run()
+    at.multiselect(key="sweep_modes").set_value(["uncached_last", "prealloc_fused", "concat"])
+    at.run()
     at.button[0].click().run()
     sweep = wait_job(at, "sweep_job")
     assert sweep.state == "done", sweep.error
@@ -317,3 +318,10 @@ def test_floor_lab_predicts_the_step_and_saves(results: Path) -> None:
     names = [t.get("name") for t in json.loads(charts(at)[0].proto.spec)["data"]]
     assert "prealloc_fused predicted" in names  # its dashed line
     assert "concat predicted" not in names  # never calibrated: no line, rather than a wrong one
+    # The FLOPs page draws the predicted time reduction beside the measured one (Figure 4).
+    at.switch_page("pages/flops.py").run()
+    no_traceback(at)
+    names = [t.get("name") for t in json.loads(charts(at)[0].proto.spec)["data"]]
+    predicted = [n for n in names if n.endswith("time (predicted)")]
+    assert len(predicted) == 1 and predicted[0].startswith("5 ·")  # prealloc_fused; concat none
+    assert any("Dotted: the same ratio" in c.value for c in at.caption)

@@ -57,6 +57,30 @@ def add_prediction(fig: go.Figure, df: pd.DataFrame) -> go.Figure:
     return fig
 
 
+def add_predicted_reduction(fig: go.Figure, df: pd.DataFrame, baseline: str) -> go.Figure:
+    """Dotted lines on Figure 4: how many times less time each mode takes than ``baseline``
+    by the prediction (predicted baseline ÷ predicted mode, per context)."""
+    part = _predicted(df)
+    if part.empty or baseline not in set(part["mode"]):
+        return fig
+    base = part[part["mode"] == baseline].set_index("context_len")["predicted_ms"]
+    for mode in ordered_modes(part["mode"].astype(str)):
+        if mode == baseline:
+            continue
+        rows = part[part["mode"] == mode]
+        label = str(rows["mode_label"].iloc[0]) if "mode_label" in rows else mode
+        m = rows.set_index("context_len")["predicted_ms"]
+        common = sorted(set(base.index) & set(m.index))
+        if not common:
+            continue
+        fig.add_trace(go.Scatter(x=common, y=[base[t] / m[t] for t in common], mode="lines",
+                                 name=f"{label}: time (predicted)", legendgroup=mode,
+                                 line=dict(color=mode_color(mode), dash="dot", width=2),
+                                 hovertemplate="%{x} tokens<br>%{y:.2f}× less time, predicted"
+                                 "<extra>" + mode + "</extra>"))
+    return fig
+
+
 def residual_figure(df: pd.DataFrame) -> go.Figure:
     """(measured − predicted) / measured per mode against context, with the two goals."""
     fig = go.Figure()

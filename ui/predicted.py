@@ -38,26 +38,34 @@ def points(job: Job) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def overlay(job: Job, fig: go.Figure, modes: list[str]) -> str | None:
-    """Dashed predicted lines on a finished sweep's chart, from the newest saved calibration of
-    the same model, device, dtype, threads and batch (the Floor lab's Predicted step); the
-    caption to write under the chart, or None when there is no such calibration or the user
-    turned it off."""
-    meta = (job.run or {}).get("meta") or {}
+def predicted_for(run: dict, modes: list[str] | None = None) -> tuple[pd.DataFrame, str]:
+    """``predict.compare`` rows for a sweep run's latency rows (only ``modes``, if given), from
+    the newest saved calibration of the same model, device, dtype, threads and batch (the Floor
+    lab's Predicted step), and when it was calibrated; empty when there is none."""
+    meta = run.get("meta") or {}
     cal_run = last_sweep_like(str(meta.get("model")), str(meta.get("device_name")),
                               str(meta.get("dtype")), int(meta.get("threads") or 0),
                               int(meta.get("batch_size") or 1), kind="step_prediction")
-    if cal_run is None or not st.toggle("predicted", True, key=f"sweep_predicted_{job.id}",
-                                        help="The sum of the parts calibrated on this machine "
-                                        "in the Floor lab's Predicted step."):
-        return None
-    rows = [r for r in jobs.rows(job, "latency").to_dict("records") if r["mode"] in modes]
+    rows = [r for r in (run.get("tables") or {}).get("latency") or []
+            if modes is None or r["mode"] in modes]
+    if cal_run is None or not rows:
+        return pd.DataFrame(), ""
     points = pd.DataFrame(predict.compare(
         predict.Calibration((cal_run.get("tables") or {}).get("calibration") or []), rows))
-    if points.empty or points["predicted_ms"].isna().all():
+    if points["predicted_ms"].isna().all():
+        return pd.DataFrame(), ""
+    return points, str(cal_run.get("created_utc", ""))[:16].replace("T", " ")
+
+
+def overlay(job: Job, fig: go.Figure, modes: list[str]) -> str | None:
+    """Dashed predicted lines on a finished sweep's chart (``predicted_for``); the caption to
+    write under the chart, or None when there is no calibration or the user turned it off."""
+    points, when = predicted_for(job.run or {}, modes)
+    if points.empty or not st.toggle("predicted", True, key=f"sweep_predicted_{job.id}",
+                                      help="The sum of the parts calibrated on this machine in "
+                                      "the Floor lab's Predicted step."):
         return None
     add_prediction(fig, points)
-    when = str(cal_run.get("created_utc", ""))[:16].replace("T", " ")
     return (f"the step predicted from the parts calibrated here on {when} UTC (Floor lab, "
             "Predicted step); compiled modes are not predicted.")
 
