@@ -84,9 +84,6 @@ class Calibration:
             key = (str(r["part"]), str(r.get("variant", "")), str(r.get("scale", "real")))
             self.series.setdefault(key, []).append((float(r["x"]), float(r["ms"])))
 
-    def has(self, part: str, variant: str, scale: str = "real") -> bool:
-        return (part, variant, scale) in self.series
-
     def at(self, part: str, variant: str, scale: str, x: float) -> float:
         key = (part, variant, scale)
         if key not in self.series:

@@ -172,8 +172,17 @@ def _draw(j: Job) -> None:
         st.caption("Figure 3: cumulative time as tokens are generated. " + "; ".join(
             f"{r.mode}: {int(r.new_tokens)} tokens in {r.total_s:.2f} s"
             for r in totals.itertuples()) + ".")
-        st.dataframe(totals[["mode", "prompt_len", "new_tokens", "total_s", "prefill_ms"]],
+        shown_cols = ["mode", "prompt_len", "new_tokens", "total_s", "prefill_ms"]
+        predicted_s = predicted.predicted_generations(j.run or {})
+        if any(v is not None for v in predicted_s):  # a calibration of this machine covers it
+            totals = totals.assign(predicted_s=predicted_s)
+            shown_cols.append("predicted_s")
+        st.dataframe(totals[shown_cols],
                      hide_index=True, column_config={
+                         "predicted_s": st.column_config.NumberColumn(
+                             "predicted (s)", format="%.2f", help="The prompt's forward and "
+                             "one step per token, summed from the parts calibrated on this "
+                             "machine (Floor lab, Predicted step)."),
                          "prompt_len": st.column_config.NumberColumn("prompt (tokens)"),
                          "new_tokens": st.column_config.NumberColumn("new tokens"),
                          "total_s": st.column_config.NumberColumn("total (s)", format="%.2f"),

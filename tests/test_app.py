@@ -307,7 +307,7 @@ def test_floor_lab_predicts_the_step_and_saves(results: Path) -> None:
     assert [r["kind"] for r in load_runs(results).runs] == ["step_prediction"]
     # A later sweep of a calibrated mode on the same machine draws the prediction over its curve.
     at.switch_page("pages/sweep.py").run()
-    configure_sweep(at, "4, 16", repeats=2)
+    configure_sweep(at, "4, 16", repeats=2, e2e=True)
     at.multiselect(key="sweep_modes").set_value(["uncached_last", "prealloc_fused", "concat"])
     at.run()
     at.button[0].click().run()
@@ -318,6 +318,10 @@ def test_floor_lab_predicts_the_step_and_saves(results: Path) -> None:
     names = [t.get("name") for t in json.loads(charts(at)[0].proto.spec)["data"]]
     assert "prealloc_fused predicted" in names  # its dashed line
     assert "concat predicted" not in names  # never calibrated: no line, rather than a wrong one
+    e2e = next(d.value for d in at.dataframe if "predicted_s" in d.value.columns)
+    by_mode = dict(zip(e2e["mode"], e2e["predicted_s"], strict=True))
+    assert by_mode["prealloc_fused"] > 0 and by_mode["uncached_last"] > 0
+    assert by_mode["concat"] is None or by_mode["concat"] != by_mode["concat"]  # not calibrated
     # The FLOPs page draws the predicted time reduction beside the measured one (Figure 4).
     at.switch_page("pages/flops.py").run()
     no_traceback(at)

@@ -95,22 +95,23 @@ def test_verdicts_hold_within_the_goal_and_fail_outside_it() -> None:
     assert verdicts(cached)[0]["within"] is False
 
 
+def _steps_as_predicted_by(truth: Calibration) -> list[dict]:
+    """Mode 5's measured rows as if the machine behaved as ``truth`` says."""
+    return [{"mode": "prealloc_fused", "context_len": t, "cached": True,
+             "latency_ms": predict_point(truth, "prealloc_fused", t)["predicted_ms"]}
+            for t in (8, 64, 256, 512, 1024)]
+
+
 def test_the_part_that_is_off_is_named() -> None:
     """Attention that really costs 3x its calibration: the residual follows attention. A host
     loop 10 ms slower than calibrated: a constant residual."""
     base = Calibration(synthetic())
     slow_attention = Calibration(synthetic(attention_per_token_ms=0.03))
-    rows = [{"mode": "prealloc_fused", "context_len": t, "cached": True,
-             "latency_ms": predict_point(slow_attention, "prealloc_fused", t)["predicted_ms"]}
-            for t in (8, 64, 256, 512, 1024)]
-    v = verdicts(compare(base, rows))[0]
+    v = verdicts(compare(base, _steps_as_predicted_by(slow_attention)))[0]
     assert v["within"] is False and v["off_part"] == "attention_ms"
     assert "3.00x" in v["sentence"]
     slow_host = Calibration(synthetic(host_ms=11.0))
-    rows = [{"mode": "prealloc_fused", "context_len": t, "cached": True,
-             "latency_ms": predict_point(slow_host, "prealloc_fused", t)["predicted_ms"]}
-            for t in (8, 64, 256, 512, 1024)]
-    v = verdicts(compare(base, rows))[0]
+    v = verdicts(compare(base, _steps_as_predicted_by(slow_host)))[0]
     assert v["within"] is False and v["off_part"] == "constant"
     assert "+10.00 ms" in v["sentence"]
 

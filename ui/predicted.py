@@ -38,23 +38,44 @@ def points(job: Job) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def predicted_for(run: dict, modes: list[str] | None = None) -> tuple[pd.DataFrame, str]:
-    """``predict.compare`` rows for a sweep run's latency rows (only ``modes``, if given), from
-    the newest saved calibration of the same model, device, dtype, threads and batch (the Floor
-    lab's Predicted step), and when it was calibrated; empty when there is none."""
+def calibration_for(run: dict) -> tuple[predict.Calibration | None, str]:
+    """The newest saved calibration of the same model, device, dtype, threads and batch as
+    ``run`` (the Floor lab's Predicted step), and when it was made; None when there is none."""
     meta = run.get("meta") or {}
     cal_run = last_sweep_like(str(meta.get("model")), str(meta.get("device_name")),
                               str(meta.get("dtype")), int(meta.get("threads") or 0),
                               int(meta.get("batch_size") or 1), kind="step_prediction")
+    if cal_run is None:
+        return None, ""
+    cal = predict.Calibration((cal_run.get("tables") or {}).get("calibration") or [])
+    return cal, str(cal_run.get("created_utc", ""))[:16].replace("T", " ")
+
+
+def predicted_for(run: dict, modes: list[str] | None = None) -> tuple[pd.DataFrame, str]:
+    """``predict.compare`` rows for a sweep run's latency rows (only ``modes``, if given), and
+    when the calibration was made; empty when there is none or it covers none of them."""
+    cal, when = calibration_for(run)
     rows = [r for r in (run.get("tables") or {}).get("latency") or []
             if modes is None or r["mode"] in modes]
-    if cal_run is None or not rows:
+    if cal is None or not rows:
         return pd.DataFrame(), ""
-    points = pd.DataFrame(predict.compare(
-        predict.Calibration((cal_run.get("tables") or {}).get("calibration") or []), rows))
+    points = pd.DataFrame(predict.compare(cal, rows))
     if points["predicted_ms"].isna().all():
         return pd.DataFrame(), ""
-    return points, str(cal_run.get("created_utc", ""))[:16].replace("T", " ")
+    return points, when
+
+
+def predicted_generations(run: dict) -> list[float | None]:
+    """Predicted seconds of each of the run's end-to-end generations (its ``end_to_end`` rows,
+    in order; None where the calibration does not cover the mode)."""
+    cal, _ = calibration_for(run)
+    out: list[float | None] = []
+    for r in (run.get("tables") or {}).get("end_to_end") or []:
+        ms = None if cal is None else predict.predict_generation(
+            cal, str(r["mode"]), int(r["prompt_len"]), int(r["new_tokens"]),
+            int(r.get("batch_size") or 1))
+        out.append(None if ms is None else ms / 1e3)
+    return out
 
 
 def overlay(job: Job, fig: go.Figure, modes: list[str]) -> str | None:
