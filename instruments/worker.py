@@ -15,6 +15,8 @@ stops the run and ends the process.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import gc
 import os
 import queue
@@ -104,6 +106,7 @@ class Worker:
                 return rid in self.stopped or self.closed.is_set()
 
             run = exp.run(loaded, p, progress, should_stop)
+            return_freed_heap()  # before the result: whoever waits on it sees the memory after
             self.channel.send({"type": "result", "id": rid, "run": run})
         except Exception as exc:
             category, message = classify(exc)
@@ -132,6 +135,16 @@ class Worker:
             if msg is None:
                 return
             self.handle(msg)
+
+
+def return_freed_heap() -> None:
+    """Give the heap pages a finished experiment freed back to the system (glibc's
+    malloc_trim), after its run, never inside a timed step. glibc keeps freed memory once its
+    dynamic mmap threshold has grown: measured here, 50 MiB of anonymous memory stayed with the
+    measuring process after 20 small sweeps that followed other experiments, none of it live."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def classify(exc: BaseException) -> tuple[str, str]:
