@@ -70,6 +70,9 @@ def _sweep_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup-steps", type=int, default=None,
                    help="steps per cached warm-up run (default: 32 on CPU, a full run on CUDA)")
     p.add_argument("--no-peaks", action="store_true", help="do not measure the device's peaks")
+    p.add_argument("--retakes", type=int, default=3,
+                   help="CPU: samples per point set aside and taken again when another process "
+                   "used the CPU during them (0 keeps every sample)")
 
 
 def _e2e_opts(p: argparse.ArgumentParser, own_modes: bool) -> None:
@@ -181,7 +184,7 @@ def _params(command: str, args: argparse.Namespace, block: int) -> Any:
             args.repeats if args.repeats is not None else base.repeats, args.seed,
             args.warmup_steps if args.warmup_steps is not None else base.warmup_steps,
             e2e_new_tokens=_new_tokens(args, block), e2e_prompt_len=args.prompt_len,
-            measure_peaks=not args.no_peaks, method=args.method)
+            measure_peaks=not args.no_peaks, method=args.method, retakes=args.retakes)
     if command == "e2e":
         return params.EndToEndParams(_modes(args.modes), args.prompt_len, _new_tokens(args, block),
                                      args.batch, args.e2e_repeats, prompt_seed=args.seed)

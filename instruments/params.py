@@ -54,6 +54,8 @@ class LatencyParams:
     ``spread`` (max - min over the median), up to ``repeats``. ``method`` "crop" fills each cached
     mode's cache once and crops it back to each context; "generate" is the write-up's way: one
     generation per repeat, read as it passes each context (``warmup_steps`` sizes its warm-up).
+    On a CPU, a sample during which another process used the CPU is set aside and taken again
+    once the machine is quiet, up to ``retakes`` times per point ("crop" only).
     """
 
     contexts: list[int]
@@ -69,6 +71,7 @@ class LatencyParams:
     min_repeats: int = 2
     spread: float = 0.10
     method: str = "crop"
+    retakes: int = 3  # CPU: disturbed samples set aside and taken again, per point (0: keep all)
 
     @classmethod
     def defaults(cls, device: str, block_size: int) -> LatencyParams:
@@ -85,6 +88,7 @@ class LatencyParams:
         _whole("repeats", self.repeats, 1)
         _whole("fewest repeats", self.min_repeats, 1)
         _whole("warmup", self.warmup, 0)
+        _whole("retakes", self.retakes, 0)
         if self.method not in ("crop", "generate"):
             raise ValueError(f"method must be 'crop' or 'generate', got {self.method!r}")
         if not 0 < self.spread < 10:

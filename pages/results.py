@@ -91,7 +91,8 @@ if not frame.empty:
     st.caption("Per-token latency of each selected run: colour is the decode mode, line style "
                "the run. Different machines differ in level and shape; compare the shapes.")
     d1, d2, _ = st.columns([1, 1, 3])
-    csv = frame.drop(columns=["samples_ms"], errors="ignore").to_csv(index=False)
+    csv = frame.drop(columns=["samples_ms", "set_aside_ms", "set_aside_why"],
+                     errors="ignore").to_csv(index=False)
     d1.download_button("Download CSV", csv, "latency_runs.csv", "text/csv", key="results_csv",
                        icon=":material/download:")
     d2.download_button("Download JSON", "[" + ",\n".join(run_json(r) for r in selected) + "]",

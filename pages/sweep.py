@@ -43,7 +43,8 @@ def _params(new: int) -> LatencyParams:
                                                                                        block)
     return LatencyParams(contexts, list(picked), int(batch), int(warmup), int(repeats),
                          warmup_steps=spec0.warmup_steps, e2e_new_tokens=new,
-                         e2e_prompt_len=int(prompt_len))
+                         e2e_prompt_len=int(prompt_len),
+                         retakes=spec0.retakes if retake else 0)
 
 
 def _planned() -> LatencyParams | None:
@@ -81,6 +82,11 @@ with st.expander("What to measure", expanded=job is None):
                               f"{spec0.spread:.0%}; the line is their median.")
     e2e = c6.toggle("End-to-end too", True, key="sweep_e2e",
                     help="Also time one whole generation per mode (Figure 3).")
+    retake = c6.toggle("Retake disturbed samples", True, key="sweep_retake", disabled=not cpu,
+                       help=f"On a CPU: a sample during which another process (a browser tab, "
+                       f"a build) used the CPU, or took this one's core, is set aside (a grey "
+                       f"cross on the chart) and taken again once the machine is quiet, up to "
+                       f"{spec0.retakes} times per point.")
     prior = last_sweep_like(choice.model, str(device_facts(choice.device).get("name")),
                             choice.dtype, client.measuring_threads(), int(batch))
     fitted = estimate.from_run(prior) if prior else None
@@ -142,8 +148,9 @@ def _draw(j: Job) -> None:
     calibrated = predicted.overlay(j, fig, shown) if j.finished else None
     st.plotly_chart(fig, width="stretch")
     st.caption("Median time per token (line) and each timed sample (faint points), measured in "
-               "a process of its own: nothing this page draws runs beside a timed step."
-               + (f" Dashed: {calibrated}" if calibrated else ""))
+               "a process of its own: nothing this page draws runs beside a timed step. Grey "
+               "crosses: samples another process disturbed (hover for why), set aside and taken "
+               "again." + (f" Dashed: {calibrated}" if calibrated else ""))
     if not j.finished:
         return
     said = floor_sentence(df, ((j.run or {}).get("meta") or {}).get("peaks", {}).get("measured"))
@@ -177,6 +184,8 @@ def _draw(j: Job) -> None:
         if any(v is not None for v in predicted_s):  # a calibration of this machine covers it
             totals = totals.assign(predicted_s=predicted_s)
             shown_cols.append("predicted_s")
+        if "disturbed_steps" in totals and totals["disturbed_steps"].notna().any():
+            shown_cols.append("disturbed_steps")
         st.dataframe(totals[shown_cols],
                      hide_index=True, column_config={
                          "predicted_s": st.column_config.NumberColumn(
@@ -187,7 +196,11 @@ def _draw(j: Job) -> None:
                          "new_tokens": st.column_config.NumberColumn("new tokens"),
                          "total_s": st.column_config.NumberColumn("total (s)", format="%.2f"),
                          "prefill_ms": st.column_config.NumberColumn("prefill (ms)",
-                                                                     format="%.1f")})
+                                                                     format="%.1f"),
+                         "disturbed_steps": st.column_config.NumberColumn(
+                             "disturbed steps", help="Steps of the median run during which "
+                             "another process used the CPU or took this one's core. A "
+                             "generation is not retaken: its total includes them.")})
     checks = jobs.rows(j, "checks")
     if not checks.empty:
         with st.expander("Mode checks (logits against mode 1)"):

@@ -1,16 +1,20 @@
 #!/usr/bin/env python
 """Does the dashboard disturb what it measures? The same sweep from the browser and from the CLI.
 
-    python scripts/bench_isolation.py                 # gpt2 shapes, 8-200:8, 2 rounds (~10 min)
+    python scripts/bench_isolation.py                 # gpt2 shapes, 8-200:8, 2 rounds (~15 min)
     python scripts/bench_isolation.py --model tiny --contexts 8-64:8 --rounds 1   # smoke run
 
-Each round starts ``streamlit run app.py`` on a free port, runs a latency sweep (modes 1 and 3,
-one timed run per context, random weights) from headless Chromium while a second browser
-session keeps moving between the pages, then runs the same sweep with the CLI
-(``python -m instruments sweep``) in its own process. It prints, per round and mode: the largest
-step against the mode's median (the issue's bound: no cached step above 3x), and the in-app
-median against the CLI's, per context (the bound: within 15%). Do not run it while other work
-loads the cores: the numbers would lie.
+Each round starts ``streamlit run app.py`` on a free port and runs a latency sweep (modes 1 and
+3, one timed run per context, random weights) from headless Chromium while a second browser
+session keeps moving between the pages: once retaking disturbed samples (the default), once
+keeping every sample (the "Retake disturbed samples" toggle off). Then it runs the same sweep
+with the CLI (``python -m instruments sweep``) in its own process, twice: the second CLI run
+against the first is the noise floor of one sample per point. It prints, per round and mode:
+the largest step against the mode's median (the issue's bound: no cached step above 3x), the
+in-app median against the CLI's per context (the bound: within 15%), and how many samples the
+measuring process set aside as disturbed (another process used the CPU meanwhile) and took
+again, the largest of them against the median. Do not run it while other work loads the
+cores: the numbers would lie.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from instruments.client import measuring_threads  # noqa: E402
 from tests.test_browser import ARGS, CHROMIUM, settle, streamlit_server  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,7 +43,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--contexts", default="8-200:8")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", default=None, help="keep the runs here (default: a temp folder)")
-    ap.add_argument("--threads", default="", help="torch threads for both (default: theirs)")
+    ap.add_argument("--threads", default=None,
+                    help="torch threads for the CLI (default: the app's, every core but one)")
     ap.add_argument("--pace-s", type=float, default=2.0,
                     help="seconds the second session stays on each page")
     return ap.parse_args(argv)
@@ -50,7 +56,7 @@ def choose(page, label: str, option: str) -> None:
     settle(page)
 
 
-def browser_sweep(pw, url: str, args: argparse.Namespace) -> None:
+def browser_sweep(pw, url: str, args: argparse.Namespace, retake: bool = True) -> None:
     """Session A runs the sweep; session B browses the other pages until A has finished."""
     from tests.test_browser import wait_finished
 
@@ -70,6 +76,8 @@ def browser_sweep(pw, url: str, args: argparse.Namespace) -> None:
     repeats.fill("1")
     repeats.press("Enter")
     a.get_by_text("End-to-end too").click()  # off: the CLI sweep below has none either
+    if not retake:
+        a.get_by_text("Retake disturbed samples").click()  # off: every sample kept
     settle(a)
     b = browser.new_page(viewport={"width": 1440, "height": 1000})
     b.goto(url)
@@ -90,31 +98,40 @@ def cli_sweep(args: argparse.Namespace, folder: Path) -> None:
     subprocess.run([sys.executable, "-m", "instruments", "sweep", "--model", args.model,
                     "--weights", "random", "--contexts", args.contexts, "--repeats", "1",
                     "--new-tokens", "0", "--no-progress", "--results-dir", str(folder),
-                    *(["--threads", args.threads] if args.threads else [])],
+                    "--threads", args.threads or str(measuring_threads())],
                    cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
 
 
-def latency(folder: Path) -> dict[str, dict[int, float]]:
+def latency(folder: Path) -> dict[str, dict[int, dict]]:
     (path,) = [p for p in folder.glob("*.json")
                if json.loads(p.read_text())["kind"] == "latency_sweep"]
     rows = json.loads(path.read_text())["tables"]["latency"]
-    out: dict[str, dict[int, float]] = {}
+    out: dict[str, dict[int, dict]] = {}
     for r in rows:
-        out.setdefault(r["mode"], {})[r["context_len"]] = r["latency_ms"]
+        out.setdefault(r["mode"], {})[r["context_len"]] = r
     return out
 
 
-def report(app: dict[str, dict[int, float]], cli: dict[str, dict[int, float]]) -> list[str]:
+def _ratios(a: dict[int, dict], b: dict[int, dict]) -> str:
+    r = [a[t]["latency_ms"] / b[t]["latency_ms"] for t in a if t in b]
+    return f"{statistics.median(r):.3f} ({min(r):.2f}–{max(r):.2f})"
+
+
+def report(app: dict[str, dict[int, dict]], cli: dict[str, dict[int, dict]],
+           again: dict[str, dict[int, dict]]) -> list[str]:
     lines = []
     for mode in app:
-        steps = list(app[mode].values())
+        steps = [r["latency_ms"] for r in app[mode].values()]
         median = statistics.median(steps)
         worst = max(steps) / median
-        ratios = [app[mode][t] / cli[mode][t] for t in app[mode] if t in cli.get(mode, {})]
-        mid = statistics.median(ratios)
+        aside = [ms for r in app[mode].values() for ms in r.get("set_aside_ms", [])]
+        kept = sum(r.get("disturbed_kept", 0) for r in app[mode].values())
+        cli_aside = sum(len(r.get("set_aside_ms", [])) for r in cli.get(mode, {}).values())
         lines.append(f"| {mode} | {median:.2f} | {max(steps):.2f} | {worst:.2f}× | "
-                     f"{statistics.median(cli[mode].values()):.2f} | {mid:.3f} | "
-                     f"{min(ratios):.2f}–{max(ratios):.2f} |")
+                     f"{statistics.median(r['latency_ms'] for r in cli[mode].values()):.2f} | "
+                     f"{_ratios(app[mode], cli[mode])} | {len(aside)} "
+                     f"(largest {max(aside, default=0) / median:.1f}×), {kept} kept | "
+                     f"{cli_aside} | {_ratios(cli[mode], again[mode])} |")
     return lines
 
 
@@ -123,19 +140,25 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(argv)
     base = Path(args.out or tempfile.mkdtemp(prefix="kvlab-isolation-"))
-    print("| mode | app median (ms) | app max (ms) | max ÷ median | CLI median (ms) "
-          "| app ÷ CLI, median over contexts | range |")
-    print("|---|---|---|---|---|---|---|")
+    print("| round | retakes | mode | app median (ms) | app max (ms) | max ÷ median "
+          "| CLI median (ms) | app ÷ CLI, median over contexts (range) "
+          "| app: set aside (largest ÷ median), disturbed kept | CLI: set aside "
+          "| CLI ÷ CLI again (range) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for i in range(args.rounds):
-        app_dir, cli_dir = base / f"round{i}-app", base / f"round{i}-cli"
-        app_dir.mkdir(parents=True)
-        cli_dir.mkdir(parents=True)
-        with streamlit_server(app_dir, tiny=args.model == "tiny") as (url, _), \
-                sync_playwright() as pw:
-            browser_sweep(pw, url, args)
-        cli_sweep(args, cli_dir)
-        for line in report(latency(app_dir), latency(cli_dir)):
-            print(line, flush=True)
+        dirs = {name: base / f"round{i}-{name}" for name in ("app", "app-raw", "cli", "cli-again")}
+        for folder in dirs.values():
+            folder.mkdir(parents=True)
+        for name, retake in (("app", True), ("app-raw", False)):  # side by side, one round
+            with streamlit_server(dirs[name], tiny=args.model == "tiny") as (url, _), \
+                    sync_playwright() as pw:
+                browser_sweep(pw, url, args, retake)
+        cli_sweep(args, dirs["cli"])
+        cli_sweep(args, dirs["cli-again"])  # the CLI against itself: the noise floor
+        for name, label in (("app", "on"), ("app-raw", "off")):
+            for line in report(latency(dirs[name]), latency(dirs["cli"]),
+                               latency(dirs["cli-again"])):
+                print(f"| {i + 1} | {label} {line}", flush=True)
     print(f"runs kept in {base}")
     return 0
 

@@ -249,7 +249,9 @@ def test_samples_are_added_while_they_disagree(tiny: Loaded, monkeypatch) -> Non
     durations = iter([10.0, 20.0, 10.5, 10.4] + [5.0] * 200)
 
     class FakeClock:
-        def __init__(self, *a, **k) -> None: ...
+        def __init__(self, *a, **k) -> None:
+            self.disturbed = [None]  # every sample quiet
+
         def start(self) -> None: ...
         def stop(self) -> float:
             return next(durations)

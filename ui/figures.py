@@ -65,9 +65,10 @@ def latency_figure(df: pd.DataFrame, *, log_x: bool = False, log_y: bool = False
                    annotate: bool = True) -> go.Figure:
     """Figures 1-2: median per-token latency against context, one line per mode.
 
-    Columns: mode, context_len, latency_ms; optional samples_ms (list, drawn as faint points)
-    and mode_label. With an uncached and a cached mode, the speedup at the longest shared context
-    is written on the chart.
+    Columns: mode, context_len, latency_ms; optional samples_ms (list, drawn as faint points),
+    set_aside_ms (samples another process disturbed, taken again: grey crosses) and mode_label.
+    With an uncached and a cached mode, the speedup at the longest shared context is written on
+    the chart.
     """
     fig = go.Figure()
     if df.empty:
@@ -93,10 +94,32 @@ def latency_figure(df: pd.DataFrame, *, log_x: bool = False, log_y: bool = False
             x=part["context_len"], y=part["latency_ms"], mode="lines+markers", name=names[mode],
             legendgroup=mode, line=dict(color=color, width=2), marker=dict(size=5),
             hovertemplate="%{x} tokens<br>median %{y:.3f} ms<extra>" + mode + "</extra>"))
+    if show_samples:
+        _set_aside(fig, df[df["mode"].astype(str).isin(wanted)])
     if annotate:
         _annotate_speedup(fig, df, wanted, log_y)
     return style(fig, "context length (tokens)", "time per token (ms)", log_x=log_x,
                  log_y=log_y)
+
+
+def _set_aside(fig: go.Figure, df: pd.DataFrame) -> None:
+    """Grey crosses: samples set aside because another process used the CPU meanwhile."""
+    if "set_aside_ms" not in df.columns:
+        return
+    cols = [c for c in ("set_aside_ms", "set_aside_why") if c in df.columns]
+    pts = df[["mode", "context_len", *cols]].dropna(subset=["set_aside_ms"])
+    pts = pts[pts["set_aside_ms"].map(len) > 0]
+    if pts.empty:
+        return
+    pts = pts.explode(cols)
+    why = pts["set_aside_why"] if "set_aside_why" in pts else pd.Series("", index=pts.index)
+    fig.add_trace(go.Scatter(
+        x=pts["context_len"].astype(float), y=pts["set_aside_ms"].astype(float), mode="markers",
+        name="set aside (disturbed, taken again)",
+        marker=dict(color="#888888", size=7, symbol="x-thin", line=dict(width=1.5)),
+        customdata=list(zip(pts["mode"].astype(str), why.astype(str), strict=True)),
+        hovertemplate="%{x} tokens, %{customdata[0]}<br>set aside: %{y:.3f} ms"
+        "<br>%{customdata[1]}<extra></extra>"))
 
 
 def _annotate_speedup(fig: go.Figure, df: pd.DataFrame, modes: list[str], log_y: bool) -> None:

@@ -1,7 +1,8 @@
 """End to end: the time to generate n tokens after a prompt, per mode (kind "end_to_end").
 
 ``run(loaded, EndToEndParams, progress, should_stop)`` -> run with tables ``end_to_end`` (one
-row per mode: total_s median, samples_s, prefill_ms, flops_total), ``cumulative`` (the running
+row per mode: total_s median, samples_s, prefill_ms, flops_total, disturbed_steps: the median
+run's steps during which another process used the CPU, on a CPU), ``cumulative`` (the running
 total after each token, from the repeat with the median total) and ``checks``. Call 0 is the
 prefill (context = prompt_len); call k >= 1 feeds token k-1 back (context = prompt_len + k).
 A short untimed run of ``warmup_tokens`` tokens precedes each mode. ``measure`` is the same
@@ -22,14 +23,16 @@ from engine.model import GPT
 from instruments import costs, gate
 from instruments.params import EndToEndParams
 from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, random_prompt, record
-from instruments.timing import StepClock
+from instruments.timing import CpuWatch, StepClock
 
 
 def measure(model: GPT, p: EndToEndParams, names: list[str], tr: Tracker) -> bool:
     """Time each mode in ``names`` (already gated); rows go to ``tr``. True if stopped."""
     idx = random_prompt(model, p.batch_size, p.prompt_len, p.prompt_seed)
+    watch = CpuWatch.for_device(model.device)  # a generation is not retaken: disturbance counted
     for name in names:
         runs: list[list[float]] = []
+        disturbed: list[int] = []
         last_only = True
         for rep in range(-1, p.repeats):  # rep -1: the untimed warm-up
             n = min(p.new_tokens, p.warmup_tokens) if rep < 0 else p.new_tokens
@@ -42,15 +45,17 @@ def measure(model: GPT, p: EndToEndParams, names: list[str], tr: Tracker) -> boo
                 tr.work += 1 if timed else 0
                 tr.emit(f"{what}, token {s.index + 1}/{n}", force=False)
 
-            gen = decode(dec, idx, n, timer=StepClock(model.device), on_step=on_step,
-                         should_stop=tr.stop)
+            clock = StepClock(model.device, watch=watch)
+            gen = decode(dec, idx, n, timer=clock, on_step=on_step, should_stop=tr.stop)
             del dec
             if gen.stopped_early:
                 return True
             if rep >= 0:
                 runs.append(gen.step_ms)
+                disturbed.append(sum(why is not None for why in clock.disturbed))
         totals_s = [sum(r) / 1e3 for r in runs]
-        median_run = sorted(runs, key=sum)[len(runs) // 2]
+        middle = sorted(range(len(runs)), key=lambda i: sum(runs[i]))[len(runs) // 2]
+        median_run = runs[middle]
         spec = modes.MODES[name]
         flops = costs.generation_flops(model.config, p.prompt_len, p.new_tokens,
                                        cached=spec.cached, batch_size=p.batch_size,
@@ -59,7 +64,8 @@ def measure(model: GPT, p: EndToEndParams, names: list[str], tr: Tracker) -> boo
                  "prompt_len": p.prompt_len, "new_tokens": p.new_tokens,
                  "batch_size": p.batch_size, "dtype": str(model.dtype).removeprefix("torch."),
                  "total_s": statistics.median(totals_s), "samples_s": totals_s,
-                 "prefill_ms": median_run[0], "flops_total": flops}
+                 "prefill_ms": median_run[0], "flops_total": flops,
+                 "disturbed_steps": disturbed[middle] if watch is not None else None}
         running_s = 0.0
         for step, ms in enumerate(median_run):
             running_s += ms / 1e3

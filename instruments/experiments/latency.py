@@ -12,7 +12,11 @@ chart fills evenly from the left. Uncached modes: one full forward of a t-token 
 sample. Cached modes (method "crop"): the cache is filled once, growing with the contexts, and
 cropped back to t - 1 tokens before each timed step at t -- no generation up to t. Each point
 takes ``min_repeats`` samples, more while they disagree by more than ``spread``, at most
-``repeats``. Method "generate" times cached modes the write-up's way (``latency_generate``).
+``repeats``. On a CPU a sample that another process disturbed (``timing.CpuWatch``) is set aside
+and taken again once the machine is quiet, at most ``retakes`` times a point; the row keeps
+what was set aside and why (``set_aside_ms``, ``set_aside_why``) and counts disturbed samples
+it had to keep (``disturbed_kept``). Method "generate" times cached modes the write-up's way
+(``latency_generate``).
 ``should_stop()`` is polled between samples; a stopped run keeps its rows, marked partial.
 """
 
@@ -33,15 +37,17 @@ from instruments.experiments.latency_generate import generation_work, time_by_ge
 from instruments.params import EndToEndParams, LatencyParams
 from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, random_prompt, record
 from instruments.tables import summary_table
-from instruments.timing import StepClock, synchronize
+from instruments.timing import CpuWatch, StepClock, synchronize
 
 
 def row(model: GPT, mode: str, t: int, batch: int, samples_ms: list[float], phase: str,
-        last_only: bool, compile_s: float, keys: int | None = None) -> dict[str, Any]:
+        last_only: bool, compile_s: float, keys: int | None = None,
+        quiet: dict[str, Any] | None = None) -> dict[str, Any]:
     """One latency row: the median, every sample, the formula FLOPs/bytes and the rates.
 
     ``keys``: what a cached step attends to when that is more than its context (a static-shape
-    step reads the whole cache): FLOPs and bytes are charged for it.
+    step reads the whole cache): FLOPs and bytes are charged for it. ``quiet``: the samples set
+    aside as disturbed (``set_aside_ms``, ``set_aside_why``) and ``disturbed_kept``.
     """
     cfg, spec = model.config, modes.MODES[mode]
     cached = spec.cached and phase == "decode"
@@ -61,6 +67,7 @@ def row(model: GPT, mode: str, t: int, batch: int, samples_ms: list[float], phas
         "flops": flops, "tflops": flops / seconds / 1e12 if seconds > 0 else None,
         "bytes": nbytes, "gbps": nbytes / seconds / 1e9 if seconds > 0 else None,
         "compile_s": compile_s,  # set-up (compile / capture) time, never part of a step
+        **(quiet or {}),
     }
 
 
@@ -78,15 +85,17 @@ class _Mode:
         self.cached = modes.MODES[name].cached
         self.dec: Decoder = make_decoder(model, name, batch_size=p.batch_size, capacity=top)
         self.warm = False
+        self.watch = CpuWatch.for_device(model.device)
 
-    def sample(self, idx: torch.Tensor, t: int) -> tuple[float, str]:
-        """One timed call at context t: (ms, phase)."""
+    def sample(self, idx: torch.Tensor, t: int) -> tuple[float, str, str | None]:
+        """One timed call at context t: (ms, phase, why it was disturbed or None)."""
         dec, dev = self.dec, self.model.device
-        clock = StepClock(dev)
+        clock = StepClock(dev, watch=self.watch)
         if not self.cached or t == 1:  # a forward of t tokens (a cached mode's prefill at 1)
             clock.start()
             dec.prefill(idx[:, :t])
-            return clock.stop(), ("prefill" if self.cached else "forward")  # type: ignore
+            ms = clock.stop()
+            return ms, ("prefill" if self.cached else "forward"), clock.disturbed[-1]  # type: ignore
         length = dec.length
         if dec.seq is None or length == 0:
             dec.prefill(idx[:, : t - 1])
@@ -97,7 +106,8 @@ class _Mode:
         synchronize(dev)
         clock.start()
         dec.step(idx[:, t - 1 : t])
-        return clock.stop(), "decode"  # type: ignore[return-value]
+        ms = clock.stop()
+        return ms, "decode", clock.disturbed[-1]  # type: ignore[return-value]
 
 
 def _measure_point(st: _Mode, p: LatencyParams, idx: torch.Tensor, t: int,
@@ -108,20 +118,34 @@ def _measure_point(st: _Mode, p: LatencyParams, idx: torch.Tensor, t: int,
             st.sample(idx, t)
         st.warm = True
     samples: list[float] = []
+    aside_ms: list[float] = []
+    aside_why: list[str] = []
+    kept = 0
+    retakes = p.retakes
     phase = "forward"
     fewest = min(p.min_repeats, p.repeats)
     while len(samples) < p.repeats:
         if tr.stop():
             return None
-        ms, phase = st.sample(idx, t)
-        samples.append(ms)
+        ms, phase, why = st.sample(idx, t)
         tr.work += _point_work(st.name, t)
+        if why and st.watch is not None and len(aside_ms) < retakes:
+            aside_ms.append(ms)
+            aside_why.append(why)
+            tr.emit(f"{st.name}: context {t}: a sample was disturbed ({why}); waiting for a "
+                    "quiet moment to take it again")
+            if not st.watch.wait_quiet(ms):
+                retakes = len(aside_ms)  # never quiet in 2 s: keep what comes, marked
+            continue
+        samples.append(ms)
+        kept += why is not None
         med = statistics.median(samples)
         if len(samples) >= fewest and (max(samples) - min(samples)) <= p.spread * med:
             break
     last_only = getattr(st.dec, "logits", "last") == "last"
+    quiet = {"set_aside_ms": aside_ms, "set_aside_why": aside_why, "disturbed_kept": kept}
     return row(st.model, st.name, t, p.batch_size, samples, phase, last_only, st.dec.compile_s,
-               st.dec.attended_keys(t))
+               st.dec.attended_keys(t), quiet)
 
 
 @torch.no_grad()
@@ -194,6 +218,7 @@ def run(loaded: Loaded, params: LatencyParams, progress: ProgressFn | None = Non
             params.modes, params.e2e_prompt_len, params.e2e_new_tokens, params.batch_size,
             prompt_seed=params.prompt_seed), passed, tr)
         timings["e2e_s"] = time.perf_counter() - t0
+    _note_disturbed(tr)
     if stopped:
         tr.note("stopped: what was measured is kept")
     peaks = None
@@ -211,6 +236,19 @@ def run(loaded: Loaded, params: LatencyParams, progress: ProgressFn | None = Non
               "cumulative": tr.tables.get("cumulative", [])}
     return record(loaded, "latency_sweep", params, tables, partial=stopped, notes=tr.notes,
                   measured_peaks=peaks, timings=timings)
+
+
+def _note_disturbed(tr: Tracker) -> None:
+    """Say how many samples other processes disturbed, and what became of them."""
+    rows = tr.tables.get("latency", [])
+    aside = sum(len(r.get("set_aside_ms", [])) for r in rows)
+    kept = sum(r.get("disturbed_kept", 0) for r in rows)
+    if aside:
+        tr.note(f"{aside} sample(s) set aside and taken again: another process used the CPU "
+                "while they ran (every one is kept in the run, beside its point)")
+    if kept:
+        tr.note(f"{kept} sample(s) were disturbed and kept: the retakes ran out; the medians "
+                "they enter may be high")
 
 
 def _pair(rows: list[dict[str, Any]]) -> tuple[str, str]:
