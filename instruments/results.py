@@ -26,8 +26,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 SCHEMA_VERSION = 1
 # fmt: off
 # Kinds the app knows how to draw; any lowercase identifier is accepted (the CLI may add more).
@@ -39,11 +37,6 @@ META_FIELDS = (
     "model", "weights", "device", "device_name", "dtype", "batch_size", "torch_version",
     "transformers_version", "python_version", "platform", "git_rev", "warmup", "repeats", "peaks",
     "partial", "note",
-)
-# Run-level columns `table_frame` adds to every row, so runs from different machines line up.
-RUN_COLUMNS = (
-    "run_id", "kind", "model", "device_name", "dtype", "batch_size", "weights", "created_utc",
-    "label",
 )
 # fmt: on
 MAX_FILE_BYTES = 256 * 2**20  # a results file is kilobytes; anything huge is not one of ours
@@ -352,54 +345,6 @@ def load_runs(results_dir: str | os.PathLike = "results", recursive: bool = Fals
 
 
 # ---------------------------------------------------------------------------------- reading
-def run_label(run: dict[str, Any]) -> str:
-    """Short human label: meta "label" if set, else device · model · dtype · batch · date."""
-    meta = run.get("meta") or {}
-    if meta.get("label"):
-        return str(meta["label"])
-    parts = [
-        str(meta.get("device_name") or meta.get("device") or "unknown device"),
-        str(meta.get("model") or "?"),
-        str(meta.get("dtype") or "?"),
-    ]
-    if meta.get("batch_size") is not None:
-        parts.append(f"batch {meta['batch_size']}")
-    parts.append(str(run.get("created_utc", ""))[:16].replace("T", " "))
-    label = " · ".join(p for p in parts if p)
-    return label + (" (partial)" if meta.get("partial") else "")
-
-
-def table_frame(runs: list[dict[str, Any]], table: str) -> pd.DataFrame:
-    """`table` from every run that has it, one DataFrame, with the RUN_COLUMNS added per row.
-
-    A row's own field wins over the run's (a batch sweep's rows carry their own batch_size);
-    the run's value fills it only where the row has none. Empty frame (with RUN_COLUMNS) if none.
-    """
-    frames = []
-    for run in runs:
-        rows = (run.get("tables") or {}).get(table) or []
-        if not rows:
-            continue
-        frame = pd.DataFrame(rows)
-        meta = run.get("meta") or {}
-        values = {
-            "run_id": run.get("run_id"),
-            "kind": run.get("kind"),
-            "created_utc": run.get("created_utc"),
-            "label": run_label(run),
-            **{k: meta.get(k) for k in ("model", "device_name", "dtype", "batch_size", "weights")},
-        }
-        for column, value in values.items():
-            if column not in frame.columns:
-                frame[column] = value
-            elif value is not None:
-                frame[column] = frame[column].where(frame[column].notna(), value)
-        frames.append(frame)
-    if not frames:
-        return pd.DataFrame(columns=list(RUN_COLUMNS))
-    return pd.concat(frames, ignore_index=True, sort=False)
-
-
 def reference_run(path: str | os.PathLike | None = None) -> dict[str, Any]:
     """The seed write-up's published A40 figures as a run (kind "reference"), shipped with us.
 

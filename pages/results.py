@@ -12,7 +12,8 @@ import json
 import pandas as pd
 import streamlit as st
 
-from instruments.results import ResultsError, reference_run, run_label, table_frame
+from instruments.frames import run_label, table_frame
+from instruments.results import ResultsError, reference_run
 from ui import header
 from ui.figures import overlay_figure
 from ui.runs import run_json, saved_runs

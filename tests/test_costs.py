@@ -271,7 +271,8 @@ def test_step_bytes_and_intensity():
 
 def test_published_throughput_is_reproduced_by_the_formula():
     """The write-up's achieved TFLOP/s are its FLOP estimate / its latency: check we agree."""
-    from instruments.results import reference_run, table_frame
+    from instruments.frames import table_frame
+    from instruments.results import reference_run
 
     ref = [reference_run()]
     latency = table_frame(ref, "latency").set_index(["mode", "context_len"])["latency_ms"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from instruments import cli, results
+from instruments import cli, frames, results
 from ui import plots
 
 TINY_ALL = ["--model", "tiny", "--contexts", "4,8,16", "--repeats", "1", "--new-tokens", "6",
@@ -36,15 +36,15 @@ def test_all_writes_one_loadable_file_per_experiment(all_dir: Path) -> None:
     # The sweep carries the peaks the hardware step measured in the same process.
     assert meta["peaks"]["measured"] == hardware["meta"]["peaks"]["measured"]
     assert meta["peaks"]["measured"]["matmul_tflops"] > 0
-    df = results.table_frame(loaded.runs, "latency")
+    df = frames.table_frame(loaded.runs, "latency")
     assert len(df) == 6 and set(df["mode"]) == {"uncached", "concat"}
     assert set(df["context_len"]) == {4, 8, 16} and (df["latency_ms"] > 0).all()
-    e2e = results.table_frame(loaded.runs, "end_to_end")  # the sweep's end-to-end part
+    e2e = frames.table_frame(loaded.runs, "end_to_end")  # the sweep's end-to-end part
     assert list(e2e["new_tokens"]) == [6, 6]
-    assert len(results.table_frame(loaded.runs, "cumulative")) == 12
-    kv = results.table_frame(loaded.runs, "kv_memory")
+    assert len(frames.table_frame(loaded.runs, "cumulative")) == 12
+    kv = frames.table_frame(loaded.runs, "kv_memory")
     assert (kv["kv_tensor_bytes"] == kv["kv_formula_bytes"]).all()
-    assert not results.table_frame(loaded.runs, "crossover").empty
+    assert not frames.table_frame(loaded.runs, "crossover").empty
 
 
 def test_plots_write_html(all_dir: Path, tmp_path: Path) -> None:

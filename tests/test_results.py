@@ -12,18 +12,16 @@ import numpy as np
 import pytest
 
 from instruments import results
+from instruments.frames import RUN_COLUMNS, run_label, table_frame
 from instruments.results import (
     META_FIELDS,
-    RUN_COLUMNS,
     SCHEMA_VERSION,
     ResultsError,
     collect_meta,
     load_runs,
     new_run,
     reference_run,
-    run_label,
     save_run,
-    table_frame,
 )
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from instruments import results
+from instruments import frames, results
 from ui.figures_perf import run_ceilings
 
 # (run kind, table, file suffix, ui module, builder): pure DataFrame -> Figure functions
@@ -58,11 +58,11 @@ def write_figures(results_dir: str | Path, figures_dir: str | Path | None = None
     for run in loaded.runs:
         short = f"{run['created_utc'][:19].replace(':', '')}_{run['run_id'][:6]}"
         for kind, table, fig_name, module, fn_name in FIGURES:
-            df = results.table_frame([run], table)
+            df = frames.table_frame([run], table)
             if run["kind"] != kind or df.empty:
                 continue
             if fig_name == "breakdown" and "breakdown_formula" in run["tables"]:
-                formula = results.table_frame([run], "breakdown_formula")
+                formula = frames.table_frame([run], "breakdown_formula")
                 df = pd.concat([df.assign(bar="measured"), formula.assign(bar="formula")],
                                ignore_index=True)
             extra = {"ceilings": run_ceilings(run)} if fn_name == "throughput_figure" else {}
@@ -72,7 +72,7 @@ def write_figures(results_dir: str | Path, figures_dir: str | Path | None = None
         overlay = _builder("figures", "overlay_figure")
         with contextlib.suppress(results.ResultsError):
             sweeps = sweeps + [results.reference_run()]
-        write(overlay(results.table_frame(sweeps, "latency"), log_x=True), "latency_overlay.html")
+        write(overlay(frames.table_frame(sweeps, "latency"), log_x=True), "latency_overlay.html")
     return written, loaded.skipped
 
 

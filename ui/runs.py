@@ -19,7 +19,8 @@ import streamlit as st
 from engine import modes
 from engine.config import GPTConfig
 from instruments import costs
-from instruments.results import LoadResult, ResultsError, load_runs, reference_run, run_label
+from instruments.frames import run_label
+from instruments.results import LoadResult, ResultsError, load_runs, reference_run
 from ui.state import results_dir
 
 
