@@ -2,6 +2,8 @@
 
   decoder.prefill(idx)  -> logits (B, vocab) for the token after ``idx`` (B, T); starts a sequence
   decoder.step(token)   -> logits (B, vocab) after appending ``token`` (B, 1)
+  decoder.seek(ids, t)  holds exactly ``ids[:, :t]`` afterwards, without logits: prefill, crop
+                        or extend, whichever is cheapest from what it holds (set-up, untimed)
 Uncached modes keep the whole sequence and re-run it every step; cached modes keep a KV cache.
 This base class is modes 1-5, 10 and 11 (eager PyTorch through ``GPT.forward`` with a cache
 kind, a mask variant and a logits choice); modes 6-9 subclass it in ``engine.compiled`` and
@@ -102,6 +104,30 @@ class Decoder:
             out, _ = self.model(token, self.cache, logits="last", mask=self.mask)
         return out[:, -1, :]
 
+
+    @torch.no_grad()
+    def seek(self, ids: torch.Tensor, length: int) -> None:
+        """Hold exactly the first ``length`` tokens of ``ids`` (B, >= length), so that the next
+        ``step(ids[:, length:length + 1])`` is a step at context ``length + 1``.
+
+        A cached mode crops its cache when ``ids`` extends what it holds past ``length``, fills
+        it with the missing tokens when it holds fewer, and prefills afresh otherwise (a
+        different prefix). An uncached mode only keeps the tokens: its step re-runs them all.
+        """
+        if not 1 <= length <= ids.size(1):
+            raise ValueError(f"seek length must be within 1..{ids.size(1)}, got {length}")
+        if self.cache_kind is None:
+            self._start_seq(ids[:, :length])
+            return
+        held = self.length
+        same = held > 0 and torch.equal(self.seq[:, : min(held, length)],  # type: ignore[index]
+                                        ids[:, : min(held, length)])
+        if not same:
+            self.prefill(ids[:, :length])
+        elif held >= length:
+            self.rewind(length)  # the next step overwrites what came after
+        else:
+            self.extend(ids[:, held:length])
 
     @torch.no_grad()
     def extend(self, tokens: torch.Tensor) -> None:

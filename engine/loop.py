@@ -6,15 +6,17 @@ when a ``timer`` is given, each call's time. Everything that generates -- pages,
 attribution, the mode gate, teacher-forced comparisons -- goes through this loop.
 
   timer        ``start()`` / ``stop() -> ms | None`` around each decoder call, nothing else (the
-               token is picked outside the timed region); e.g. ``instruments.timing.StepClock``
+               token is picked outside the timed region); e.g.
+               ``instruments.measure.timing.StepClock``
   feed         (B, n) tokens to feed back instead of the picked ones (teacher forcing); the
                picked tokens are still returned
   on_step      called after every call with a ``Step``; ``should_stop`` is polled before each
   keep_logits  keep each call's (B, vocab) logits, in fp32 on the CPU
 
 Greedy by default; ``temperature`` > 0 samples (``top_k``, reproducible with ``seed``).
-``generate(model, prompt_ids, n)`` is the convenience wrapper: prompt validation, a decoder
-for ``use_cache`` / ``mode``, and the tokens (B, n) back.
+``random_prompt(model, batch, length, seed)`` is the one random-prompt helper (uniform ids on
+the model's device). ``generate(model, prompt_ids, n)`` is the convenience wrapper: prompt
+validation, a decoder for ``use_cache`` / ``mode``, and the tokens (B, n) back.
 """
 
 from __future__ import annotations
@@ -81,6 +83,12 @@ def as_prompt_tensor(prompt_ids: object, model: GPT) -> torch.Tensor:
         raise ValueError(
             f"token id {int(bad[0])} is outside the vocabulary; allowed: 0..{vocab - 1}"
         )
+    return ids.to(model.device)
+
+def random_prompt(model: GPT, batch: int, length: int, seed: int = 0) -> torch.Tensor:
+    """(batch, length) token ids drawn uniformly from the vocabulary, on the model's device."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, model.config.vocab_size, (batch, length), generator=gen)
     return ids.to(model.device)
 
 

@@ -168,13 +168,6 @@ class GPT(nn.Module):
         model.weights_label = f"random (seed {seed})"
         return model.eval()
 
-    @classmethod
-    def from_transformers(cls, hf_model: nn.Module, *, mask: str = "none") -> GPT:
-        """Our model with the weights of a ``transformers`` ``GPT2LMHeadModel``."""
-        from .weights import gpt_from_transformers
-
-        return gpt_from_transformers(hf_model, mask=mask)
-
     def _build_masks(self, device: torch.device | str | None) -> None:
         """Drop every mask buffer, then build the config's variant (others are built on use)."""
         for block in self.transformer.h:

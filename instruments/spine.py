@@ -7,7 +7,8 @@
   Tracker        what an experiment uses to emit events, count work for the time left, poll
                  Stop, and keep the rows it streamed (the tables of the run it returns)
   Collector      what a watcher uses to keep the streamed rows (a partial run if it all fails)
-  random_prompt  the one random-prompt helper
+  no_grad        ``torch.no_grad`` as a decorator that imports torch only when called, so an
+                 experiment module stays importable by the torch-free server
   base_meta / record / partial_record   the one result type: a results-schema run (dict)
 
 Each experiment is ``run(loaded, params, progress, should_stop) -> run`` (``instruments.
@@ -17,15 +18,15 @@ Importing this module does not import torch.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from instruments import results
+from instruments.store import results
 
 if TYPE_CHECKING:
-    import torch
 
     from engine.model import GPT
 
@@ -140,20 +141,26 @@ class Collector:
             self.tables.setdefault(event.table, []).append(event.row)
 
 
-def random_prompt(model: GPT, batch: int, length: int, seed: int = 0) -> torch.Tensor:
-    """(batch, length) token ids drawn uniformly from the vocabulary, on the model's device."""
-    import torch
+def no_grad(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Run ``fn`` under ``torch.no_grad()``; torch is imported at the call, not here."""
 
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, model.config.vocab_size, (batch, length), generator=gen)
-    return ids.to(model.device)
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        with torch.no_grad():
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
 
 
 def base_meta(loaded: Loaded, kind: str, params: Any) -> dict[str, Any]:
     """Meta every run of ``kind`` starts with: model, device, versions, and the params."""
     import torch
 
-    from instruments.device import describe_device
+    from instruments.measure.device import describe_device
 
     facts = describe_device(str(loaded.model.device))
     p = asdict(params) if params is not None else {}

@@ -12,8 +12,9 @@ import streamlit as st
 
 from engine.config import BUG_DESCRIPTIONS, BUG_KINDS
 from engine.tokenizer import TokenizerError, encode, text_or_ids
-from instruments.client import Job
-from instruments.params import CorrectnessParams, to_dict
+from instruments.experiments import to_dict
+from instruments.experiments.correctness import CorrectnessParams
+from instruments.process.client import Job
 from ui import header, jobs
 from ui.figures_memory import check_matrix_figure
 from ui.state import RUN_ICON

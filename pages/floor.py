@@ -12,17 +12,14 @@ import pandas as pd
 import streamlit as st
 
 from engine.config import PRESETS
-from instruments.client import Job
-from instruments.contexts import parse_contexts
-from instruments.params import (
-    AttributionParams,
-    PrecisionParams,
-    PredictionParams,
-    ScopeParams,
-    StaircaseParams,
-    precisions_for,
-    to_dict,
-)
+from instruments.experiments import to_dict
+from instruments.experiments.attribution import AttributionParams
+from instruments.experiments.inputs import parse_contexts
+from instruments.experiments.precision import PrecisionParams, precisions_for
+from instruments.experiments.prediction import PredictionParams
+from instruments.experiments.scope import ScopeParams
+from instruments.experiments.staircase import StaircaseParams
+from instruments.process.client import Job
 from ui import header, jobs, predicted
 from ui.floor_figures import (
     attribution_figure,

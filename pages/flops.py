@@ -26,7 +26,7 @@ from ui.figures_predict import add_predicted_reduction
 from ui.predicted import predicted_for
 from ui.runs import latency_frame, pick_sweep_run
 
-choice = header.page("FLOPs vs time", "FLOPs are counted from formulas (instruments.costs); "
+choice = header.page("FLOPs vs time", "FLOPs are counted from formulas (the cost model); "
                      "times are measured. Dividing one by the other says which regime a decode "
                      "step is in.")
 run = pick_sweep_run("flops_source")

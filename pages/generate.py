@@ -13,8 +13,9 @@ import streamlit as st
 
 from engine import modes
 from engine.tokenizer import TokenizerError, encode, text_or_ids
-from instruments.client import Job
-from instruments.params import GenerationParams, to_dict
+from instruments.experiments import to_dict
+from instruments.experiments.generation import GenerationParams
+from instruments.process.client import Job
 from ui import header, jobs
 from ui.figures import step_latency_figure
 from ui.state import RUN_ICON, mode_choices, mode_label

@@ -1,8 +1,8 @@
 """Memory: where the bytes go, the KV cache measured three ways, and when it outgrows the weights.
 
-Formulas (``instruments.costs``: the breakdown, the crossover grid, the mask bytes) draw at once;
-measurements -- the cache at each context against both baselines, and a measured breakdown --
-are the "memory" experiment in the measuring process (``ui.jobs``), saved as kind "memory".
+Formulas (``instruments.costmodel.costs``: the breakdown, the crossover grid, the mask bytes) draw
+at once; measurements -- the cache at each context against both baselines, and a measured breakdown
+-- are the "memory" experiment in the measuring process (``ui.jobs``), saved as kind "memory".
 Figures from ``ui.figures_memory``; the baseline toggle only redraws.
 """
 
@@ -11,10 +11,11 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from instruments import costs
-from instruments.client import Job
-from instruments.contexts import parse_contexts, preset_contexts
-from instruments.params import MEMORY_BASELINES, MemoryParams, to_dict
+from instruments.costmodel import costs
+from instruments.experiments import to_dict
+from instruments.experiments.inputs import MAX_BATCH, parse_contexts
+from instruments.experiments.memory import CROSSOVER_BATCHES, MEMORY_BASELINES, MemoryParams
+from instruments.process.client import Job
 from ui import header, jobs
 from ui.figures_memory import breakdown_figure, crossover_figure, kv_memory_figure, mask_figure
 from ui.state import RUN_ICON, is_cpu
@@ -34,14 +35,17 @@ if cpu:
             "process's resident set size.", icon=":material/memory:")
 job = jobs.get(KEY)
 busy = jobs.running(KEY)
+spec0 = MemoryParams.defaults(choice.device, block)  # the experiment's own defaults
 
 # ----------------------------------------------------------------------------- breakdown
 st.subheader("Where the bytes go")
 c1, c2, c3, c4 = st.columns(4)
-batch = int(c1.number_input("Batch size", 1, 256, 1, key="mem_batch"))
+batch = int(c1.number_input("Batch size", 1, MAX_BATCH, spec0.batch_size,
+                            key="mem_batch"))
 context = int(c2.number_input("Context (tokens)", 1, block, block, key="mem_context"))
 mask = c3.selectbox("Mask variant", list(MASKS), key="mem_mask", format_func=MASKS.get)
 kind = c4.selectbox("Cache", ["concat", "prealloc"], key="mem_cache",
+                    index=["concat", "prealloc"].index(spec0.cache_kind),
                     help="concat grows by concatenation every step (the write-up's); "
                     "prealloc is sized once.")
 
@@ -80,10 +84,11 @@ st.caption(f"Batch {batch} × {context} tokens in {dtype}. Hover a segment for i
 st.subheader("The KV cache, three ways")
 with st.expander("What to measure", expanded=job is None):
     m1, m2 = st.columns(2)
-    preset = m1.text_input("Context lengths", ", ".join(map(str, preset_contexts(
-        "log-spaced (16)", block))), key="mem_points",
+    preset = m1.text_input("Context lengths", ", ".join(map(str, spec0.contexts)),
+                           key="mem_points",
         help=f"Whole numbers 1..{block} or ranges like 64-{block}:64, separated by commas.")
     fill = m2.radio("Fill", ["prefill", "decode"], horizontal=True, key="mem_fill",
+                    index=["prefill", "decode"].index(spec0.fill),
                     help="prefill: a fresh cache per point; decode: one generation passing "
                     "every point (the write-up's way; slower).")
     measure_clicked = st.button("Measure memory", type="primary", disabled=busy, icon=RUN_ICON)
@@ -129,7 +134,7 @@ jobs.section(KEY, _draw, table="kv_memory", stem="memory",
 # ----------------------------------------------------------------------------- crossover
 st.subheader("When the cache outgrows the weights")
 contexts = sorted({2**k for k in range(4, 20) if 2**k <= block} | {block})
-grid = pd.DataFrame(costs.crossover_grid(cfg, dtype, [1, 2, 4, 8, 16, 32, 64, 128], contexts))
+grid = pd.DataFrame(costs.crossover_grid(cfg, dtype, list(CROSSOVER_BATCHES), contexts))
 st.plotly_chart(crossover_figure(grid), width="stretch")
 cross = costs.kv_overtakes_weights_tokens(cfg, dtype)
 st.caption(f"KV cache ÷ weights for each batch × context (formula). Right of the black line the "

@@ -1,8 +1,8 @@
 """Overview: the device, the model and its weights, library versions, and a guide to the pages.
 
 Device facts come from the probe of this machine (``ui.state.device_facts``) and the datasheet
-table (``instruments.specs``); the peaks are measured only when asked, in the measuring process
-(the hardware experiment, ``ui.device``), and the model is loaded there too.
+table (``instruments.measure.specs``); the peaks are measured only when asked, in the measuring
+process (the hardware experiment, ``ui.device``), and the model is loaded there too.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from importlib import metadata
 
 import streamlit as st
 
-from instruments import client, costs
-from instruments.client import Job
-from instruments.specs import lookup_peaks
+from instruments.costmodel import costs
+from instruments.measure.specs import lookup_peaks
+from instruments.process import client
+from instruments.process.client import Job
 from ui import device, header, jobs
 from ui.state import device_facts, machine
 

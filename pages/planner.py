@@ -1,11 +1,11 @@
 """KV memory planner: how many sequences fit, and what paging, a smaller cache dtype or fewer KV
 heads would save.
 
-Formulas (``instruments.kv_plan``) draw at once; **Plan on this device** runs the "planner"
-experiment in the measuring process (``ui.jobs``): it reads the free memory, allocates the caches
-the plan predicts (and the three layouts of the drawn batch), reports what the tensors and the
-allocator hold, frees them, and measures the logits error of each KV storage type against fp32.
-The step time of the paged and int8 modes beside mode 5 is a latency sweep of those three.
+Formulas (``instruments.costmodel.kv_plan``) draw at once; **Plan on this device** runs the
+"planner" experiment in the measuring process (``ui.jobs``): it reads the free memory, allocates
+the caches the plan predicts (and the three layouts of the drawn batch), reports what the tensors
+and the allocator hold, frees them, and measures the logits error of each KV storage type against
+fp32. The step time of the paged and int8 modes beside mode 5 is a latency sweep of those three.
 """
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ import pandas as pd
 import streamlit as st
 
 from engine import modes
-from instruments import kv_plan
-from instruments.client import Job
-from instruments.params import LatencyParams, PlannerParams, to_dict
+from instruments.costmodel import kv_plan
+from instruments.experiments import to_dict
+from instruments.experiments.latency import LatencyParams
+from instruments.experiments.planner import PlannerParams
+from instruments.process.client import Job
 from ui import header, jobs
 from ui.figures import latency_figure
 from ui.figures_planner import (

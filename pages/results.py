@@ -1,6 +1,6 @@
 """Results: every saved run, several overlaid on one chart, downloads, and files that failed.
 
-Reads ``instruments.results.load_runs(results_dir())`` (never raises: bad files come back as
+Reads ``instruments.store.results.load_runs(results_dir())`` (never raises: bad files come back as
 skipped with the reason) and the write-up's A40 reference (``reference_run``); overlays the selected
 runs' "latency" tables with ``ui.figures.overlay_figure``. Nothing here measures anything.
 """
@@ -12,8 +12,8 @@ import json
 import pandas as pd
 import streamlit as st
 
-from instruments.frames import run_label, table_frame
-from instruments.results import ResultsError, reference_run
+from instruments.store.frames import run_label, table_frame
+from instruments.store.results import ResultsError, reference_run
 from ui import header
 from ui.figures import overlay_figure
 from ui.runs import run_json, saved_runs

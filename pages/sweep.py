@@ -10,10 +10,18 @@ from __future__ import annotations
 import streamlit as st
 
 from engine import modes
-from instruments import client, estimate
-from instruments.client import Job
-from instruments.contexts import CONTEXT_PRESETS, parse_contexts, preset_contexts, repeated_contexts
-from instruments.params import MAX_BATCH, LatencyParams, to_dict
+from instruments.costmodel import estimate
+from instruments.experiments import to_dict
+from instruments.experiments.inputs import (
+    CONTEXT_PRESETS,
+    MAX_BATCH,
+    parse_contexts,
+    preset_contexts,
+    repeated_contexts,
+)
+from instruments.experiments.latency import LatencyParams
+from instruments.process import client
+from instruments.process.client import Job
 from ui import header, jobs, predicted
 from ui.figures import cumulative_figure, latency_figure, ordered_modes
 from ui.figures_perf import floor_sentence

@@ -35,9 +35,9 @@ import torch  # noqa: E402
 from engine import GPT, GPTConfig, make_decoder  # noqa: E402
 from engine.modes import MODES  # noqa: E402
 from engine.weights import to_transformers  # noqa: E402
-from instruments import costs  # noqa: E402
-from instruments.gate import Gate  # noqa: E402
-from instruments.memory import step_memory_growth  # noqa: E402
+from instruments.checks.gate import Gate  # noqa: E402
+from instruments.costmodel import costs  # noqa: E402
+from instruments.measure.memory import step_memory_growth  # noqa: E402
 
 CACHED = ["concat", "prealloc", "prealloc_fused", "fast"]
 COMPILED = ["compiled", "fast_compiled"]
@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         verdict = "info" if args.tiny else ("PASS" if ok else "MISS")
         print(f"{verdict}: {text}")
     if args.save:
-        from instruments.results import collect_meta, new_run, save_run
+        from instruments.store.results import collect_meta, new_run, save_run
 
         meta = collect_meta(model=what, weights="random", device="cpu", dtype="float32",
                             batch_size=1, note=cmd)

@@ -29,8 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from instruments.client import measuring_threads  # noqa: E402
-from tests.test_browser import ARGS, CHROMIUM, settle, streamlit_server  # noqa: E402
+from instruments.process.client import measuring_threads  # noqa: E402
+from scripts.browser import ARGS, CHROMIUM, settle, streamlit_server  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = ["Overview", "FLOPs vs time", "Memory", "Results", "Generate side by side",
@@ -58,7 +58,7 @@ def choose(page, label: str, option: str) -> None:
 
 def browser_sweep(pw, url: str, args: argparse.Namespace, retake: bool = True) -> None:
     """Session A runs the sweep; session B browses the other pages until A has finished."""
-    from tests.test_browser import wait_finished
+    from scripts.browser import wait_finished
 
     browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
     a = browser.new_page(viewport={"width": 1440, "height": 1000})

@@ -22,9 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from instruments.client import measuring_threads  # noqa: E402
-from instruments.predict import RECIPES  # noqa: E402
-from instruments.results import load_runs  # noqa: E402
+from instruments.costmodel.predict import RECIPES  # noqa: E402
+from instruments.process.client import measuring_threads  # noqa: E402
+from instruments.store.results import load_runs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.test_browser import ARGS, CHROMIUM, settle, streamlit_server  # noqa: E402
+from scripts.browser import ARGS, CHROMIUM, settle, streamlit_server  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -30,12 +30,13 @@ import torch  # noqa: E402
 
 from engine import modes  # noqa: E402
 from engine.config import GPTConfig  # noqa: E402
-from instruments import costs, params, results  # noqa: E402
-from instruments.contexts import preset_contexts  # noqa: E402
-from instruments.device import describe_device, device_available  # noqa: E402
+from instruments.costmodel import costs  # noqa: E402
+from instruments.costmodel.predict import RECIPES  # noqa: E402
 from instruments.experiments import get  # noqa: E402
-from instruments.predict import RECIPES  # noqa: E402
+from instruments.experiments.inputs import preset_contexts  # noqa: E402
+from instruments.measure.device import describe_device, device_available  # noqa: E402
 from instruments.spine import Event, Loaded, ModelSpec, load  # noqa: E402
+from instruments.store import results
 
 SHARES = {"sweep float32": 0.28, "sweep bfloat16": 0.20, "attribution": 0.10,
           "staircase": 0.16, "memory": 0.10, "planner": 0.06,
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
               for dt in ("float32", "bfloat16")}
     fp32: Loaded = models["float32"]
     cfg = fp32.model.config
-    hw = get("hardware").run(fp32, params.HardwareParams(["float32", "bfloat16"],
+    hw = get("hardware").run(fp32, get("hardware").params(["float32", "bfloat16"],
                                                          quick=args.tiny), _print_row)
     save(args, hw)
     read_gbps = {dt: r["read_gbps"] for dt, r in zip(("float32", "bfloat16"),
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         stop = clock.start(f"sweep {dtype}")
         names = sweep_modes(args.device, cuda and not args.no_compile and dtype == "float32")
         repeats = 2 if cuda else 3  # a cached run is 1,023 steps: two fit the budget
-        run = get("latency").run(loaded, params.LatencyParams(
+        run = get("latency").run(loaded, get("latency").params(
             contexts, names, repeats=repeats, warmup=1, warmup_steps=32),
             _print_row, stop)
         for note in run["meta"]["notes"]:
@@ -172,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     att_modes = [x for x in ("concat", "prealloc_fused", "cuda_graph", "compiled", "fast")
                  if x in sweep_modes(args.device, cuda and not args.no_compile)]
     att_ctx = sorted({16, 128, 512, cfg.block_size - 16} & set(range(1, cfg.block_size - 15)))
-    run = get("attribution").run(fp32, params.AttributionParams(att_modes, att_ctx, steps=8),
+    run = get("attribution").run(fp32, get("attribution").params(att_modes, att_ctx, steps=8),
                                  None, stop)
     for r in run["tables"]["attribution"]:
         print(f"  {r['mode']:15s} ctx {r['context_len']:5d}: step {r['step_ms']:.3f} ms, "
@@ -182,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     save(args, run)
 
     stop = clock.start("staircase")
-    run = get("staircase").run(fp32, params.StaircaseParams(
+    run = get("staircase").run(fp32, get("staircase").params(
         None, include_forward=True, forward_every=8 if cuda else 1), None, stop)
     totals = run["tables"]["totals"]
     if totals:
@@ -197,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = clock.start("memory")
     contexts = sorted({64, 256, cfg.block_size // 2, cfg.block_size}
                       & set(range(1, 1 + cfg.block_size)))
-    run = get("memory").run(fp32, params.MemoryParams(
+    run = get("memory").run(fp32, get("memory").params(
         contexts, fill="decode" if cuda else "prefill"), None, stop)
     for r in run["tables"]["kv_memory"][-2:]:
         print(f"  {r['baseline']:15s} {r['context_len']:5d} tokens: formula "
@@ -207,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     save(args, run)
 
     stop = clock.start("planner")  # on a GPU: the whole predicted batch allocated for real
-    run = get("planner").run(fp32, params.PlannerParams(max_alloc_mib=None if cuda else 256),
+    run = get("planner").run(fp32, get("planner").params(max_alloc_mib=None if cuda else 256),
                              None, stop)
     print(f"  free {run['meta']['free_bytes']:,} B, budget {run['meta']['budget_bytes']:,} B")
     for r in run["tables"]["fit"]:
@@ -220,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
 
     stop = clock.start("prediction")  # never run on a GPU yet: what does the sum of parts miss?
     pred_modes = [m for m in sweep_modes(args.device, False) if m in RECIPES]
-    run = get("prediction").run(fp32, params.PredictionParams(
+    run = get("prediction").run(fp32, get("prediction").params(
         pred_modes, preset_contexts("log-spaced (16)", cfg.block_size), repeats=2, passes=2),
         None, stop)
     for v in run["tables"].get("verdicts", []):

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from instruments.results import collect_meta, load_runs, new_run, save_run
+from instruments.store.results import collect_meta, load_runs, new_run, save_run
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 PAGES = ["overview", "generate", "sweep", "flops", "floor", "memory", "planner", "correctness",
@@ -246,7 +246,7 @@ def test_planner_allocates_what_its_formula_says_and_saves(results: Path) -> Non
 
 
 def test_bug_switch_never_touches_the_shared_model() -> None:
-    from instruments.checks import inject_bug, private_view
+    from instruments.checks.correctness import inject_bug, private_view
     from tests.conftest import small_model
 
     shared = small_model()
@@ -257,7 +257,7 @@ def test_bug_switch_never_touches_the_shared_model() -> None:
 
 
 def test_closed_tab_stops_a_job(monkeypatch: pytest.MonkeyPatch) -> None:
-    from instruments import client
+    from instruments.process import client
     from instruments.spine import ModelSpec
 
     job = client.Job("latency", {}, ModelSpec("tiny"), keep_alive=lambda: False)

@@ -1,9 +1,13 @@
 """The layers' arrows point one way, the dashboard's server never imports torch, files stay small.
 
-  engine       imports nothing of instruments, ui, pages, streamlit or plotly
-  instruments  imports neither streamlit, plotly, ui nor pages
+  engine       imports nothing of instruments, ui, pages, streamlit or plotly; no module of it
+               imports one that imports it back
+  instruments  imports neither streamlit, plotly, ui nor pages; inside it, each part imports only
+               the parts below it (``INSTRUMENT_PARTS``, lowest first)
   ui, pages    import no torch -- not directly, and not through anything they import: every page
-               is rendered in a fresh interpreter and torch must not be in sys.modules after
+               is rendered in a fresh interpreter and torch must not be in sys.modules after;
+               ui never imports pages
+  scripts      never import tests or pages (a script stands on the library, not on test code)
 A measuring experiment runs in a process of its own; nothing that draws may even load torch.
 """
 
@@ -38,18 +42,104 @@ def imported(path: Path) -> set[str]:
 @pytest.mark.parametrize("folder, forbidden", [
     ("engine", {"instruments", "ui", "pages", "streamlit", "plotly"}),
     ("instruments", {"streamlit", "plotly", "ui", "pages"}),
-    ("ui", {"torch"}),
+    ("ui", {"torch", "pages"}),
     ("pages", {"torch"}),
+    ("scripts", {"tests", "pages"}),
 ])
 def test_arrows_point_one_way(folder: str, forbidden: set[str]) -> None:
     bad = {str(p.relative_to(ROOT)): sorted(imported(p) & forbidden) for p in sources(folder)}
     assert not {k: v for k, v in bad.items() if v}
 
 
+# The parts of instruments, lowest first: a part may import itself and the parts before it.
+INSTRUMENT_PARTS = ("store", "costmodel", "measure", "spine", "peers", "lineup", "checks",
+                    "experiments", "process", "cli", "__main__")
+
+
+def modules_imported(path: Path, package: str) -> set[str]:
+    """Dotted names of ``package``'s modules a file imports anywhere (functions included);
+    relative imports resolved against the file's own package."""
+    here = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = here.split(".")
+                if path.name != "__init__.py":
+                    parts = parts[:-1]
+                parts = parts[: len(parts) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            names.add(base)
+            names.update(f"{base}.{a.name}" for a in node.names)
+    return {n for n in names if n == package or n.startswith(package + ".")}
+
+
+def part_of(dotted: str) -> str | None:
+    parts = dotted.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def test_each_part_of_instruments_imports_only_the_parts_below_it() -> None:
+    bad = {}
+    for path in sources("instruments"):
+        mine = part_of(".".join(path.relative_to(ROOT).with_suffix("").parts))
+        if mine in (None, "__init__"):
+            continue
+        assert mine in INSTRUMENT_PARTS, f"{path}: a part the layer test does not know"
+        rank = INSTRUMENT_PARTS.index(mine)
+        wrong = sorted(m for m in modules_imported(path, "instruments")
+                       if (p := part_of(m)) in INSTRUMENT_PARTS
+                       and INSTRUMENT_PARTS.index(p) > rank)
+        if wrong:
+            bad[str(path.relative_to(ROOT))] = wrong
+    assert not bad
+
+
+def test_no_engine_module_imports_one_that_imports_it_back() -> None:
+    graph = {}
+    for path in sources("engine"):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        graph[name.removesuffix(".__init__")] = {
+            m for m in modules_imported(path, "engine") if m != "engine"}
+    modules = set(graph)
+
+    def reach(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in graph.get(todo.pop(), ()):
+                if nxt in modules and nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    cycles = sorted(m for m in modules if m in reach(m) and m != "engine")
+    assert not cycles
+
+
 def test_the_arrow_check_sees_a_wrong_import(tmp_path: Path) -> None:
     wrong = tmp_path / "page.py"
     wrong.write_text("import os\nfrom torch.nn import functional as F\nimport streamlit as st\n")
     assert imported(wrong) == {"os", "torch", "streamlit"}
+
+
+def test_the_part_check_sees_an_upward_import(tmp_path: Path) -> None:
+    pkg = tmp_path / "instruments" / "measure"
+    pkg.mkdir(parents=True)
+    f = pkg / "x.py"
+    f.write_text("def f():\n    from instruments.experiments import latency\n"
+                 "from . import sampler\n")
+    global ROOT
+    saved, ROOT = ROOT, tmp_path
+    try:
+        got = modules_imported(f, "instruments")
+    finally:
+        ROOT = saved
+    assert "instruments.experiments.latency" in got and "instruments.measure.sampler" in got
+    assert INSTRUMENT_PARTS.index(part_of("instruments.experiments.latency")) > \
+        INSTRUMENT_PARTS.index("measure")
 
 
 def test_no_source_file_over_about_400_lines() -> None:

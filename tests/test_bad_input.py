@@ -15,7 +15,8 @@ import torch
 from streamlit.testing.v1 import AppTest
 
 from engine.config import GPTConfig
-from instruments.params import MAX_BATCH, LatencyParams
+from instruments.experiments.inputs import MAX_BATCH
+from instruments.experiments.latency import LatencyParams
 
 from .test_app import APP, configure_sweep, no_traceback, open_page, results, wait_job
 

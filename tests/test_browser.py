@@ -16,20 +16,16 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-ROOT = Path(__file__).resolve().parents[1]
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update"]
+from scripts.browser import ARGS, CHROMIUM, settle, wait_finished
+from scripts.browser import streamlit_server as _server
+
 MODEL = os.environ.get("KVLAB_BROWSER_MODEL", "tiny")
 SWEEP = os.environ.get("KVLAB_BROWSER_CONTEXTS", "8, 16, 32, 64, 96, 128")
 MEMORY = os.environ.get("KVLAB_BROWSER_MEMORY", "8, 32, 64, 128")
@@ -43,41 +39,8 @@ pytestmark = [
 sync_api = pytest.importorskip("playwright.sync_api")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def streamlit_server(results: Path, tiny: bool = MODEL == "tiny"
-                     ) -> Iterator[tuple[str, subprocess.Popen]]:
-    port = free_port()
-    env = {**os.environ, "KVLAB_RESULTS_DIR": str(results), "KVLAB_TINY": "1" if tiny else "0"}
-    log = open(results / "server.log", "w")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
-         "--server.headless", "true", "--server.address", "127.0.0.1"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(120):
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=1) as r:
-                    if r.read() == b"ok":
-                        break
-            except OSError:
-                time.sleep(0.5)
-        else:
-            pytest.fail("streamlit did not start: " + (results / "server.log").read_text())
-        yield url, proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+def streamlit_server(results: Path, tiny: bool = MODEL == "tiny"):
+    return _server(results, tiny)
 
 
 @pytest.fixture(scope="module")
@@ -101,27 +64,9 @@ def shot(page, name: str, folder: Path) -> None:
         shutil.copy(folder / f"{name}.png", Path(target) / f"{name}.png")
 
 
-def settle(page, timeout_ms: int = 60_000) -> None:
-    """Wait until the app is idle (no 'Running…' indicator) and check for exceptions."""
-    status = '[data-testid="stStatusWidget"]'
-    end = time.monotonic() + timeout_ms / 1000
-    while True:  # idle twice in a row, 0.8 s apart: a rerun can start right after a click
-        page.wait_for_timeout(800)
-        page.wait_for_selector(status, state="detached", timeout=timeout_ms)
-        page.wait_for_timeout(800)
-        if page.locator(status).count() == 0 or time.monotonic() > end:
-            break
-    assert page.locator('[data-testid="stException"]').count() == 0, page.inner_text("body")
-
-
 def go_to(page, title: str) -> None:
     page.locator('[data-testid="stSidebarNav"] a', has_text=title).first.click()
     page.wait_for_selector(f'h1:has-text("{title}")', timeout=60_000)
-    settle(page)
-
-
-def wait_finished(page, timeout_ms: int) -> None:
-    page.wait_for_selector('[data-testid="stProgress"]', state="detached", timeout=timeout_ms)
     settle(page)
 
 
@@ -284,7 +229,7 @@ def test_killing_the_measuring_process_mid_sweep(tmp_path: Path) -> None:
                 break
             page.wait_for_timeout(300)
         workers = [c for c in psutil.Process(proc.pid).children(recursive=True)
-                   if "instruments.worker" in " ".join(c.cmdline())]
+                   if "instruments.process.worker" in " ".join(c.cmdline())]
         assert len(workers) == 1
         workers[0].kill()
         page.wait_for_selector("text=/measuring process died/", timeout=60_000)

@@ -12,7 +12,7 @@ import torch
 from engine import generate
 from engine.config import MASK_KINDS
 from engine.kv_cache import CACHE_KINDS, QUANTIZED_KINDS
-from instruments.checks import cached_equals_uncached, inject_bug, multi_token_append
+from instruments.checks.correctness import cached_equals_uncached, inject_bug, multi_token_append
 
 from .conftest import random_prompt, small_model
 

@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from engine.config import GPTConfig
-from instruments import costs
+from instruments.costmodel import costs
 
 GPT2 = GPTConfig.from_name("gpt2")
 TINY = GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=32, vocab_size=50)
@@ -271,8 +271,8 @@ def test_step_bytes_and_intensity():
 
 def test_published_throughput_is_reproduced_by_the_formula():
     """The write-up's achieved TFLOP/s are its FLOP estimate / its latency: check we agree."""
-    from instruments.frames import table_frame
-    from instruments.results import reference_run
+    from instruments.store.frames import table_frame
+    from instruments.store.results import reference_run
 
     ref = [reference_run()]
     latency = table_frame(ref, "latency").set_index(["mode", "context_len"])["latency_ms"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from engine.config import GPTConfig
-from instruments import estimate
-from instruments.params import LatencyParams
+from instruments.costmodel import estimate
+from instruments.experiments.latency import LatencyParams
 
 CFG = GPTConfig.from_name("gpt2")
 

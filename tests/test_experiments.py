@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from instruments import cli, frames, results
+from instruments import cli
+from instruments.store import frames, results
 from ui import plots
 
 TINY_ALL = ["--model", "tiny", "--contexts", "4,8,16", "--repeats", "1", "--new-tokens", "6",
@@ -101,7 +102,7 @@ def test_ctrl_c_saves_a_partial_run(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 def test_the_cli_saves_the_run_the_page_would(tmp_path: Path) -> None:
     """One spine: the CLI's sweep run has the tables and meta a page's sweep run has."""
-    from instruments.params import LatencyParams
+    from instruments.experiments.latency import LatencyParams
 
     assert cli.main(["sweep", "--model", "tiny", "--contexts", "4,8", "--repeats", "1",
                      "--new-tokens", "4", "--no-progress", "--no-peaks",

@@ -16,8 +16,8 @@ from engine import GPT, GPTConfig, decode, make_decoder, modes
 from engine.compiled import CompiledDecoder, CudaGraphDecoder
 from engine.fast import FastDecoder, PackedLinear
 from engine.modes import MODES
-from instruments.gate import Gate
-from instruments.memory import step_memory_growth
+from instruments.checks.gate import Gate
+from instruments.measure.memory import step_memory_growth
 
 CFG = GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=128, vocab_size=256)
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

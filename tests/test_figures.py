@@ -7,8 +7,8 @@ import plotly.graph_objects as go
 import pytest
 
 from engine import GPTConfig
-from instruments import costs
-from instruments.costs import crossover_grid
+from instruments.costmodel import costs
+from instruments.costmodel.costs import crossover_grid
 from ui.figures import (
     cumulative_figure,
     latency_figure,

@@ -14,11 +14,12 @@ import pytest
 import torch
 
 from engine import GPT, GPTConfig, make_decoder
-from instruments.device import Peaks
 from instruments.experiments import get
-from instruments.experiments.attribution import attribute_step
-from instruments.experiments.staircase import SHAPES, default_ts
-from instruments.params import AttributionParams, PrecisionParams, ScopeParams, StaircaseParams
+from instruments.experiments.attribution import AttributionParams, attribute_step
+from instruments.experiments.precision import PrecisionParams
+from instruments.experiments.scope import ScopeParams
+from instruments.experiments.staircase import SHAPES, StaircaseParams, default_ts
+from instruments.measure.device import Peaks
 from instruments.spine import Loaded
 
 from .conftest import loaded_model
@@ -36,7 +37,7 @@ def tiny() -> GPT:
 
 @pytest.fixture(autouse=True)
 def fixed_peaks(monkeypatch: pytest.MonkeyPatch) -> None:
-    from instruments import device
+    from instruments.measure import device
 
     monkeypatch.setattr(device, "peaks", lambda *a, **k: PEAKS)
 
@@ -209,7 +210,7 @@ def _script(name: str, monkeypatch: pytest.MonkeyPatch):
 def test_gpu_check_dry_run_on_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                   capsys: pytest.CaptureFixture[str]) -> None:
     """The script's logic end to end on a CPU with no time budget: every stage saves a file."""
-    from instruments.results import load_runs
+    from instruments.store.results import load_runs
 
     gpu_check = _script("gpu_check", monkeypatch)
     if not torch.cuda.is_available():
@@ -229,7 +230,7 @@ def test_gpu_check_dry_run_on_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     rows = [{"mode": "cuda_graph", "cached": True, "phase": "decode", "context_len": 100,
              "latency_ms": 2.0}]
     line = gpu_check.floor_lines(rows, CFG, 5.0, "float32")[0]
-    from instruments.costs import activation_bytes
+    from instruments.costmodel.costs import activation_bytes
 
     assert line["floor_ms"] == pytest.approx(
         (4 * (CFG.n_layer * 12 * 64 * 64 + 64 * 256) + 100 * 2 * 2 * 64 * 4
@@ -238,7 +239,7 @@ def test_gpu_check_dry_run_on_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 
 def test_scope_and_precision_gate_their_modes_first() -> None:
-    from instruments.checks import inject_bug
+    from instruments.checks.correctness import inject_bug
 
     model = tiny()
     with inject_bug(model, "positions"):
@@ -253,7 +254,7 @@ def test_scope_and_precision_gate_their_modes_first() -> None:
 
 
 def test_a_floor_above_the_step_remeasures_the_peaks_and_flags_what_stays(monkeypatch) -> None:
-    from instruments import device
+    from instruments.measure import device
 
     slow = Peaks("cpu", "float32", matmul_tflops=0.05, matmul_n=1, read_gbps=1e-4,
                  read_kernel="sum", copy_gbps=1.0, bandwidth_bytes=1)  # absurdly low
@@ -277,7 +278,7 @@ def test_a_floor_above_the_step_remeasures_the_peaks_and_flags_what_stays(monkey
 
 def test_static_shape_modes_are_charged_for_the_whole_cache() -> None:
     from engine.compiled import CudaGraphDecoder
-    from instruments import costs
+    from instruments.costmodel import costs
 
     dec = CudaGraphDecoder(tiny(), capacity=128, capture=False)
     assert dec.attended_keys(10) == 128 and make_decoder(tiny(), "concat").attended_keys(10) == 10

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from engine import GPT, GPTConfig
-from instruments.checks import inject_bug, private_view
-from instruments.gate import Gate
+from instruments.checks.correctness import inject_bug, private_view
+from instruments.checks.gate import Gate
 
 pytestmark = pytest.mark.timeout(600)
 CORRECT = ["uncached_last", "concat", "prealloc", "prealloc_fused", "fast", "paged", "int8_kv"]

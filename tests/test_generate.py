@@ -10,7 +10,7 @@ from engine import Decoder, decode, generate, make_decoder
 from engine.loop import first_difference
 from engine.tokenizer import decode as detokenize
 from engine.tokenizer import encode
-from instruments.timing import StepClock
+from instruments.measure.timing import StepClock
 
 from .conftest import random_prompt
 

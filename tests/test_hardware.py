@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from instruments import device as hardware
-from instruments.specs import PEAKS, lookup_peaks
+from instruments.measure import device as hardware
+from instruments.measure.specs import PEAKS, lookup_peaks
 
 
 @pytest.mark.parametrize(
@@ -116,7 +116,7 @@ def test_cpu_use_never_initialises_cuda():
     import subprocess
     import sys
 
-    code = ("import torch; from instruments import device as d; d.describe_device('cpu'); "
+    code = ("import torch; from instruments.measure import device as d; d.describe_device('cpu'); "
             "d.supported_dtypes('cpu'); d.measure_peaks('cpu', quick=True, min_seconds=0.001, "
             "repeats=1); print(torch.cuda.is_initialized())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -13,8 +13,8 @@ from engine import GPT, GPTConfig, make_decoder
 from engine.config import MASK_KINDS
 from engine.kv_variants import PagedKVCache, QuantizedKVCache
 from engine.modes import MODES
-from instruments.checks import private_view
-from instruments.gate import Gate
+from instruments.checks.correctness import private_view
+from instruments.checks.gate import Gate
 
 from .conftest import random_prompt, small_model
 

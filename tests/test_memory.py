@@ -7,9 +7,9 @@ import torch
 
 from engine.config import GPTConfig
 from engine.model import GPT
-from instruments import costs
-from instruments.costs import breakdown_formula, crossover_grid, peak_memory_estimate
-from instruments.memory import (
+from instruments.costmodel import costs
+from instruments.costmodel.costs import breakdown_formula, crossover_grid, peak_memory_estimate
+from instruments.measure.memory import (
     cublas_workspace,
     cublas_workspace_bytes,
     fits,

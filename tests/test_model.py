@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from engine import GPT, GPTConfig, WeightsError, generate, load_model
-from instruments.checks import logits_vs_transformers
+from engine.weights import gpt_from_transformers
+from instruments.checks.correctness import logits_vs_transformers
 
 from .conftest import random_prompt, small_model
 
@@ -40,7 +41,7 @@ def test_logits_match_transformers_full_gpt2_shapes() -> None:
 
     torch.manual_seed(0)
     hf = GPT2LMHeadModel(GPT2Config()).eval()  # transformers' own init, its own weights
-    ours = GPT.from_transformers(hf)
+    ours = gpt_from_transformers(hf)
     idx = torch.randint(0, 50257, (2, 64), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         want = hf(idx).logits

@@ -10,8 +10,8 @@ import torch
 
 from engine import decode, make_decoder, modes
 from engine.modes import MODES
-from instruments.checks import inject_bug
-from instruments.gate import Gate
+from instruments.checks.correctness import inject_bug
+from instruments.checks.gate import Gate
 
 from .conftest import random_prompt, small_model
 

@@ -8,9 +8,10 @@ import torch
 
 from engine import GPT, GPTConfig
 from engine.kv_variants import PagedKVCache
-from instruments import kv_plan, memory
+from instruments.costmodel import kv_plan
 from instruments.experiments import EXPERIMENTS
-from instruments.params import PlannerParams
+from instruments.experiments.planner import PlannerParams
+from instruments.measure import memory
 
 from .conftest import loaded_model
 

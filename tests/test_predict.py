@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from instruments import predict
-from instruments.predict import Calibration, compare, interpolate, predict_point, verdicts
+from instruments.costmodel import predict
+from instruments.costmodel.predict import Calibration, compare, interpolate, predict_point, verdicts
 
 GRID = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 
@@ -133,7 +133,7 @@ def test_a_generation_is_a_prompt_forward_then_one_step_per_token() -> None:
 
 
 def test_the_grid_and_the_plan_cover_what_the_modes_need() -> None:
-    from instruments import calibration
+    from instruments.measure import calibration
 
     assert calibration.grid(16) == [1, 2, 3, 4, 6, 8, 12, 16]
     assert calibration.grid(100)[-1] == 100
@@ -146,7 +146,7 @@ def test_the_grid_and_the_plan_cover_what_the_modes_need() -> None:
 
 def test_a_real_prediction_run_on_the_tiny_model() -> None:
     from instruments.experiments import prediction
-    from instruments.params import PredictionParams
+    from instruments.experiments.prediction import PredictionParams
     from instruments.spine import ModelSpec, load
 
     loaded = load(ModelSpec("tiny"))

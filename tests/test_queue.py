@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from instruments.queue import Cancelled, DeviceQueue
+from instruments.process.queue import Cancelled, DeviceQueue
 
 
 def test_two_runs_never_overlap_and_both_finish() -> None:

@@ -17,10 +17,11 @@ import pytest
 
 from engine.config import GPTConfig
 from engine.model import GPT
-from instruments import timing
 from instruments.experiments import get
-from instruments.params import LatencyParams
-from instruments.timing import CpuWatch, time_call
+from instruments.experiments.latency import LatencyParams
+from instruments.measure import timing
+from instruments.measure.sampler import time_call
+from instruments.measure.timing import CpuWatch
 from ui.figures import latency_figure
 
 from .conftest import loaded_model
@@ -193,7 +194,7 @@ def test_the_watch_sees_real_busy_processes_on_this_machine() -> None:
 
 
 def test_a_generation_counts_its_disturbed_steps(tiny, monkeypatch) -> None:
-    from instruments.params import EndToEndParams
+    from instruments.experiments.end_to_end import EndToEndParams
 
     for flagged, want in ((10**6, 6), (0, 0)):  # every step disturbed, then none
         watch = FlagFirst(flagged)

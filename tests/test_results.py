@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from instruments import results
-from instruments.frames import RUN_COLUMNS, run_label, table_frame
-from instruments.results import (
+from instruments.store import results
+from instruments.store.frames import RUN_COLUMNS, run_label, table_frame
+from instruments.store.results import (
     META_FIELDS,
     SCHEMA_VERSION,
     ResultsError,

@@ -6,9 +6,9 @@ then in place) and again after twenty more. File-backed pages are left out: they
 libraries' code, which the kernel drops under memory pressure and pages back in when a kernel runs
 again, so they say nothing about a leak. A CI run (and later one full run here) saw 50 MiB more:
 freed heap that glibc kept, none of it live -- the measuring process now trims its heap after
-each run (``instruments.worker.return_freed_heap``), and the same sequence then grew 0.02 MiB.
-The bound is 40 MiB: the model is a few MB, and one sweep's caches and rows are well under 1 MiB,
-so steady growth of even 2 MiB per sweep fails it.
+each run (``instruments.process.worker.return_freed_heap``), and the same sequence then grew 0.02
+MiB. The bound is 40 MiB: the model is a few MB, and one sweep's caches and rows are well under 1
+MiB, so steady growth of even 2 MiB per sweep fails it.
 """
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from instruments import client
-from instruments.params import LatencyParams, to_dict
-from instruments.results import load_runs
+from instruments.experiments import to_dict
+from instruments.experiments.latency import LatencyParams
+from instruments.process import client
 from instruments.spine import ModelSpec
+from instruments.store.results import load_runs
 
 GROWTH_BOUND_BYTES = 40 * 2**20
 

@@ -9,13 +9,14 @@ from engine import Decoder
 from engine.config import GPTConfig
 from engine.model import GPT
 from engine.modes import MODES, ModeSpec
-from instruments import costs
-from instruments.checks import inject_bug
-from instruments.contexts import CONTEXT_PRESETS, parse_contexts, preset_contexts
+from instruments.checks.correctness import inject_bug
+from instruments.costmodel import costs
 from instruments.experiments import get
-from instruments.params import EndToEndParams, LatencyParams
+from instruments.experiments.end_to_end import EndToEndParams
+from instruments.experiments.inputs import CONTEXT_PRESETS, parse_contexts, preset_contexts
+from instruments.experiments.latency import LatencyParams
 from instruments.spine import Event, Loaded
-from instruments.tables import format_summary, summary_table
+from instruments.store.tables import format_summary, summary_table
 
 from .conftest import loaded_model
 
@@ -163,7 +164,7 @@ def test_a_registered_mode_that_crashes_is_refused(tiny: Loaded,
 
 def test_a_sweep_that_cannot_fit_is_refused_before_it_starts(tiny: Loaded,
                                                              monkeypatch) -> None:
-    from instruments import memory
+    from instruments.measure import memory
 
     monkeypatch.setattr(memory, "free_bytes", lambda device: 1024)
     with pytest.raises(ValueError, match="would not fit in memory"):
@@ -234,7 +235,10 @@ def test_a_cropped_cache_steps_exactly_like_a_fresh_one(tiny: Loaded, mode: str)
     idx = torch.randint(0, 256, (1, 64), generator=torch.Generator().manual_seed(5))
     st = _Mode(model, mode, LatencyParams([4, 64], [mode]), 64)
     for t in (8, 40, 64, 12, 33):  # grows, then crops back, then grows again
-        st.sample(idx, t)
+        prepare, step, phase = st.calls(idx, t)
+        assert phase == "decode"
+        prepare()
+        step()
         fresh = make_decoder(model, mode, capacity=64)
         fresh.prefill(idx[:, : t - 1])
         want = fresh.step(idx[:, t - 1 : t])
@@ -244,24 +248,28 @@ def test_a_cropped_cache_steps_exactly_like_a_fresh_one(tiny: Loaded, mode: str)
 
 
 def test_samples_are_added_while_they_disagree(tiny: Loaded, monkeypatch) -> None:
-    from instruments.experiments import latency
+    from instruments.measure import sampler
 
-    durations = iter([10.0, 20.0, 10.5, 10.4] + [5.0] * 200)
+    durations = iter([10.0, 20.0, 10.5, 10.4] + [5.0] * 400)
+    now = [0.0]
+    calls = [0]
 
-    class FakeClock:
-        def __init__(self, *a, **k) -> None:
-            self.disturbed = [None]  # every sample quiet
+    def clock() -> float:  # every other read ends a sample that took the next duration
+        calls[0] += 1
+        if calls[0] % 2 == 0:
+            now[0] += next(durations) / 1e3
+        return now[0]
 
-        def start(self) -> None: ...
-        def stop(self) -> float:
-            return next(durations)
-
-    monkeypatch.setattr(latency, "StepClock", FakeClock)
+    real = sampler.Sampler.__init__
+    monkeypatch.setattr(sampler.Sampler, "__init__",
+                        lambda self, *a, **k: real(self, *a,
+                                                   **{**k, "clock": clock, "watch": None}))
     run = sweep(tiny, LatencyParams([8, 16], ["uncached"], repeats=4, warmup=0, spread=0.1))
     first, second = run["tables"]["latency"]
-    assert first["samples_ms"] == [10.0, 20.0, 10.5, 10.4]  # 10 vs 20 disagree: up to 4
-    assert first["spread_ms"] == pytest.approx(10.0) and first["latency_ms"] == 10.45
-    assert second["samples_ms"] == [5.0, 5.0]  # agree at once: the fewest, 2
+    assert first["samples_ms"] == pytest.approx([10.0, 20.0, 10.5, 10.4])  # disagree: up to 4
+    assert first["spread_ms"] == pytest.approx(10.0)
+    assert first["latency_ms"] == pytest.approx(10.45)
+    assert second["samples_ms"] == pytest.approx([5.0, 5.0])  # agree at once: the fewest, 2
 
 
 def test_the_write_ups_method_still_runs(tiny: Loaded) -> None:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from instruments import timing
-from instruments.timing import StepClock, time_call
+from instruments.measure import sampler, timing
+from instruments.measure.sampler import time_call
+from instruments.measure.timing import StepClock
 
 
 class FakeClock:
@@ -55,7 +56,8 @@ def test_even_number_of_samples_median_is_the_middle_mean():
 
 def test_sync_brackets_every_timed_region(monkeypatch):
     events: list[str] = []
-    monkeypatch.setattr(timing, "synchronize", lambda device="cpu": events.append(f"sync:{device}"))
+    monkeypatch.setattr(sampler, "synchronize",
+                        lambda device="cpu": events.append(f"sync:{device}"))
 
     def clock():
         events.append("clock")

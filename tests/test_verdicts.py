@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from instruments.results import collect_meta, new_run, save_run
+from instruments.store.results import collect_meta, new_run, save_run
 from ui.figures_perf import Ceiling, floor_sentence, share_sentence
 
 from .test_app import PAGES, open_page, results, wait_job

@@ -1,8 +1,8 @@
 """The measuring process and its client: requests, streams, Stop, faults, model switches.
 
 The ``Worker`` is driven in this process for the cases a real process cannot be made to hit on
-demand (out of memory); everything else runs through ``instruments.client`` against a real
-``python -m instruments.worker`` subprocess, as the dashboard does.
+demand (out of memory); everything else runs through ``instruments.process.client`` against a real
+``python -m instruments.process.worker`` subprocess, as the dashboard does.
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from instruments import client, experiments, protocol
-from instruments.experiments import Experiment
-from instruments.params import LatencyParams, to_dict
-from instruments.results import load_runs
+from instruments import experiments
+from instruments.experiments import Experiment, to_dict
+from instruments.experiments.latency import LatencyParams
+from instruments.process import client, protocol
+from instruments.process.worker import Channel, Worker, classify
 from instruments.spine import ModelSpec
-from instruments.worker import Channel, Worker, classify
+from instruments.store.results import load_runs
 
 pytestmark = pytest.mark.timeout(240)
 TINY = ModelSpec("tiny")
@@ -62,9 +63,10 @@ def test_out_of_memory_is_reported_and_the_next_request_works(monkeypatch) -> No
 
     fake = types.ModuleType("instruments.experiments.fake_oom")
     fake.run = _oom
+    fake.Params = LatencyParams
     monkeypatch.setitem(sys.modules, "instruments.experiments.fake_oom", fake)
     monkeypatch.setitem(experiments.EXPERIMENTS, "fake_oom", Experiment(
-        "fake_oom", "latency_sweep", "oom", LatencyParams, "fake_oom"))
+        "fake_oom", "latency_sweep", "oom"))
     worker, out = _worker()
     worker.handle({"type": "run", "id": "a", "experiment": "fake_oom", "model": TINY.to_dict(),
                    "params": small_sweep()})

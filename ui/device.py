@@ -1,9 +1,9 @@
 """Device peaks for the pages: listed (datasheet) and measured (the hardware experiment).
 
 Contract: ``PEAKS_KEY`` is the session key of the hardware job (Overview and FLOPs pages start
-it through ``ui.jobs``; it runs ``instruments.device.measure_peaks`` in the measuring process).
-``bench(device, dtype)`` is the measured peaks of this session's last finished hardware job
-for that device and dtype, or None. Torch-free.
+it through ``ui.jobs``; it runs ``instruments.measure.device.measure_peaks`` in the measuring
+process). ``bench(device, dtype)`` is the measured peaks of this session's last finished hardware
+job for that device and dtype, or None. Torch-free.
 """
 
 from __future__ import annotations

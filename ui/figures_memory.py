@@ -1,6 +1,6 @@
 """Pure builders for the Memory page and the Correctness lab: DataFrames in, plotly Figures out.
 
-Memory rows follow ``instruments.memory`` (bytes everywhere, shown in MiB = 2**20 B):
+Memory rows follow ``instruments.measure.memory`` (bytes everywhere, shown in MiB = 2**20 B):
   breakdown  component, bytes, source (+ optional bar: one stacked bar per value)
   KV         context_len, kv_formula_bytes, kv_tensor_bytes, allocated_delta_bytes,
              reserved_delta_bytes, rss_delta_bytes (None where not measurable), baseline

@@ -2,8 +2,8 @@
 and a roofline. DataFrames in (sweep rows: mode, context_len, latency_ms, flops, tflops, bytes),
 plotly Figures or DataFrames out; no Streamlit, no measurement.
 
-Units: FLOPs and bytes per step as counted by ``instruments.costs`` (formulas), time measured;
-TFLOP/s = 1e12 FLOP/s, GB/s = 1e9 B/s, arithmetic intensity in FLOP per byte.
+Units: FLOPs and bytes per step as counted by ``instruments.costmodel.costs`` (formulas), time
+measured; TFLOP/s = 1e12 FLOP/s, GB/s = 1e9 B/s, arithmetic intensity in FLOP per byte.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from instruments.specs import lookup_peaks
+from instruments.measure.specs import lookup_peaks
 from ui.figures import UNCACHED_MODES, mode_color, mode_names, ordered_modes, style
 
 

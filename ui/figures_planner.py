@@ -1,6 +1,6 @@
 """Pure builders for the KV memory planner: DataFrames in, plotly Figures out (bytes shown in MiB).
 
-Rows follow ``instruments.kv_plan`` and the "planner" experiment:
+Rows follow ``instruments.costmodel.kv_plan`` and the "planner" experiment:
   against_batch  batch_size, layout, label, reserved_bytes, used_bytes
   layouts        layout, label, reserved_bytes, used_bytes, wasted_bytes, waste_share, and when
                  measured tensor_bytes

@@ -1,7 +1,7 @@
 """Pure figure builders for the predicted step: ``prediction`` rows in, plotly Figures out.
 
-Rows are ``instruments.predict.compare``'s (one per mode x context: measured_ms, predicted_ms,
-residual_ms, residual_share and the parts). No Streamlit, no measurement; times in ms.
+Rows are ``instruments.costmodel.predict.compare``'s (one per mode x context: measured_ms,
+predicted_ms, residual_ms, residual_share and the parts). No Streamlit, no measurement; times in ms.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from instruments.predict import GOALS, PART_LABELS, PARTS
+from instruments.costmodel.predict import GOALS, PART_LABELS, PARTS
 from ui.figures import mode_color, ordered_modes, style
 
 PART_COLORS = {"weights_ms": "#1f77b4", "attention_ms": "#ff7f0e",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import streamlit as st
 
 from engine.config import PRESETS, TEST_PRESETS, GPTConfig
-from instruments import client
+from instruments.process import client
 from ui.state import Choice, current_choice, sidebar
 
 

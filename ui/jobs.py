@@ -1,7 +1,7 @@
 """The one job section every measuring page uses: start, queue, progress, Stop, result.
 
 Contract: ``start(key, experiment, params, what)`` sends a request for the sidebar's model to
-its device's measuring process (``instruments.client.submit``: queued behind other sessions'
+its device's measuring process (``instruments.process.client.submit``: queued behind other sessions'
 runs, saved to ``results_dir()`` when it ends) and keeps the ``Job`` in
 ``st.session_state[key]``. ``section(key, draw, empty=...)`` then shows, while the job runs, an
 auto-refreshing fragment -- queue position or progress, time left, Stop, and ``draw(job)`` (the
@@ -18,8 +18,8 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from instruments import client
-from instruments.client import Job
+from instruments.process import client
+from instruments.process.client import Job
 from ui.runs import download_buttons
 from ui.state import current_choice, results_dir, session_alive, session_id
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from instruments import frames, results
+from instruments.store import frames, results
 from ui.figures_perf import run_ceilings
 
 # (run kind, table, file suffix, ui module, builder): pure DataFrame -> Figure functions

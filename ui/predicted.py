@@ -1,8 +1,8 @@
 """The Floor lab's predicted-step section: a prediction job's rows drawn as they arrive.
 
 While the job runs, the calibration rows and the sweep's latency rows stream in and the
-prediction is computed here from them (``instruments.predict``, torch-free); once the run is
-saved its own ``prediction`` table is drawn.
+prediction is computed here from them (``instruments.costmodel.predict``, torch-free); once the run
+is saved its own ``prediction`` table is drawn.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from instruments import predict
-from instruments.client import Job
+from instruments.costmodel import predict
+from instruments.process.client import Job
 from ui import jobs
 from ui.figures_predict import (
     add_prediction,

@@ -1,6 +1,6 @@
 """Saved runs for the pages: listing them, picking a sweep, offering downloads. Torch-free.
 
-Runs are written by ``instruments.client`` when a job ends (the same schema-1 files the CLI
+Runs are written by ``instruments.process.client`` when a job ends (the same schema-1 files the CLI
 writes); pages read them here: ``saved_runs()`` (results/ and the shipped examples),
 ``pick_sweep_run`` (this session's last sweep, any saved one, or the write-up's A40 figures),
 ``latency_frame`` (a sweep's rows with formula FLOPs/bytes filled where absent) and
@@ -18,9 +18,9 @@ import streamlit as st
 
 from engine import modes
 from engine.config import GPTConfig
-from instruments import costs
-from instruments.frames import run_label
-from instruments.results import LoadResult, ResultsError, load_runs, reference_run
+from instruments.costmodel import costs
+from instruments.store.frames import run_label
+from instruments.store.results import LoadResult, ResultsError, load_runs, reference_run
 from ui.state import results_dir
 
 
@@ -45,7 +45,7 @@ def latency_frame(run: dict[str, Any]) -> pd.DataFrame:
     """A run's "latency" rows, with formula FLOPs/bytes and achieved rates filled where absent.
 
     Saved sweeps carry them already; the reference run (published A40 numbers) has only
-    latencies, so they are computed from ``instruments.costs`` for the run's model shape.
+    latencies, so they are computed from ``instruments.costmodel.costs`` for the run's model shape.
     """
     rows = pd.DataFrame((run.get("tables") or {}).get("latency") or [])
     if rows.empty:

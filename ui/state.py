@@ -2,7 +2,7 @@
 
 Contract: ``sidebar()`` draws the model / weights / device / dtype pickers (their widget keys keep
 the choice across page switches) and stores a ``Choice`` in ``st.session_state["choice"]``.
-The devices and dtypes offered come from ``instruments.client.devices()`` (asked once of a
+The devices and dtypes offered come from ``instruments.process.client.devices()`` (asked once of a
 short-lived process: the server never imports torch); the model itself lives in the device's
 measuring process, never here. ``results_dir()`` is ``$KVLAB_RESULTS_DIR`` or ``results/``.
 With ``KVLAB_TINY=1`` the "tiny" test shape is offered first: tests and smoke runs use it.
@@ -18,7 +18,7 @@ import streamlit as st
 
 from engine import modes
 from engine.config import PRESETS
-from instruments import client
+from instruments.process import client
 from instruments.spine import ModelSpec
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

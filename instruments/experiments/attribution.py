@@ -4,13 +4,14 @@
 ``run(loaded, AttributionParams, progress, should_stop)`` -> run with table ``attribution``: for
 each mode (gated first) and context, ``attribute_step``'s row. ``steps`` decode steps are timed
 plainly (``step_ms``, the median), then the same number run under ``torch.profiler``, each
-inside a ``record_function`` span (``instruments.timing.Spans``). From the trace, per step: ATen
-operator calls (all, and top-level), kernel launches and device time (CUDA), time inside
+inside a ``record_function`` span (``instruments.measure.timing.Spans``). From the trace, per step:
+ATen operator calls (all, and top-level), kernel launches and device time (CUDA), time inside
 top-level operators or the compiled region (``ops_ms``) and the host time between them
 (``python_ms``). The floors are formulas over measured rates: ``flop_floor_ms`` = FLOPs /
 measured matmul peak, ``byte_floor_ms`` = bytes / measured read bandwidth (FLOPs and bytes from
-``instruments.costs``, peaks from ``instruments.device.peaks``); ``above_floor_ms`` = step_ms -
-max(floors): host time and kernels slower than the peak rates together, not "overhead" alone.
+``instruments.costmodel.costs``, peaks from ``instruments.measure.device.peaks``);
+``above_floor_ms`` = step_ms - max(floors): host time and kernels slower than the peak rates
+together, not "overhead" alone.
 
 The chart splits ``step_ms`` into three parts that add up to it exactly:
   ``floor_part_ms``   the part of the busy time the floor explains (min(busy, floor))
@@ -28,23 +29,69 @@ the timing spreads -- a tolerance of the profiled split, not an uncertainty of t
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any
-
-import torch
-from torch.profiler import ProfilerActivity, profile
+from typing import TYPE_CHECKING, Any
 
 from engine import modes
-from engine.decoders import make_decoder
-from engine.loop import decode
-from engine.model import GPT
-from instruments import costs, device, gate
-from instruments.device import Peaks
-from instruments.params import AttributionParams
-from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, random_prompt, record
-from instruments.timing import Spans, StepClock, synchronize
+from engine.config import GPTConfig
+from instruments.costmodel import costs
+from instruments.experiments.inputs import (
+    MAX_BATCH,
+    contexts_within,
+    modes_usable,
+    parse_contexts,
+    parse_modes,
+    whole,
+)
+from instruments.measure.timing import Spans, StepClock, synchronize
+from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, no_grad, record
+
+if TYPE_CHECKING:
+    from torch.profiler import ProfilerActivity
+
+    from engine.model import GPT
+    from instruments.measure.device import Peaks
+
+
+@dataclass
+class AttributionParams:
+    """Where a decode step's time goes, per mode and context (profiler, floors)."""
+    modes: list[str]
+    contexts: list[int]
+    steps: int = 8
+    warmup: int = 3
+    batch_size: int = 1
+
+    def check(self, cfg: GPTConfig, device: str) -> None:
+
+        modes_usable(self.modes, device)
+        contexts_within("context lengths", self.contexts, 1, cfg.block_size)
+        whole("steps", self.steps, 1, 200)
+        whole("warm-up steps", self.warmup, 0, 50)
+        whole("batch size", self.batch_size, 1, MAX_BATCH)
+
+
+Params = AttributionParams
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--modes", default="concat,prealloc_fused,fast")
+    p.add_argument("--contexts", default="16,64,256,512", help="attribution context lengths")
+    p.add_argument("--steps", type=int, default=8, help="timed steps per point")
+
+
+def from_args(args: argparse.Namespace, block_size: int) -> AttributionParams:
+    return AttributionParams(parse_modes(args.modes), parse_contexts(args.contexts, block_size),
+                             args.steps, batch_size=args.batch)
+
+
+def summary(run: dict[str, Any]) -> list[str]:
+    return [f"{r['mode']:>16} at {r['context_len']:>5} tokens: {r['step_ms']:.2f} ms a step"
+            for r in run["tables"].get("attribution", [])]
+
 
 STEP_SPAN = "kv_lab.decode_step"
 _LAUNCH_NAMES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cudaGraphLaunch")
@@ -59,6 +106,9 @@ def profiler_cost_us(device: Any = "cpu", n_ops: int = 400) -> float:
     Tiny ops timed with and without the profiler; the difference per op is what the profiled
     step carries on top of the plain one.
     """
+    import torch
+    from torch.profiler import profile
+
     key = str(torch.device(device))
     if key in _PROFILER_COST_US:
         return _PROFILER_COST_US[key]
@@ -82,6 +132,9 @@ def profiler_cost_us(device: Any = "cpu", n_ops: int = 400) -> float:
 
 
 def _activities(device: Any) -> list[ProfilerActivity]:
+    import torch
+    from torch.profiler import ProfilerActivity
+
     acts = [ProfilerActivity.CPU]
     if torch.device(device).type == "cuda":
         acts.append(ProfilerActivity.CUDA)
@@ -110,6 +163,8 @@ def _read_trace(prof: Any, cuda: bool) -> _Trace:
     reports each ``record_function`` span twice, on the CPU and as a GPU-side annotation: only
     the CPU one is a step, and the annotation is no kernel (its length is the span's own).
     """
+    import torch
+
     events = list(prof.events())
     cpu_type = torch.autograd.DeviceType.CPU
     spans = sorted((e for e in events if e.name == STEP_SPAN and e.device_type == cpu_type),
@@ -154,7 +209,7 @@ def _read_trace(prof: Any, cuda: bool) -> _Trace:
     )
 
 
-@torch.no_grad()
+@no_grad
 def attribute_step(
     model: GPT, mode: str, context_len: int, *, steps: int = 8, warmup: int = 3,
     batch_size: int = 1, peaks: Peaks | None = None, decoder: Any = None,
@@ -164,6 +219,12 @@ def attribute_step(
     The timed steps run at contexts context_len .. context_len + steps - 1. Pass a ``decoder``
     (of ``mode``, capacity >= context_len + warmup + steps) to reuse it across rows.
     """
+    from torch.profiler import profile
+
+    from engine.decoders import make_decoder
+    from engine.loop import decode, random_prompt
+    from instruments.measure import device
+
     cfg = model.config
     if steps < 1 or warmup < 0:
         raise ValueError(f"steps must be >= 1 and warmup >= 0, got {steps} and {warmup}")
@@ -234,6 +295,8 @@ def with_floors(row: dict[str, Any], peaks: Peaks) -> dict[str, Any]:
 def profile_mode(model: GPT, mode: str, contexts: list[int], p: AttributionParams,
                  peaks: Peaks, tr: Tracker) -> bool:
     """Rows of ``attribute_step`` for one mode over ``contexts``, one decoder. True if stopped."""
+    from engine.decoders import make_decoder
+
     dec = make_decoder(model, mode, batch_size=p.batch_size, capacity=model.config.block_size)
     for t in contexts:
         if tr.stop():
@@ -246,9 +309,12 @@ def profile_mode(model: GPT, mode: str, contexts: list[int], p: AttributionParam
     return False
 
 
-@torch.no_grad()
+@no_grad
 def run(loaded: Loaded, params: AttributionParams, progress: ProgressFn | None = None,
         should_stop: StopFn | None = None) -> dict[str, Any]:
+    from instruments.checks import gate
+    from instruments.measure import device
+
     model = loaded.model
     cfg = model.config
     params.check(cfg, str(model.device))
@@ -282,6 +348,8 @@ def recheck_floors(rows: list[dict[str, Any]], peaks: Peaks, model: GPT,
                    tr: Tracker) -> tuple[list[dict[str, Any]], Peaks]:
     """A floor above a measured step is impossible: the rates were under-measured. Measure
     them again once and recompute every floor; rows still below their floor are flagged."""
+    from instruments.measure import device
+
     if not any(r["floor_above_step"] for r in rows):
         return rows, peaks
     tr.emit("a floor exceeds a measured step: measuring the peaks again")

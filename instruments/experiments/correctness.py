@@ -8,21 +8,62 @@ per bug setting x check: passed, detail, value; a check that could not run says 
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from engine.loop import generate
-from instruments.checks import (
-    cached_equals_uncached,
-    inject_bug,
-    logits_vs_transformers,
-    multi_token_append,
-    private_view,
+from engine.config import BUG_KINDS, GPTConfig
+from instruments.experiments.inputs import (
+    whole,
 )
-from instruments.params import CorrectnessParams
-from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, record
+from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, no_grad, record
+
+if TYPE_CHECKING:
+    pass
+
+
+@dataclass
+class CorrectnessParams:
+    """The checks with no bug and with each silent bug switched on, and the text each way."""
+    prompt_ids: list[int]
+    new_tokens: int = 40
+    bugs: list[str] = field(default_factory=lambda: list(BUG_KINDS))
+    append: list[int] = field(default_factory=lambda: [1, 2, 3, 7])
+
+    def check(self, cfg: GPTConfig, device: str) -> None:
+        if not self.prompt_ids:
+            raise ValueError("The prompt is empty: type at least one word.")
+        bad = [b for b in self.bugs if b not in BUG_KINDS]
+        if bad:
+            raise ValueError(f"unknown bug {bad[0]!r}; allowed: {', '.join(BUG_KINDS)}")
+        whole("new tokens", self.new_tokens, 2)
+        room = cfg.block_size - max(self.new_tokens, max(self.append))
+        if len(self.prompt_ids) > room:
+            raise ValueError(f"The prompt is {len(self.prompt_ids)} tokens; with "
+                             f"{self.new_tokens} new tokens this model ({cfg.block_size} tokens)"
+                             f" allows at most {max(room, 0)} prompt tokens.")
+
+
+Params = CorrectnessParams
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prompt", default="The KV cache stores", help="the prompt (GPT-2 tokens)")
+    p.add_argument("--new-tokens", type=int, default=40)
+
+
+def from_args(args: argparse.Namespace, block_size: int) -> CorrectnessParams:
+    from engine.tokenizer import get_tokenizer
+
+    return CorrectnessParams(get_tokenizer().encode(args.prompt), args.new_tokens)
+
+
+def summary(run: dict[str, Any]) -> list[str]:
+    return [f"{r['bug']:>14} · {r['check']}: "
+            + ("passed" if r["passed"] else "n/a" if r["passed"] is None else "FAILED")
+            for r in run["tables"].get("checks", [])]
+
 
 NO_BUG = "no bug"
 CHECKS = ("logits vs transformers", "cached == uncached (1 token per step)",
@@ -39,9 +80,18 @@ def _check(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[bool | No
     return res.passed, res.detail, res.value
 
 
-@torch.no_grad()
+@no_grad
 def run(loaded: Loaded, params: CorrectnessParams, progress: ProgressFn | None = None,
         should_stop: StopFn | None = None) -> dict[str, Any]:
+    from engine.loop import generate
+    from instruments.checks.correctness import (
+        cached_equals_uncached,
+        inject_bug,
+        logits_vs_transformers,
+        multi_token_append,
+        private_view,
+    )
+
     params.check(loaded.model.config, str(loaded.model.device))
     ids, n, append = list(params.prompt_ids), params.new_tokens, list(params.append)
     view = private_view(loaded.model)  # bugs go on this view; the loaded model is never touched

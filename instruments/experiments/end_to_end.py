@@ -11,23 +11,90 @@ work inside another experiment (the latency sweep's end-to-end part).
 
 from __future__ import annotations
 
+import argparse
 import statistics
-from typing import Any
-
-import torch
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from engine import modes
-from engine.decoders import make_decoder
-from engine.loop import decode
-from engine.model import GPT
-from instruments import costs, gate
-from instruments.params import EndToEndParams
-from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, random_prompt, record
-from instruments.timing import CpuWatch, StepClock
+from engine.config import GPTConfig
+from instruments.costmodel import costs
+from instruments.experiments.inputs import MAX_BATCH, modes_usable, parse_modes, whole
+from instruments.spine import (
+    Loaded,
+    ProgressFn,
+    StopFn,
+    Tracker,
+    no_grad,
+    record,
+)
+
+if TYPE_CHECKING:
+    from engine.model import GPT
+
+
+@dataclass
+class EndToEndParams:
+    """Time to generate ``new_tokens`` after a ``prompt_len`` prompt, per mode."""
+    modes: list[str]
+    prompt_len: int = 8
+    new_tokens: int = 120
+    batch_size: int = 1
+    repeats: int = 1
+    warmup_tokens: int = 8
+    prompt_seed: int = 0
+
+    def check(self, cfg: GPTConfig, device: str) -> None:
+        modes_usable(self.modes, device)
+        whole("batch size", self.batch_size, 1, MAX_BATCH)
+        whole("repeats", self.repeats, 1)
+        if self.prompt_len < 1 or self.new_tokens < 1 or \
+                self.prompt_len + self.new_tokens - 1 > cfg.block_size:
+            raise ValueError(f"prompt length + new tokens - 1 must be within 1..{cfg.block_size}"
+                             f" (got {self.prompt_len} + {self.new_tokens}), with at least one "
+                             "new token")
+
+
+Params = EndToEndParams
+
+
+def add_arguments(p: argparse.ArgumentParser, own_modes: bool = True) -> None:
+    """This experiment's flags; the latency sweep adds them (``own_modes=False``) for its
+    end-to-end part, whose modes are the sweep's."""
+    if own_modes:
+        p.add_argument("--modes", default="uncached,concat", help=f"from: {', '.join(modes.MODES)}")
+    p.add_argument("--prompt-len", type=int, default=8)
+    p.add_argument("--new-tokens", type=int, default=None,
+                   help="default: up to the block size on CUDA (1016, as the write-up), 64 on "
+                   "CPU; 0 leaves the end-to-end part out of a sweep")
+    p.add_argument("--e2e-repeats", type=int, default=1)
+
+
+def new_tokens(args: argparse.Namespace, block_size: int) -> int:
+    """--new-tokens, or its device default."""
+    if args.new_tokens is not None:
+        return args.new_tokens
+    if str(args.device).startswith("cuda"):
+        return block_size - args.prompt_len
+    return min(64, block_size - args.prompt_len)
+
+
+def from_args(args: argparse.Namespace, block_size: int) -> EndToEndParams:
+    return EndToEndParams(parse_modes(args.modes), args.prompt_len, new_tokens(args, block_size),
+                          args.batch, args.e2e_repeats, prompt_seed=args.seed)
+
+
+def summary(run: dict[str, Any]) -> list[str]:
+    return [f"{r['mode']:>16}: {r['new_tokens']} tokens in {r['total_s']:.3f} s"
+            for r in run["tables"].get("end_to_end", [])]
 
 
 def measure(model: GPT, p: EndToEndParams, names: list[str], tr: Tracker) -> bool:
     """Time each mode in ``names`` (already gated); rows go to ``tr``. True if stopped."""
+    from engine.decoders import make_decoder
+    from engine.loop import decode, random_prompt
+    from instruments.measure.timing import CpuWatch, StepClock
+
     idx = random_prompt(model, p.batch_size, p.prompt_len, p.prompt_seed)
     watch = CpuWatch.for_device(model.device)  # a generation is not retaken: disturbance counted
     for name in names:
@@ -80,9 +147,11 @@ def work(p: EndToEndParams) -> float:
     return float(len(p.modes) * p.repeats * p.new_tokens)
 
 
-@torch.no_grad()
+@no_grad
 def run(loaded: Loaded, params: EndToEndParams, progress: ProgressFn | None = None,
         should_stop: StopFn | None = None) -> dict[str, Any]:
+    from instruments.checks import gate
+
     model = loaded.model
     params.check(model.config, str(model.device))
     tr = Tracker(progress, should_stop, len(params.modes), total_work=work(params))

@@ -9,21 +9,76 @@ where the two part, both tokens and their logit gap in each run).
 
 from __future__ import annotations
 
-from typing import Any
+import argparse
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-import torch
+from engine.config import GPTConfig
+from instruments.experiments.inputs import (
+    modes_usable,
+    parse_modes,
+    whole,
+)
+from instruments.measure.timing import StepClock
+from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, no_grad, record
 
-from engine.decoders import make_decoder
-from engine.loop import Step, checked_request, decode
-from instruments.checks import compare_streams
-from instruments.params import GenerationParams
-from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, record
-from instruments.timing import StepClock
+if TYPE_CHECKING:
+
+    from engine.loop import Step
 
 
-@torch.no_grad()
+@dataclass
+class GenerationParams:
+    """One prompt generated greedily through two modes, token by token, and the verdict."""
+    prompt_ids: list[int]
+    new_tokens: int = 40
+    modes: list[str] = field(default_factory=lambda: ["prealloc_fused", "uncached"])
+
+    def check(self, cfg: GPTConfig, device: str) -> None:
+        if not self.prompt_ids:
+            raise ValueError("The prompt is empty: type at least one character.")
+        whole("new tokens", self.new_tokens, 1)
+        if len(self.modes) != 2 or self.modes[0] == self.modes[1]:
+            raise ValueError("Pick two different modes to compare (left and right are the "
+                             "same).")
+        modes_usable(self.modes, device)
+        n, limit = len(self.prompt_ids), cfg.block_size
+        if n + self.new_tokens > limit:
+            raise ValueError(
+                f"Prompt ({n} tokens) + {self.new_tokens} new tokens is beyond the model's limit"
+                f" of {limit} tokens; allowed: at most {max(limit - n, 0)} new tokens.")
+
+
+Params = GenerationParams
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prompt", default="The KV cache stores", help="the prompt (GPT-2 tokens)")
+    p.add_argument("--new-tokens", type=int, default=40)
+    p.add_argument("--modes", default="prealloc_fused,uncached", help="two modes: left,right")
+
+
+def from_args(args: argparse.Namespace, block_size: int) -> GenerationParams:
+    from engine.tokenizer import get_tokenizer
+
+    return GenerationParams(get_tokenizer().encode(args.prompt), args.new_tokens,
+                            parse_modes(args.modes))
+
+
+def summary(run: dict[str, Any]) -> list[str]:
+    return [f"{v['left']} vs {v['right']}: " + ("identical" if v.get("identical") else
+            f"part at new token {v.get('first_difference')}")
+            for v in run["tables"].get("verdict", [])]
+
+
+
+@no_grad
 def run(loaded: Loaded, params: GenerationParams, progress: ProgressFn | None = None,
         should_stop: StopFn | None = None) -> dict[str, Any]:
+    from engine.decoders import make_decoder
+    from engine.loop import checked_request, decode
+    from instruments.checks.correctness import compare_streams
+
     model = loaded.model
     params.check(model.config, str(model.device))
     idx = checked_request(model, [params.prompt_ids], params.new_tokens)

@@ -10,15 +10,61 @@ later experiment's run carries these numbers.
 
 from __future__ import annotations
 
-from typing import Any
+import argparse
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-from instruments import costs, device
-from instruments.params import HardwareParams
+from engine.config import GPTConfig
+from instruments.costmodel import costs
 from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, record
+
+if TYPE_CHECKING:
+    pass
+
+
+@dataclass
+class HardwareParams:
+    """Device facts and measured peaks (matmul in each dtype, read and copy bandwidth)."""
+    dtypes: list[str] = field(default_factory=list)  # empty: the model's dtype
+    quick: bool = False  # small sizes (dry runs and tests)
+
+    def check(self, cfg: GPTConfig, device: str) -> None:
+        from engine import dtypes
+
+        for name in self.dtypes:
+            dtypes.model_dtype(name)
+
+
+Params = HardwareParams
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """No flags of its own: the model's dtype on a CPU, every dtype on a GPU."""
+
+
+def from_args(args: argparse.Namespace, block_size: int) -> HardwareParams:
+    from engine.config import TEST_PRESETS
+
+    cuda = str(args.device).startswith("cuda")
+    return HardwareParams(["float32", "bfloat16", "float16"] if cuda else [],
+                          quick=args.model in TEST_PRESETS)
+
+
+def summary(run: dict[str, Any]) -> list[str]:
+    tables, meta = run["tables"], run["meta"]
+    lines = [f"{meta['device_name']} {r['dtype']}: matmul {r['matmul_tflops']:.3f} TFLOP/s "
+             f"(n={r['matmul_n']}), read {r['read_gbps']:.1f} GB/s ({r['read_kernel']})"
+             for r in tables.get("peaks", [])]
+    lines += [f"a step that streams the {r['linear_weight_bytes'] / 1e6:.1f} MB of Linear "
+              f"weights cannot beat {r['floor_ms']:.2f} ms here" for r in tables.get("floor", [])]
+    return lines
+
 
 
 def run(loaded: Loaded, params: HardwareParams, progress: ProgressFn | None = None,
         should_stop: StopFn | None = None) -> dict[str, Any]:
+    from instruments.measure import device
+
     model = loaded.model
     dev = str(model.device)
     params.check(model.config, dev)

@@ -2,42 +2,155 @@
 
 ``run(loaded, LatencyParams, progress, should_stop)`` -> run with tables
   latency   one row per mode x context: latency_ms (median), samples_ms (every timed sample),
-            spread_ms (max - min), min_ms, flops/bytes from instruments.costs and the rates
-  checks    the gate's verdict per mode (``instruments.gate``: logits against mode 1; a mode
-            that fails it is not timed, and a note says so)
+            spread_ms (max - min), min_ms, flops/bytes from instruments.costmodel.costs and the
+            rates
+  checks    the gate's verdict per mode (``instruments.checks.gate``: logits against mode 1; a
+            mode that fails it is not timed, and a note says so)
   summary   the write-up's Table 1 at 10/100/500/1000 tokens
   end_to_end, cumulative   with ``e2e_new_tokens`` > 0: a whole generation per mode
 The work runs context by context, every mode at a context before the next context, so the
 chart fills evenly from the left. Uncached modes: one full forward of a t-token prompt per
-sample. Cached modes (method "crop"): the cache is filled once, growing with the contexts, and
-cropped back to t - 1 tokens before each timed step at t -- no generation up to t. Each point
-takes ``min_repeats`` samples, more while they disagree by more than ``spread``, at most
-``repeats``. On a CPU a sample that another process disturbed (``timing.CpuWatch``) is set aside
-and taken again once the machine is quiet, at most ``retakes`` times a point; the row keeps
-what was set aside and why (``set_aside_ms``, ``set_aside_why``) and counts disturbed samples
-it had to keep (``disturbed_kept``). Method "generate" times cached modes the write-up's way
-(``latency_generate``).
-``should_stop()`` is polled between samples; a stopped run keeps its rows, marked partial.
+sample. Cached modes (method "crop"): the decoder seeks to t - 1 tokens (its cache filled
+once, growing with the contexts, and cropped back) before each timed step at t -- no generation
+up to t. The samples of a point are the ``Sampler``'s (``instruments.measure.sampler``): at
+least ``min_repeats``, more while they disagree by more than ``spread``, at most ``repeats``; on
+a CPU a disturbed sample is set aside and taken again (``retakes``); the row keeps what was set
+aside and why (``set_aside_ms``, ``set_aside_why``) and counts disturbed samples it had to keep
+(``disturbed_kept``). Method "generate" times cached modes the write-up's way
+(``latency_generate``). ``should_stop()`` is polled between samples; a stopped run keeps its
+rows, marked partial.
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
-from typing import Any
-
-import torch
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from engine import modes
-from engine.decoders import Decoder, make_decoder
-from engine.model import GPT
-from instruments import costs, device, gate, memory
+from engine.config import GPTConfig
+from instruments.costmodel import costs
 from instruments.experiments import end_to_end
-from instruments.experiments.latency_generate import generation_work, time_by_generation
-from instruments.params import EndToEndParams, LatencyParams
-from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, random_prompt, record
-from instruments.tables import summary_table
-from instruments.timing import CpuWatch, StepClock, synchronize
+from instruments.experiments.inputs import (
+    MAX_BATCH,
+    contexts_within,
+    modes_usable,
+    parse_contexts,
+    parse_modes,
+    preset_contexts,
+    whole,
+)
+from instruments.spine import (
+    Loaded,
+    ProgressFn,
+    StopFn,
+    Tracker,
+    no_grad,
+    record,
+)
+from instruments.store.tables import format_summary, summary_table
+
+if TYPE_CHECKING:
+    import torch
+
+    from engine.model import GPT
+    from instruments.measure.sampler import Sampler
+
+
+@dataclass
+class LatencyParams:
+    """Per-token latency against context, per mode; optionally a whole generation per mode.
+
+    Each point takes ``min_repeats`` timed samples, more while they disagree by more than
+    ``spread`` (max - min over the median), up to ``repeats``. ``method`` "crop" fills each cached
+    mode's cache once and crops it back to each context; "generate" is the write-up's way: one
+    generation per repeat, read as it passes each context (``warmup_steps`` sizes its warm-up).
+    On a CPU, a sample during which another process used the CPU is set aside and taken again
+    once the machine is quiet, up to ``retakes`` times per point ("crop" only).
+    """
+    contexts: list[int]
+    modes: list[str]
+    batch_size: int = 1
+    warmup: int = 1  # untimed calls per mode before its first point (per run: "generate")
+    repeats: int = 3  # the most timed samples per point
+    prompt_seed: int = 0
+    warmup_steps: int | None = None  # "generate": decode steps per warm-up run; None = a full run
+    e2e_new_tokens: int = 0  # > 0: also time a whole generation per mode (end-to-end tables)
+    e2e_prompt_len: int = 8
+    measure_peaks: bool = True  # the device's peaks go into the run (measured once a process)
+    min_repeats: int = 2
+    spread: float = 0.10
+    method: str = "crop"
+    retakes: int = 3  # CPU: disturbed samples set aside and taken again, per point (0: keep all)
+
+    @classmethod
+    def defaults(cls, device: str, block_size: int) -> LatencyParams:
+        """~16 log-spaced points, modes 1 and 3; more samples allowed on a GPU."""
+        contexts = preset_contexts("log-spaced (16)", block_size)
+        if str(device).startswith("cuda"):
+            return cls(contexts, ["uncached", "concat"], repeats=5, warmup=2)
+        return cls(contexts, ["uncached", "concat"], repeats=3, warmup=1, warmup_steps=32)
+
+    def check(self, cfg: GPTConfig, device: str) -> None:
+        contexts_within("context lengths", self.contexts, 1, cfg.block_size)
+        modes_usable(self.modes, device)
+        whole("batch size", self.batch_size, 1, MAX_BATCH)
+        whole("repeats", self.repeats, 1)
+        whole("fewest repeats", self.min_repeats, 1)
+        whole("warmup", self.warmup, 0)
+        whole("retakes", self.retakes, 0)
+        if self.method not in ("crop", "generate"):
+            raise ValueError(f"method must be 'crop' or 'generate', got {self.method!r}")
+        if not 0 < self.spread < 10:
+            raise ValueError(f"spread must be a share above 0 (0.1 = 10%), got {self.spread!r}")
+        if self.warmup_steps is not None:
+            whole("warmup steps", self.warmup_steps, 0)
+        if self.e2e_new_tokens:
+            self.end_to_end().check(cfg, device)
+
+    def end_to_end(self) -> end_to_end.EndToEndParams:
+        """The end-to-end part's own params."""
+        return end_to_end.EndToEndParams(self.modes, self.e2e_prompt_len, self.e2e_new_tokens,
+                                         self.batch_size, prompt_seed=self.prompt_seed)
+
+
+Params = LatencyParams
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--contexts", default="log-spaced (16)",
+                   help='a preset ("log-spaced (16)", "every length 8..1024") or "8,16,100-200:10"')
+    p.add_argument("--modes", default="uncached,concat", help=f"from: {', '.join(modes.MODES)}")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=None,
+                   help="the most timed samples per point (at least 2, more while they "
+                   "disagree by more than 10%%): default 3 on CPU, 5 on CUDA")
+    p.add_argument("--method", default="crop", choices=["crop", "generate"],
+                   help="crop: fill the cache once and crop it to each context (default); "
+                   "generate: one whole generation per repeat, the write-up's way")
+    p.add_argument("--warmup-steps", type=int, default=None,
+                   help="steps per cached warm-up run (default: 32 on CPU, a full run on CUDA)")
+    p.add_argument("--no-peaks", action="store_true", help="do not measure the device's peaks")
+    p.add_argument("--retakes", type=int, default=3,
+                   help="CPU: samples per point set aside and taken again when another process "
+                   "used the CPU during them (0 keeps every sample)")
+    end_to_end.add_arguments(p, own_modes=False)
+
+
+def from_args(args: argparse.Namespace, block_size: int) -> LatencyParams:
+    base = LatencyParams.defaults(args.device, block_size)
+    return LatencyParams(
+        parse_contexts(args.contexts, block_size), parse_modes(args.modes), args.batch,
+        args.warmup, args.repeats if args.repeats is not None else base.repeats, args.seed,
+        args.warmup_steps if args.warmup_steps is not None else base.warmup_steps,
+        e2e_new_tokens=end_to_end.new_tokens(args, block_size), e2e_prompt_len=args.prompt_len,
+        measure_peaks=not args.no_peaks, method=args.method, retakes=args.retakes)
+
+
+def summary(run: dict[str, Any]) -> list[str]:
+    return [format_summary(run["tables"].get("summary", [])), *end_to_end.summary(run)]
 
 
 def row(model: GPT, mode: str, t: int, batch: int, samples_ms: list[float], phase: str,
@@ -78,80 +191,61 @@ def _point_work(mode: str, t: int) -> float:
 
 
 class _Mode:
-    """One mode during a sweep: its decoder (kept across contexts) and whether it is warm."""
+    """One mode during a sweep: its decoder (kept across contexts) and its ``Sampler``."""
+    def __init__(self, model: GPT, name: str, p: LatencyParams, top: int,
+                 tr: Tracker | None = None) -> None:
+        from engine.decoders import make_decoder
+        from instruments.measure.sampler import Sampler
 
-    def __init__(self, model: GPT, name: str, p: LatencyParams, top: int) -> None:
         self.name, self.model = name, model
         self.cached = modes.MODES[name].cached
-        self.dec: Decoder = make_decoder(model, name, batch_size=p.batch_size, capacity=top)
-        self.warm = False
-        self.watch = CpuWatch.for_device(model.device)
+        self.dec = make_decoder(model, name, batch_size=p.batch_size, capacity=top)
 
-    def sample(self, idx: torch.Tensor, t: int) -> tuple[float, str, str | None]:
-        """One timed call at context t: (ms, phase, why it was disturbed or None)."""
-        dec, dev = self.dec, self.model.device
-        clock = StepClock(dev, watch=self.watch)
-        if not self.cached or t == 1:  # a forward of t tokens (a cached mode's prefill at 1)
-            clock.start()
-            dec.prefill(idx[:, :t])
-            ms = clock.stop()
-            return ms, ("prefill" if self.cached else "forward"), clock.disturbed[-1]  # type: ignore
-        length = dec.length
-        if dec.seq is None or length == 0:
-            dec.prefill(idx[:, : t - 1])
-        elif length >= t - 1:
-            dec.rewind(t - 1)  # crop: the next step overwrites what came after
-        else:
-            dec.extend(idx[:, length : t - 1])  # fill the cache up to t - 1 tokens, untimed
-        synchronize(dev)
-        clock.start()
-        dec.step(idx[:, t - 1 : t])
-        ms = clock.stop()
-        return ms, "decode", clock.disturbed[-1]  # type: ignore[return-value]
+        def set_aside(ms: float, why: str) -> None:
+            if tr is not None:
+                tr.emit(f"{name}: a sample was disturbed ({why}); waiting for a quiet moment "
+                        "to take it again")
 
+        self.sampler: Sampler = Sampler(
+            model.device, repeats=p.repeats, min_repeats=p.min_repeats, spread=p.spread,
+            retakes=p.retakes, warmup=p.warmup, should_stop=tr.stop if tr else None,
+            on_set_aside=set_aside)
 
-def _measure_point(st: _Mode, p: LatencyParams, idx: torch.Tensor, t: int,
-                   tr: Tracker) -> dict[str, Any] | None:
-    """The samples of one point (more while they disagree); None if stopped."""
-    if not st.warm:
-        for _ in range(p.warmup):
-            st.sample(idx, t)
-        st.warm = True
-    samples: list[float] = []
-    aside_ms: list[float] = []
-    aside_why: list[str] = []
-    kept = 0
-    retakes = p.retakes
-    phase = "forward"
-    fewest = min(p.min_repeats, p.repeats)
-    while len(samples) < p.repeats:
-        if tr.stop():
+    def calls(self, idx: torch.Tensor, t: int) -> tuple[Any, Any, str]:
+        """(prepare, step, phase) of one sample at context t: a forward of t tokens (a cached
+        mode's prefill at 1), or a seek to t - 1 tokens, untimed, then one timed step."""
+        dec = self.dec
+        if not self.cached or t == 1:
+            return None, lambda: dec.prefill(idx[:, :t]), ("prefill" if self.cached else "forward")
+        return (lambda: dec.seek(idx, t - 1)), (lambda: dec.step(idx[:, t - 1 : t])), "decode"
+
+    def point(self, idx: torch.Tensor, t: int, tr: Tracker | None = None
+              ) -> dict[str, Any] | None:
+        """The row of one point (its samples, more while they disagree); None if stopped."""
+        prepare, step, phase = self.calls(idx, t)
+        work = _point_work(self.name, t)
+
+        def counted(ms: float) -> None:
+            if tr is not None:
+                tr.work += work
+
+        got = self.sampler.point(step, prepare, on_sample=counted)
+        if got is None:
             return None
-        ms, phase, why = st.sample(idx, t)
-        tr.work += _point_work(st.name, t)
-        if why and st.watch is not None and len(aside_ms) < retakes:
-            aside_ms.append(ms)
-            aside_why.append(why)
-            tr.emit(f"{st.name}: context {t}: a sample was disturbed ({why}); waiting for a "
-                    "quiet moment to take it again")
-            if not st.watch.wait_quiet(ms):
-                retakes = len(aside_ms)  # never quiet in 2 s: keep what comes, marked
-            continue
-        samples.append(ms)
-        kept += why is not None
-        med = statistics.median(samples)
-        if len(samples) >= fewest and (max(samples) - min(samples)) <= p.spread * med:
-            break
-    last_only = getattr(st.dec, "logits", "last") == "last"
-    quiet = {"set_aside_ms": aside_ms, "set_aside_why": aside_why, "disturbed_kept": kept}
-    return row(st.model, st.name, t, p.batch_size, samples, phase, last_only, st.dec.compile_s,
-               st.dec.attended_keys(t), quiet)
+        last_only = getattr(self.dec, "logits", "last") == "last"
+        return row(self.model, self.name, t, self.dec.batch_size, got.samples_ms, phase,
+                   last_only, self.dec.compile_s, self.dec.attended_keys(t), got.quiet())
 
 
-@torch.no_grad()
+@no_grad
 def run(loaded: Loaded, params: LatencyParams, progress: ProgressFn | None = None,
         should_stop: StopFn | None = None) -> dict[str, Any]:
     """Per-token latency of each mode at each context length (see the module docstring)."""
+    from engine.loop import random_prompt
+    from instruments.checks import gate
+    from instruments.experiments.latency_generate import generation_work, time_by_generation
+    from instruments.measure import device, memory
+
     start_s = time.perf_counter()
     model = loaded.model
     params.check(model.config, str(model.device))
@@ -184,7 +278,7 @@ def run(loaded: Loaded, params: LatencyParams, progress: ProgressFn | None = Non
             check = checker.check(name)
             timings["gate_s"] += time.perf_counter() - t0
             tr.tables.setdefault("checks", []).append(check.to_row())
-            states[name] = _Mode(model, name, params, contexts[-1]) if check.passed else None
+            states[name] = _Mode(model, name, params, contexts[-1], tr) if check.passed else None
             if not check.passed:
                 tr.done += len(contexts)
                 tr.note(f"{name} not timed: {check.detail}")
@@ -203,7 +297,7 @@ def run(loaded: Loaded, params: LatencyParams, progress: ProgressFn | None = Non
         st = ready(name)
         if st is None:
             continue
-        r = _measure_point(st, params, idx, t, tr)
+        r = st.point(idx, t, tr)
         if r is None:
             stopped = True
             break
@@ -214,9 +308,7 @@ def run(loaded: Loaded, params: LatencyParams, progress: ProgressFn | None = Non
     if e2e and not stopped:
         t0 = time.perf_counter()
         passed = [c["mode"] for c in tr.tables.get("checks", []) if c["passed"]]
-        stopped = end_to_end.measure(model, EndToEndParams(
-            params.modes, params.e2e_prompt_len, params.e2e_new_tokens, params.batch_size,
-            prompt_seed=params.prompt_seed), passed, tr)
+        stopped = end_to_end.measure(model, params.end_to_end(), passed, tr)
         timings["e2e_s"] = time.perf_counter() - t0
     _note_disturbed(tr)
     if stopped:

@@ -11,16 +11,18 @@ latency sweep's default ("crop") is checked against it by ``scripts/bench_sweep.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from engine.decoders import make_decoder
 from engine.loop import Step, decode
 from engine.model import GPT
-from instruments.params import LatencyParams
+from instruments.measure.timing import StepClock
 from instruments.spine import Tracker
-from instruments.timing import StepClock
+
+if TYPE_CHECKING:
+    from instruments.experiments.latency import LatencyParams
 
 
 def time_by_generation(model: GPT, mode: str, p: LatencyParams, contexts: list[int],

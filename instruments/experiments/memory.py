@@ -3,28 +3,113 @@
 ``run(loaded, MemoryParams, progress, should_stop)`` -> run with tables
   kv_memory          per context and baseline ("before warm-up" first, then "after warm-up"):
                      formula, tensor, storage bytes and the allocator / RSS deltas
-  breakdown          measured components at one batch x context (``instruments.memory``)
-  breakdown_formula  the same components by formula (``instruments.costs``)
+  breakdown          measured components at one batch x context (``instruments.measure.memory``)
+  breakdown_formula  the same components by formula (``instruments.costmodel.costs``)
   model, masks, crossover   weights and mask bytes, and KV-vs-weights for each batch x context
 A request that would not fit in the free memory is refused before anything is allocated.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import argparse
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-import torch
+from engine.config import GPTConfig
+from instruments.costmodel import costs
+from instruments.experiments.inputs import (
+    MAX_BATCH,
+    contexts_within,
+    parse_contexts,
+    whole,
+)
+from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, no_grad, record
 
-from instruments import costs, memory
-from instruments.params import MEMORY_BASELINES, MemoryParams
-from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, record
+if TYPE_CHECKING:
+    pass
+
+# A memory measurement's two baselines, as the page offers them; the run measures the second
+# first (before any warm-up of its own), as the write-up's first attempt did.
+MEMORY_BASELINES = ("after warm-up", "before warm-up")
+CROSSOVER_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # the KV-vs-weights map's batch sizes
+
+
+@dataclass
+class MemoryParams:
+    """The KV cache three ways at each context, both baselines; a breakdown; the formulas."""
+    contexts: list[int]
+    batch_size: int = 1
+    cache_kind: str = "concat"
+    fill: str = "prefill"  # a fresh cache per point | "decode": one generation passing them
+    breakdown_context: int | None = None  # None: the largest context
+    breakdown_mask: str = "seed"
+    breakdown_cache: str = "prealloc"
+    crossover_batches: list[int] = field(default_factory=lambda: list(CROSSOVER_BATCHES))
+
+    @classmethod
+    def defaults(cls, device: str, block_size: int) -> MemoryParams:
+        """Every 64 tokens, decoded through as the write-up did, on a GPU; seven contexts,
+        each prefilled afresh, on a CPU (faster)."""
+        if str(device).startswith("cuda"):
+            every = [t for t in range(64, block_size + 1, 64)] or [block_size]
+            return cls(every, fill="decode")
+        seven = {t for t in (64, 128, 256, 384, 512, 768, 1024) if t <= block_size}
+        return cls(sorted(seven | {block_size}), fill="prefill")
+
+    def check(self, cfg: GPTConfig, device: str) -> None:
+        contexts_within("context lengths", self.contexts, 1, cfg.block_size)
+        whole("batch size", self.batch_size, 1, MAX_BATCH)
+        for name, value, allowed in (("cache kind", self.cache_kind, ("concat", "prealloc")),
+                                     ("breakdown cache", self.breakdown_cache,
+                                      ("concat", "prealloc")),
+                                     ("fill", self.fill, ("prefill", "decode")),
+                                     ("mask", self.breakdown_mask,
+                                      ("none", "shared_bool", "seed"))):
+            if value not in allowed:
+                raise ValueError(f"{name} {value!r} is not one of {', '.join(allowed)}")
+        if self.breakdown_context is not None:
+            whole("breakdown context", self.breakdown_context, 1, cfg.block_size)
+        contexts_within("batch sizes", self.crossover_batches, 1, MAX_BATCH)
+
+
+Params = MemoryParams
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--memory-contexts", default=None,
+                   help="default: every 64 tokens on CUDA, 64,128,256,384,512,768,1024 on CPU")
+    p.add_argument("--cache-kind", default="concat", choices=["concat", "prealloc"])
+    p.add_argument("--fill", default=None, choices=["prefill", "decode"],
+                   help="default: decode on CUDA (as the write-up), prefill on CPU (faster)")
+    p.add_argument("--crossover-batches", default=",".join(map(str, CROSSOVER_BATCHES)))
+
+
+def from_args(args: argparse.Namespace, block_size: int) -> MemoryParams:
+    base = MemoryParams.defaults(args.device, block_size)
+    try:
+        batches = parse_contexts(args.crossover_batches, MAX_BATCH)
+    except ValueError as exc:
+        raise ValueError(f"--crossover-batches: {exc}".replace("context length",
+                                                               "batch size")) from exc
+    contexts = (parse_contexts(args.memory_contexts, block_size) if args.memory_contexts
+                else base.contexts)
+    return MemoryParams(contexts, args.batch, args.cache_kind, args.fill or base.fill,
+                        crossover_batches=batches)
+
+
+def summary(run: dict[str, Any]) -> list[str]:
+    return [f"KV cache at {r['context_len']} tokens: formula {r['kv_formula_bytes']:,} B, "
+            f"tensors {r['kv_tensor_bytes']:,} B" for r in run["tables"].get("kv_memory", [])[-1:]]
+
 
 BASELINES = MEMORY_BASELINES[::-1]  # "before warm-up" first
 
 
-@torch.no_grad()
+@no_grad
 def run(loaded: Loaded, params: MemoryParams, progress: ProgressFn | None = None,
         should_stop: StopFn | None = None) -> dict[str, Any]:
+    from instruments.measure import memory
+
     model = loaded.model
     cfg, dtype, device = model.config, model.dtype, str(model.device)
     params.check(cfg, device)

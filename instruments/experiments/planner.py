@@ -19,19 +19,102 @@ free_bytes, overhead_bytes, budget_bytes, alloc_cap_bytes, weights_bytes and the
 
 from __future__ import annotations
 
+import argparse
 import copy
-from typing import Any
-
-import torch
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from engine import dtypes
-from engine.decoders import Decoder
-from engine.kv_variants import PagedKVCache
-from engine.loop import decode
-from engine.model import GPT
-from instruments import costs, kv_plan, memory
-from instruments.params import PlannerParams
-from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, random_prompt, record
+from engine.config import GPTConfig
+from instruments.costmodel import costs, kv_plan
+from instruments.experiments.inputs import (
+    contexts_within,
+    parse_contexts,
+    whole,
+)
+from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, no_grad, record
+
+if TYPE_CHECKING:
+    import torch
+
+    from engine.model import GPT
+
+
+@dataclass
+class PlannerParams:
+    """What fits (formula, then allocated), a mixed-length batch held three ways, KV storage
+    types with their logits error against fp32, and the KV-head what-if
+    (``instruments.costmodel.kv_plan``).
+    """
+    distribution: str = "long-tailed"
+    sequences: int = 32
+    mean_len: int | None = None  # None: a quarter of the model's limit
+    block_tokens: int = 16
+    seed: int = 0
+    contexts: list[int] | None = None  # fit points; None: limit/8, /4, /2, the limit
+    # the most one allocation may take, MiB; None: 2 GiB on a CPU (the machine keeps working),
+    # the plan's whole budget on a GPU
+    max_alloc_mib: int | None = None
+    error_tokens: int = 64  # decode steps whose logits are compared with fp32, per storage
+
+    def resolved(self, cfg: GPTConfig) -> PlannerParams:
+        """A copy with every None filled in for ``cfg``."""
+        block = cfg.block_size
+        return replace(self, mean_len=self.mean_len or max(1, block // 4),
+                       contexts=self.contexts or sorted({max(1, block // 8), max(1, block // 4),
+                                                         max(1, block // 2), block}))
+
+    def check(self, cfg: GPTConfig, device: str) -> None:
+        from instruments.costmodel.kv_plan import DISTRIBUTIONS
+
+        if self.distribution not in DISTRIBUTIONS:
+            raise ValueError(f"distribution must be one of {', '.join(DISTRIBUTIONS)}, got "
+                             f"{self.distribution!r}")
+        whole("sequences", self.sequences, 1, 4096)
+        if self.mean_len is not None:
+            whole("mean length", self.mean_len, 1, cfg.block_size)
+        whole("block size (tokens)", self.block_tokens, 1, cfg.block_size)
+        if self.contexts is not None:
+            contexts_within("context lengths", self.contexts, 1, cfg.block_size)
+        if self.max_alloc_mib is not None:
+            whole("largest allocation (MiB)", self.max_alloc_mib, 1)
+        whole("error tokens", self.error_tokens, 1, max(1, cfg.block_size // 2))
+
+
+Params = PlannerParams
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--distribution", default="long-tailed",
+                   choices=["long-tailed", "uniform", "fixed"])
+    p.add_argument("--sequences", type=int, default=32, help="sequences in the mixed batch")
+    p.add_argument("--mean-len", type=int, default=None,
+                   help="their mean final length (default: a quarter of the block size)")
+    p.add_argument("--block-tokens", type=int, default=16, help="tokens per paged block")
+    p.add_argument("--fit-contexts", default=None,
+                   help="contexts to fit (default: block/8, /4, /2, block)")
+    p.add_argument("--max-alloc-mib", type=int, default=None,
+                   help="the most one allocation may take (default: 2048 on a CPU, the whole "
+                   "budget on a GPU)")
+
+
+def from_args(args: argparse.Namespace, block_size: int) -> PlannerParams:
+    fit = parse_contexts(args.fit_contexts, block_size) if args.fit_contexts else None
+    return PlannerParams(args.distribution, args.sequences, args.mean_len, args.block_tokens,
+                         args.seed, fit, args.max_alloc_mib)
+
+
+def summary(run: dict[str, Any]) -> list[str]:
+    tables = run["tables"]
+    lines = [f"{r['label']:>40}: {r['reserved_bytes'] / 2**20:,.1f} MiB reserved, "
+             f"{r['waste_share']:.0%} wasted, {r['fits_sequences']} sequences fit"
+             for r in tables.get("layouts", [])]
+    for r in tables.get("storages", []):
+        err = r.get("rel_error")
+        lines.append(f"KV in {r['storage']:>8}: {r['bytes_per_token']:,} B/token" +
+                     ("" if err is None else f", logits error {err:.2g} of the largest logit"))
+    return lines
+
 
 MIB = 2**20
 CPU_ALLOC_CAP_MIB = 2048
@@ -49,6 +132,8 @@ def _cap_bytes(p: PlannerParams, device: torch.device, budget: int | None) -> in
 
 def _fit_rows(model: GPT, p: PlannerParams, budget: int | None, cap: int,
               tr: Tracker) -> None:
+    from instruments.measure import memory
+
     cfg, dev = model.config, model.device
     bpt = kv_plan.kv_bytes_per_token(cfg, model.dtype)
     for t in p.contexts or []:
@@ -71,6 +156,8 @@ def _fit_rows(model: GPT, p: PlannerParams, budget: int | None, cap: int,
 
 
 def _layout(model: GPT, layout: str, lengths: list[int], block_tokens: int) -> Any:
+    from engine.kv_variants import PagedKVCache
+
     cfg = model.config
     if layout == "contiguous":
         return model.make_cache("prealloc", len(lengths), cfg.block_size)
@@ -87,6 +174,8 @@ def _layout(model: GPT, layout: str, lengths: list[int], block_tokens: int) -> A
 
 def _layout_rows(model: GPT, p: PlannerParams, lengths: list[int], budget: int | None,
                  cap: int, tr: Tracker) -> None:
+    from instruments.measure import memory
+
     bpt = kv_plan.kv_bytes_per_token(model.config, model.dtype)
     for row in kv_plan.layouts(lengths, model.config.block_size, p.block_tokens, bpt, budget):
         if tr.stop():
@@ -103,6 +192,8 @@ def _layout_rows(model: GPT, p: PlannerParams, lengths: list[int], budget: int |
 
 def _reference(model: GPT, tokens: torch.Tensor, free: int | None) -> tuple[torch.Tensor, str]:
     """fp32 logits (B, T, vocab) of ``tokens``: the model itself, or an fp32 copy of it."""
+    import torch
+
     if model.dtype == torch.float32:
         return model(tokens, use_cache=False, logits="all", mask="none")[0].float(), "the model"
     need = costs.weight_bytes(model.config, torch.float32)
@@ -117,6 +208,11 @@ def _reference(model: GPT, tokens: torch.Tensor, free: int | None) -> tuple[torc
 
 def _storage_rows(model: GPT, p: PlannerParams, free: int | None, budget: int | None,
                   tr: Tracker) -> None:
+    import torch
+
+    from engine.decoders import Decoder
+    from engine.loop import decode, random_prompt
+
     cfg = model.config
     prompt = max(1, min(ERROR_PROMPT, cfg.block_size - p.error_tokens))
     steps = min(p.error_tokens, cfg.block_size - prompt)
@@ -151,9 +247,11 @@ def _storage_rows(model: GPT, p: PlannerParams, free: int | None, budget: int | 
         tr.row("storages", row, f"KV in {storage}: {row['bytes_per_token']:,} B/token")
 
 
-@torch.no_grad()
+@no_grad
 def run(loaded: Loaded, params: PlannerParams, progress: ProgressFn | None = None,
         should_stop: StopFn | None = None) -> dict[str, Any]:
+    from instruments.measure import memory
+
     model = loaded.model
     cfg, dev = model.config, model.device
     params.check(cfg, str(dev))

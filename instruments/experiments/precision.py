@@ -9,28 +9,77 @@ model; the loaded model is never changed.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from engine.decoders import make_decoder
-from engine.loop import decode
-from engine.model import GPT
-from instruments import costs, device, gate
+from engine import dtypes
+from engine.config import GPTConfig
+from instruments.costmodel import costs
+from instruments.experiments.inputs import (
+    whole,
+)
 from instruments.experiments.scope import measure_speedup
-from instruments.params import PrecisionParams, precisions_for
-from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, random_prompt, record
+from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, no_grad, record
+
+if TYPE_CHECKING:
+    import torch
+
+    from engine.model import GPT
+
+
+def precisions_for(device: str, dtypes: list[str]) -> list[str]:
+    """Precisions offered on ``device`` given the dtypes it supports: fp32 always, TF32 on CUDA,
+    bf16 and fp16 where supported (fp16 only on CUDA: CPU half matmuls are emulated)."""
+    cuda = str(device).startswith("cuda")
+    out = ["fp32"] + (["tf32"] if cuda else [])
+    if "bfloat16" in dtypes:
+        out.append("bf16")
+    if cuda and "float16" in dtypes:
+        out.append("fp16")
+    return out
+
+
+@dataclass
+class PrecisionParams:
+    """Time, memory and agreement with fp32 for each precision."""
+
+    precisions: list[str] | None = None  # None: every precision the device offers
+    prompt_len: int = 32
+    new_tokens: int = 32
+    steps: int = 8
+
+    def check(self, cfg: GPTConfig, device: str) -> None:
+        if self.prompt_len + self.new_tokens + self.steps + 3 > cfg.block_size:
+            raise ValueError(f"prompt + new tokens + steps must fit in {cfg.block_size} tokens")
+        whole("new tokens", self.new_tokens, 2)
+
+
+Params = PrecisionParams
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """No flags of its own: every precision the device offers."""
+
+def from_args(args: argparse.Namespace, block_size: int) -> PrecisionParams:
+    return PrecisionParams()
+
+
+def summary(run: dict[str, Any]) -> list[str]:
+    return [f"{r['precision']:>5}: {r.get('step_ms', float('nan')):.2f} ms a step"
+            for r in run["tables"].get("precision", [])]
+
 
 MODE = "prealloc_fused"  # the cached mode each precision is timed and compared with
-_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
-           "fp16": torch.float16}
 
 
 @contextlib.contextmanager
 def _tf32(enabled: bool) -> Iterator[None]:
     """Switch TF32 matmuls on or off for the block, restoring the previous settings."""
+    import torch
+
     old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     torch.backends.cuda.matmul.allow_tf32 = enabled
     torch.backends.cudnn.allow_tf32 = enabled
@@ -42,16 +91,27 @@ def _tf32(enabled: bool) -> Iterator[None]:
 
 def _teacher_forced(model: GPT, prompt: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """Logits (n, B, vocab) in fp32 for each step when ``tokens`` (B, n) are fed back."""
+    import torch
+
+    from engine.decoders import make_decoder
+    from engine.loop import decode
+
     dec = make_decoder(model, MODE, batch_size=prompt.size(0),
                        capacity=prompt.size(1) + tokens.size(1))
     gen = decode(dec, prompt, tokens.size(1), feed=tokens, keep_logits=True)
     return torch.stack(gen.logits)
 
 
-@torch.no_grad()
+@no_grad
 def run(loaded: Loaded, params: PrecisionParams, progress: ProgressFn | None = None,
         should_stop: StopFn | None = None) -> dict[str, Any]:
     """Time, memory and agreement with fp32 for each precision (see the module docstring)."""
+    import torch
+
+    from engine.loop import random_prompt
+    from instruments.checks import gate
+    from instruments.measure import device
+
     model = loaded.model
     cfg, dev = model.config, model.device
     params.check(cfg, str(dev))
@@ -75,7 +135,7 @@ def run(loaded: Loaded, params: PrecisionParams, progress: ProgressFn | None = N
             tr.note("stopped: precisions already compared are kept")
             break
         tr.emit(f"{prec}: timing and comparing with fp32")
-        dtype = _DTYPES[prec]
+        dtype = dtypes.to_torch("fp32" if prec == "tf32" else prec)
         m = ref_model if dtype == torch.float32 else _converted(ref_model, dtype)
         with _tf32(prec == "tf32"):
             check = gate.Gate(m).check(MODE)  # against mode 1 in the same precision
@@ -112,6 +172,8 @@ def run(loaded: Loaded, params: PrecisionParams, progress: ProgressFn | None = N
 
 def _converted(model: GPT, dtype: torch.dtype) -> GPT:
     """A copy of ``model`` in ``dtype`` (the shared model itself is never changed)."""
+    from engine.model import GPT
+
     out = GPT.empty(model.config, model.device, dtype)
     out.load_state_dict(model.state_dict())  # copies and casts; the head stays tied to wte
     out.weights_label = model.weights_label

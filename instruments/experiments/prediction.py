@@ -1,7 +1,7 @@
 """Predicted against measured step time, per mode and context (kind "step_prediction").
 
 ``run(loaded, PredictionParams, progress, should_stop)`` -> run with tables
-  calibration  the parts timed alone (``instruments.calibration``; kept in this process per
+  calibration  the parts timed alone (``instruments.measure.calibration``; kept in this process per
                model, batch and thread count, and reused unless ``recalibrate``)
   latency, checks  the modes measured by the latency sweep itself (gated first, cached steps
                by cropping the cache), so measured numbers are the sweep's numbers; cached
@@ -15,30 +15,100 @@ already timed (partial run), a stop during the sweep keeps the points measured.
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
-from dataclasses import replace
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from instruments import calibration, predict
+from engine.config import GPTConfig
+from instruments.costmodel import predict
 from instruments.experiments import latency
-from instruments.params import LatencyParams, PredictionParams
-from instruments.spine import Event, Loaded, ProgressFn, StopFn, Tracker, record
+from instruments.experiments.inputs import (
+    MAX_BATCH,
+    contexts_within,
+    modes_usable,
+    parse_contexts,
+    parse_modes,
+    preset_contexts,
+    whole,
+)
+from instruments.spine import Event, Loaded, ProgressFn, StopFn, Tracker, no_grad, record
+
+if TYPE_CHECKING:
+    pass
+
+
+@dataclass
+class PredictionParams:
+    """Calibrate the parts of a step on this device, then measure each mode and predict it
+    (``instruments.costmodel.predict``). The calibration is kept in the measuring process and reused
+    unless ``recalibrate``."""
+    modes: list[str]
+    contexts: list[int]
+    batch_size: int = 1
+    repeats: int = 3  # the most timed samples per measured point and pass (at least 2)
+    calibration_repeats: int = 3
+    recalibrate: bool = False
+    # Cached modes are measured in this many passes over the contexts, their samples pooled:
+    # a burst of machine noise then owns no point (uncached forwards, long, take one pass).
+    passes: int = 3
+
+    @classmethod
+    def defaults(cls, device: str, block_size: int) -> PredictionParams:
+        from engine import modes
+        from instruments.costmodel.predict import RECIPES
+
+        usable = [m for m in modes.defaults(device) if m in RECIPES]
+        return cls(usable, preset_contexts("log-spaced (16)", block_size))
+
+    def check(self, cfg: GPTConfig, device: str) -> None:
+        modes_usable(self.modes, device)
+        contexts_within("context lengths", self.contexts, 1, cfg.block_size)
+        whole("batch size", self.batch_size, 1, MAX_BATCH)
+        whole("repeats", self.repeats, 1, 50)
+        whole("calibration repeats", self.calibration_repeats, 1, 20)
+        whole("passes", self.passes, 1, 10)
+
+
+Params = PredictionParams
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--modes", default=None, help="default: every mode that can be predicted "
+                   "and runs here without minutes of compiling")
+    p.add_argument("--contexts", default="log-spaced (16)")
+    p.add_argument("--repeats", type=int, default=3, help="most samples per point and pass")
+    p.add_argument("--passes", type=int, default=3, help="passes over the cached modes")
+
+
+def from_args(args: argparse.Namespace, block_size: int) -> PredictionParams:
+    base = PredictionParams.defaults(args.device, block_size)
+    return PredictionParams(parse_modes(args.modes) if args.modes else base.modes,
+                            parse_contexts(args.contexts, block_size), args.batch,
+                            args.repeats, passes=args.passes)
+
+
+def summary(run: dict[str, Any]) -> list[str]:
+    return [r["sentence"] for r in run["tables"].get("verdicts", [])]
+
 
 # (model spec, batch, threads) -> calibration rows, for this measuring process's lifetime
 _CALIBRATIONS: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
 
 
 def _key(loaded: Loaded, batch: int) -> tuple[Any, ...]:
+    import torch
+
     return (loaded.spec, id(loaded.model), batch, torch.get_num_threads())
 
 
-@torch.no_grad()
+@no_grad
 def run(loaded: Loaded, params: PredictionParams, progress: ProgressFn | None = None,
         should_stop: StopFn | None = None) -> dict[str, Any]:
     """Calibrate (or reuse), measure, predict (see the module docstring)."""
+    from instruments.measure import calibration
+
     start_s = time.perf_counter()
     model = loaded.model
     params.check(model.config, str(model.device))
@@ -83,7 +153,7 @@ def run(loaded: Loaded, params: PredictionParams, progress: ProgressFn | None = 
         if sweeps and (sweeps[-1]["meta"].get("partial") or tr.stop()):
             break
         relay = _relay(progress, i, sizes) if progress is not None else None
-        sweeps.append(latency.run(loaded, LatencyParams(
+        sweeps.append(latency.run(loaded, latency.LatencyParams(
             contexts, names, params.batch_size, repeats=max(2, params.repeats),
             measure_peaks=False), relay, should_stop))
     sweep = sweeps[0]

@@ -14,20 +14,85 @@ call, is skipped with the reason in its row (``skipped``).
 
 from __future__ import annotations
 
+import argparse
 import gc
 import statistics
-from typing import Any
-
-import torch
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from engine.config import PRESETS, GPTConfig
-from engine.decoders import make_decoder
-from engine.loop import decode
-from engine.model import GPT
-from instruments import costs, gate, memory
-from instruments.params import ScopeParams
-from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, random_prompt, record
-from instruments.timing import StepClock, time_call
+from instruments.costmodel import costs
+from instruments.experiments.inputs import (
+    MAX_BATCH,
+    contexts_within,
+    modes_usable,
+    parse_contexts,
+)
+from instruments.measure.sampler import time_call
+from instruments.measure.timing import StepClock
+from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, no_grad, record
+
+if TYPE_CHECKING:
+
+    from engine.model import GPT
+
+BATCH_POINTS = (1, 2, 4, 8, 16, 32)  # the batch sizes a batch scope sweep grows through
+
+
+@dataclass
+class ScopeParams:
+    """Cached vs uncached as the batch (``grow="batch"``) or the model (``"model"``) grows."""
+    grow: str = "batch"
+    points: list[Any] = field(default_factory=lambda: list(BATCH_POINTS))
+    context_len: int = 128
+    cached_mode: str = "prealloc_fused"
+    uncached_mode: str = "uncached_last"
+    max_seconds: float = 20.0  # a point whose uncached step is predicted longer is skipped
+    steps: int = 6
+    repeats: int = 3
+
+    def check(self, cfg: GPTConfig, device: str) -> None:
+        from engine.config import PRESETS
+
+        if self.grow not in ("batch", "model"):
+            raise ValueError(f"grow must be 'batch' or 'model', got {self.grow!r}")
+        if not self.points:
+            raise ValueError("no points given")
+        if self.grow == "batch":
+            contexts_within("batch sizes", list(self.points), 1, MAX_BATCH)
+        else:
+            bad = [p for p in self.points if p not in PRESETS]
+            if bad:
+                raise ValueError(f"unknown model {bad[0]!r}; allowed: {', '.join(PRESETS)}")
+        modes_usable([self.cached_mode, self.uncached_mode], device)
+        if not 4 <= self.context_len <= cfg.block_size - self.steps - 1:
+            raise ValueError(f"context length must be within 4..{cfg.block_size - self.steps - 1}")
+
+
+Params = ScopeParams
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--grow", default="batch", choices=["batch", "model"])
+    p.add_argument("--points", default=None, help="batch sizes, or model names")
+    p.add_argument("--context", type=int, default=128)
+
+
+def from_args(args: argparse.Namespace, block_size: int) -> ScopeParams:
+    from engine.config import PRESETS
+
+    if args.grow == "batch":
+        points: list[Any] = parse_contexts(args.points or ",".join(map(str, BATCH_POINTS)),
+                                           MAX_BATCH)
+    else:
+        points = [p.strip() for p in (args.points or ",".join(PRESETS)).split(",")]
+    return ScopeParams(args.grow, points, args.context)
+
+
+def summary(run: dict[str, Any]) -> list[str]:
+    return [f"{r.get('point')}: " + (r.get("skipped") or f"{r['speedup']:.1f}x")
+            for r in run["tables"].get("scope", [])]
+
 
 
 def step_memory_estimate(cfg: GPTConfig, dtype: Any, batch: int, context_len: int,
@@ -38,10 +103,13 @@ def step_memory_estimate(cfg: GPTConfig, dtype: Any, batch: int, context_len: in
     return est["total_bytes"] - est["weights_bytes"]
 
 
-@torch.no_grad()
+@no_grad
 def measure_speedup(model: GPT, batch: int, context_len: int, *, cached_mode: str,
                     uncached_mode: str, steps: int = 6, repeats: int = 3) -> dict[str, Any]:
     """Cached step and uncached forward at ``context_len`` tokens in view, batch ``batch``."""
+    from engine.decoders import make_decoder
+    from engine.loop import decode, random_prompt
+
     cfg, dev = model.config, model.device
     warm = 2
     start_len = max(1, context_len - 1 - warm)
@@ -83,6 +151,8 @@ def _ratio(cfg: GPTConfig, t: int, batch: int) -> float:
 
 
 def _batches(model: GPT, p: ScopeParams, tr: Tracker) -> None:
+    from instruments.measure import memory
+
     cfg = model.config
     budget = (memory.free_bytes(model.device) or 0) // 2
     per_row_ms: float | None = None  # uncached ms per sequence, to predict the next batch
@@ -108,6 +178,11 @@ def _batches(model: GPT, p: ScopeParams, tr: Tracker) -> None:
 
 
 def _models(model: GPT, p: ScopeParams, tr: Tracker) -> None:
+    import torch
+
+    from engine.model import GPT
+    from instruments.measure import memory
+
     dev, tdtype = model.device, model.dtype
     prev: tuple[int, float] | None = None  # (linear params, uncached ms) of the last model
     for name in p.points:
@@ -141,9 +216,11 @@ def _models(model: GPT, p: ScopeParams, tr: Tracker) -> None:
         tr.row("scope", row, f"{name}: " + (row["skipped"] or f"{row['speedup']:.1f}x"))
 
 
-@torch.no_grad()
+@no_grad
 def run(loaded: Loaded, params: ScopeParams, progress: ProgressFn | None = None,
         should_stop: StopFn | None = None) -> dict[str, Any]:
+    from instruments.checks import gate
+
     model = loaded.model
     params.check(model.config, str(model.device))
     tr = Tracker(progress, should_stop, len(params.points))

@@ -23,19 +23,62 @@ between T values; each T's totals are streamed as they are measured.
 
 from __future__ import annotations
 
+import argparse
 import math
 import statistics
 from collections.abc import Callable
-from typing import Any
-
-import torch
-import torch.nn.functional as F
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from engine.config import GPTConfig
-from engine.model import GPT
-from instruments.params import StaircaseParams
-from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, random_prompt, record
-from instruments.timing import time_call
+from instruments.experiments.inputs import (
+    contexts_within,
+    parse_contexts,
+    whole,
+)
+from instruments.measure.sampler import time_call
+from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, no_grad, record
+
+if TYPE_CHECKING:
+    import torch
+
+    from engine.model import GPT
+
+
+@dataclass
+class StaircaseParams:
+    """The uncached step's matmuls timed alone at each T."""
+    ts: list[int] | None = None  # None: every T on a GPU, a stride of 32 on a CPU
+    repeats: int = 3
+    include_forward: bool = False
+    forward_every: int = 1
+
+    def check(self, cfg: GPTConfig, device: str) -> None:
+        if self.ts is not None:
+            contexts_within("T values", self.ts, 1, cfg.block_size)
+        whole("repeats", self.repeats, 1, 50)
+        whole("forward every", self.forward_every, 1)
+
+
+Params = StaircaseParams
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ts", default=None, help="T values (default: every T on a GPU, 32 apart "
+                   "on a CPU)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--with-forward", action="store_true", help="time the whole forward too")
+
+
+def from_args(args: argparse.Namespace, block_size: int) -> StaircaseParams:
+    ts = parse_contexts(args.ts, block_size) if args.ts else None
+    return StaircaseParams(ts, args.repeats, args.with_forward)
+
+
+def summary(run: dict[str, Any]) -> list[str]:
+    return [f"T = {r['t']:>5}: {r['total_ms']:.2f} ms of matmuls"
+            for r in run["tables"].get("totals", [])[-3:]]
+
 
 SHAPES = ("qkv", "attn_proj", "mlp_up", "mlp_down", "head")
 LAYER_SHAPES = SHAPES[:4]
@@ -50,6 +93,8 @@ def shape_dims(cfg: GPTConfig) -> dict[str, tuple[int, int]]:
 
 def default_ts(block_size: int, device: Any) -> list[int]:
     """Every T on a GPU (the steps are narrow); a stride of 32 on a CPU (each T costs more)."""
+    import torch
+
     if torch.device(device).type == "cuda":
         return list(range(1, block_size + 1))
     return sorted({1, *range(32, block_size + 1, 32), block_size})
@@ -88,6 +133,8 @@ def _time(fn: Callable[[], Any], device: torch.device, warmup: int, repeats: int
 
 def _graphed(fn: Callable[[], Any], device: torch.device) -> Callable[[], Any]:
     """``fn`` captured once into a CUDA graph; the returned call replays it."""
+    import torch
+
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):  # warm-up off the default stream, as capture requires
@@ -99,10 +146,15 @@ def _graphed(fn: Callable[[], Any], device: torch.device) -> Callable[[], Any]:
     return graph.replay
 
 
-@torch.no_grad()
+@no_grad
 def run(loaded: Loaded, params: StaircaseParams, progress: ProgressFn | None = None,
         should_stop: StopFn | None = None) -> dict[str, Any]:
     """Time each matmul shape at every T (see the module docstring)."""
+    import torch
+    import torch.nn.functional as F
+
+    from engine.loop import random_prompt
+
     model = loaded.model
     cfg, dev, tdtype = model.config, model.device, model.dtype
     params.check(cfg, str(dev))

@@ -1,7 +1,7 @@
 """What this machine's devices are, and what they deliver: facts and the one peak routine.
 
 ``describe_device(device)`` -> name, kind, memory, cores/threads, capability, listed peaks (from
-``instruments.specs``). ``device_available`` / ``supported_dtypes`` say what can run here.
+``instruments.measure.specs``). ``device_available`` / ``supported_dtypes`` say what can run here.
 ``measure_peaks(device, dtype)`` is the one peak routine every page, the CLI and the device
 check use: the achieved matmul TFLOP/s and the read bandwidth, on sizes that saturate the device
 (8192-square matmuls and 2 GiB reads on a GPU), several calls per timed sample, every sample
@@ -22,8 +22,8 @@ from typing import Any
 import torch
 
 from engine import dtypes
-from instruments.specs import lookup_peaks
-from instruments.timing import time_call
+from instruments.measure.sampler import time_call
+from instruments.measure.specs import lookup_peaks
 
 
 def device_available(device: Any) -> tuple[bool, str]:

@@ -3,7 +3,7 @@
 `PEAKS` lists vendor-datasheet peaks per GPU: FP32 (non-tensor), dense TF32/BF16/FP16 tensor
 TFLOP/s (datasheets often quote 2x "with sparsity"; these are halved back to dense) and memory
 bandwidth in GB/s (1e9 B/s). `lookup_peaks` maps a device name as torch reports it to an entry.
-What the device delivers here is measured by `instruments.device.measure_peaks`.
+What the device delivers here is measured by `instruments.measure.device.measure_peaks`.
 """
 
 from __future__ import annotations

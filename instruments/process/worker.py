@@ -1,9 +1,9 @@
 """The measuring process: one per device, its own interpreter, nothing else running in it.
 
-    python -m instruments.worker --device cpu
+    python -m instruments.process.worker --device cpu
 
-Started on demand by ``instruments.client`` (the dashboard's server) and spoken to in the
-line protocol of ``instruments.protocol``: requests on stdin, messages on stdout (library
+Started on demand by ``instruments.process.client`` (the dashboard's server) and spoken to in the
+line protocol of ``instruments.process.protocol``: requests on stdin, messages on stdout (library
 output is moved to stderr, which the client keeps as a log). It loads and holds one model on its
 device -- a request naming another model replaces it, memory freed first -- and runs one
 experiment at a time, the same ``run(loaded, params, progress, should_stop)`` the CLI calls.
@@ -26,7 +26,8 @@ import traceback
 from dataclasses import asdict
 from typing import Any, TextIO
 
-from instruments import experiments, params, protocol
+from instruments import experiments
+from instruments.process import protocol
 from instruments.spine import Loaded, ModelSpec, base_meta, load
 
 
@@ -94,7 +95,7 @@ class Worker:
                 self.channel.send({"type": "done", "id": rid})
                 return
             exp = experiments.get(str(msg.get("experiment")))
-            p = params.from_dict(exp.params, dict(msg.get("params") or {}))
+            p = experiments.from_dict(exp.params, dict(msg.get("params") or {}))
             p.check(loaded.model.config, self.device)
             self.channel.send({"type": "start", "id": rid, "kind": exp.kind,
                                "meta": base_meta(loaded, exp.kind, p)})
@@ -126,7 +127,7 @@ class Worker:
     def serve(self) -> None:
         import torch
 
-        from instruments.device import describe_device
+        from instruments.measure.device import describe_device
 
         self.channel.send({"type": "hello", "pid": os.getpid(), "device": self.device,
                            "torch": torch.__version__, "facts": describe_device(self.device)})
@@ -175,7 +176,7 @@ def free_memory(device: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m instruments.worker")
+    ap = argparse.ArgumentParser(prog="python -m instruments.process.worker")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     args = ap.parse_args(argv)

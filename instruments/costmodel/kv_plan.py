@@ -30,7 +30,7 @@ LAYOUTS = {"contiguous": "contiguous, sized for the model's limit",
            "exact": "contiguous, sized for each final length",
            "paged": "paged blocks"}
 STORAGES = ("float32", "bfloat16", "float16", "int8")
-HEADROOM = 0.9  # the share of free memory a plan may use (as instruments.memory.fits)
+HEADROOM = 0.9  # the share of free memory a plan may use (as instruments.measure.memory.fits)
 
 
 def kv_bytes_per_token(cfg: GPTConfig, dtype: Any, storage: str | None = None,

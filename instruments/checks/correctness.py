@@ -18,7 +18,7 @@ import torch
 from engine.config import BUG_KINDS
 from engine.loop import as_prompt_tensor, first_difference, generate
 from engine.model import GPT
-from instruments.gate import tolerance
+from instruments.checks.gate import tolerance
 
 
 @dataclass
@@ -57,7 +57,7 @@ def inject_bug(model: GPT, kind: str | None) -> Iterator[GPT]:
 
 def allowed(model: GPT, reference: torch.Tensor) -> float:
     """The largest |Δ logit| a correct computation may show: the dtype's share
-    (``instruments.gate.TOLERANCE``) of the reference's largest |logit|."""
+    (``instruments.checks.gate.TOLERANCE``) of the reference's largest |logit|."""
     return tolerance(model.dtype) * float(reference.float().abs().max())
 
 

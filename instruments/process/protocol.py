@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from instruments.results import to_jsonable
+from instruments.store.results import to_jsonable
 
 
 def encode(message: dict[str, Any]) -> str:

@@ -1,12 +1,12 @@
 """Timing harness: synchronise, warm up, repeat, and keep every raw sample.
 
-Contract: `time_call(fn, warmup=W, repeats=R)` calls `fn` W + R times; only the last R are timed,
-each between a device sync + clock read before and after, so queued GPU work lands inside the
-region that launched it. Samples are in milliseconds. `StepClock` does the same for the steps of
-a loop the caller drives (the engine's decode loop takes it as its timer; ``skip`` leaves the
-first calls untimed, e.g. a prefill and warm-up steps). `Spans` marks each timed call as a
-profiler span instead. The clock is injectable for tests. CUDA is touched only when a CUDA
-device is named.
+Contract: every timed region is a device sync + clock read before and after, so queued GPU work
+lands inside the region that launched it; samples are in milliseconds. The samples of a point
+are taken by ``instruments.measure.sampler.Sampler`` (and ``time_call``, a fixed count of
+them). `StepClock` times the steps of a loop the caller drives (the engine's decode loop takes it
+as its timer; ``skip`` leaves the first calls untimed, e.g. a prefill and warm-up steps). `Spans`
+marks each timed call as a profiler span instead. The clock is injectable for tests. CUDA is
+touched only when a CUDA device is named.
 
 `CpuWatch` says whether a timed region on a CPU ran on a quiet machine: the timing thread lost
 its core (wall time minus the thread's CPU time), or other processes used the CPU meanwhile
@@ -18,10 +18,8 @@ preemption at all). A caller sets such a sample aside and takes it again (``reta
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 Clock = Callable[[], float]  # returns seconds
@@ -37,11 +35,6 @@ def synchronize(device: Any = "cpu") -> None:
         import torch  # local: CPU-only callers never import or initialise CUDA through here
 
         torch.cuda.synchronize(device)
-
-
-def _check_count(name: str, value: int, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
 # Where the CPU time of everything this machine (or container) runs can be read, finest first:
@@ -145,67 +138,6 @@ class CpuWatch:
                 return True
             if self._clock() >= deadline:
                 return False
-
-
-@dataclass(frozen=True)
-class Timing:
-    """Raw samples of timed calls (ms) plus their summary; warm-up calls are not in `samples_ms`.
-
-    ``set_aside_ms``: samples a `CpuWatch` found disturbed and that were taken again."""
-
-    samples_ms: list[float]
-    warmup: int
-    repeats: int
-    set_aside_ms: list[float] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        if not self.samples_ms:
-            raise ValueError("a Timing needs at least one sample")
-
-    @property
-    def median_ms(self) -> float:
-        return statistics.median(self.samples_ms)
-
-
-def time_call(
-    fn: Callable[[], Any],
-    *,
-    warmup: int,
-    repeats: int,
-    device: Any = "cpu",
-    clock: Clock = time.perf_counter,
-    watch: CpuWatch | None = None,
-    retakes: int = 0,
-) -> Timing:
-    """Run `fn` `warmup` times untimed, then `repeats` times timed; return every timed sample.
-
-    warmup >= 0 and repeats >= 1. Each timed region is sync -> clock -> fn() -> sync -> clock:
-    the first sync keeps earlier queued work out, the second keeps this call's work in. With a
-    ``watch``, up to ``retakes`` disturbed samples are set aside and taken again once it is quiet.
-    """
-    _check_count("warmup", warmup, 0)
-    _check_count("repeats", repeats, 1)
-    _check_count("retakes", retakes, 0)
-    for _ in range(warmup):
-        fn()
-    synchronize(device)  # warm-up kernels must not leak into the first sample
-    samples_ms: list[float] = []
-    set_aside_ms: list[float] = []
-    while len(samples_ms) < repeats:
-        synchronize(device)
-        if watch is not None:
-            watch.begin()
-        start_s = clock()
-        fn()
-        synchronize(device)
-        ms = (clock() - start_s) * 1000.0
-        if watch is not None and watch.end(ms) and len(set_aside_ms) < retakes:
-            set_aside_ms.append(ms)
-            watch.wait_quiet(ms)
-            continue
-        samples_ms.append(ms)
-    return Timing(samples_ms=samples_ms, warmup=warmup, repeats=repeats,
-                  set_aside_ms=set_aside_ms)
 
 
 class StepClock:

@@ -1,6 +1,6 @@
 """What this machine's devices are, printed as one JSON line (run as a short-lived process).
 
-    python -m instruments.probe
+    python -m instruments.process.probe
 
 The dashboard's server imports no torch; it asks this once at start-up which devices exist,
 their names, memory and the dtypes each supports.
@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import sys
 
-from instruments.results import to_jsonable
+from instruments.store.results import to_jsonable
 
 
 def probe() -> dict:
     import torch
 
-    from instruments.device import describe_device, device_available, supported_dtypes
+    from instruments.measure.device import describe_device, device_available, supported_dtypes
 
     found = {}
     for name in ("cpu", "cuda"):

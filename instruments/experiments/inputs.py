@@ -1,13 +1,65 @@
-"""Which context lengths to measure: the presets and the parser for custom lists.
+"""What a user types, read and checked once for every experiment (pages, CLI, measuring process).
 
 ``parse_contexts("8, 16, 64-512:64", block_size)`` -> sorted, de-duplicated lengths within
 1..block_size, or a one-line ValueError saying what is allowed; ``repeated_contexts`` names the
-lengths a list gave twice (measured once) so a page can say so.
+lengths a list gave twice (measured once) so a page can say so. ``parse_modes`` reads a comma
+list of mode names. ``whole``, ``contexts_within`` and ``modes_usable`` are the checks every
+experiment's ``Params.check`` is made of: each raises a one-line ValueError saying what is
+allowed. Torch-free.
 """
 
 from __future__ import annotations
 
 import re
+from typing import Any
+
+from engine import modes as mode_registry
+
+MAX_BATCH = 256
+
+
+def whole(name: str, value: Any, lo: int, hi: int | None = None) -> None:
+    """A whole number within lo..hi (or >= lo)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo or (
+            hi is not None and value > hi):
+        rng = f"{lo}..{hi}" if hi is not None else f">= {lo}"
+        raise ValueError(f"{name} must be a whole number {rng}, got {value!r}")
+
+
+def contexts_within(name: str, values: list[int], lo: int, hi: int) -> None:
+    """A non-empty list of whole numbers within lo..hi."""
+    if not values:
+        raise ValueError(f"no {name} given; allowed: {lo}..{hi}")
+    bad = [t for t in values if isinstance(t, bool) or not isinstance(t, int)
+           or not lo <= t <= hi]
+    if bad:
+        raise ValueError(f"{name.rstrip('s')} {bad[0]!r} is outside {lo}..{hi}")
+
+
+def modes_usable(names: list[str], device: str) -> None:
+    """Every name is a decode mode (or a peer) that can run on ``device``."""
+    if not names:
+        raise ValueError(f"no modes given; allowed: {', '.join(mode_registry.MODES)}")
+    for name in names:
+        ok, why = available(name, device)
+        if not ok:
+            raise ValueError(f"mode {name!r} cannot run: {why}")
+
+
+def available(name: str, device: str) -> tuple[bool, str]:
+    """Can ``name`` (a decode mode or a peer) run on ``device``, and why not."""
+    return mode_registry.available(name, device)
+
+
+def parse_modes(text: str) -> list[str]:
+    """'uncached, concat' -> names, each a known decode mode (or peer)."""
+    names = [m.strip() for m in str(text).split(",") if m.strip()]
+    known = mode_registry.MODES
+    unknown = [m for m in names if m not in known]
+    if not names or unknown:
+        raise ValueError(f"unknown mode {unknown[0] if unknown else text!r}; "
+                         f"allowed: {', '.join(known)}")
+    return names
 
 
 def _log_spaced(lo: int, hi: int, n: int) -> list[int]:

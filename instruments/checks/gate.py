@@ -23,9 +23,8 @@ import torch
 
 from engine import dtypes, modes
 from engine.decoders import make_decoder
-from engine.loop import decode
+from engine.loop import decode, random_prompt
 from engine.model import GPT
-from instruments.spine import random_prompt
 
 # max |Δ logit| allowed, as a share of the largest |logit| of mode 1, by dtype.
 TOLERANCE = {"float32": 1e-4, "bfloat16": 0.1, "float16": 0.03}

@@ -1,7 +1,7 @@
 """Runs as tables: a short label per run, and one table across runs as a DataFrame.
 
 ``run_label(run)`` names a run for a menu or a legend; ``table_frame(runs, table)`` stacks one
-table of many runs (from ``instruments.results``) with the run-level columns on every row, so
+table of many runs (from ``instruments.store.results``) with the run-level columns on every row, so
 runs from different machines line up. Pure functions over run dicts; no files are read here.
 """
 

@@ -1,8 +1,8 @@
 """Calibration: the parts a decode step is made of, each timed alone on this device.
 
 ``calibrate(model, modes, batch_size, max_context, repeats, tick)`` -> rows, each
-``{"part", "variant", "scale", "x", "ms", "samples_ms"}``; ``instruments.predict`` sums them
-into a predicted step. Parts (every one over all the model's layers, as a step runs them):
+``{"part", "variant", "scale", "x", "ms", "samples_ms"}``; ``instruments.costmodel.predict`` sums
+them into a predicted step. Parts (every one over all the model's layers, as a step runs them):
 
   layers     variant = weight layout ("out_in": ``F.linear`` on the model's ``[out, in]``
              weights; "packed": mode 8's ``[in, out]`` chunked copies), x = rows: the four Linear
@@ -43,9 +43,10 @@ import torch.nn.functional as F
 from engine import modes
 from engine.config import GPTConfig
 from engine.fast import fast_weights
+from engine.loop import random_prompt
 from engine.model import GPT
-from instruments import predict
-from instruments.timing import CpuWatch, synchronize
+from instruments.costmodel import predict
+from instruments.measure.sampler import Sampler
 
 Tick = Callable[[str], bool]  # (what is being timed) -> True when asked to stop
 HOLLOW_WIDTH, HOLLOW_VOCAB = 4, 8
@@ -95,41 +96,21 @@ def _read(path: str) -> str | None:
         return None
 
 
-def _sample(fn: Callable[[], Any], device: torch.device, repeats: int) -> list[float]:
-    """``repeats`` timed calls after a warm-up; one more (up to twice as many) while they
-    disagree by more than 10% of their median. A call that returns a number (ms) is timed by
-    itself (it leaves untimed work out); otherwise the call is timed whole. On a CPU a call that
-    another process disturbed is taken again once it is quiet (``repeats`` times at most)."""
-    watch = CpuWatch.for_device(device)
-    retakes = repeats
-
-    def one() -> float:
-        nonlocal retakes
-        while True:
-            if watch is not None:
-                watch.begin()
-            start = time.perf_counter()
-            own = fn()
-            synchronize(device)
-            whole = (time.perf_counter() - start) * 1e3
-            why = watch.end(whole) if watch is not None else None
-            if why is None or retakes <= 0 or watch is None:
-                return float(own) if isinstance(own, float) else whole
-            retakes -= 1
-            if not watch.wait_quiet(whole):
-                retakes = 0  # never quiet: take what comes
-
-    first_ms = one()
-    if first_ms > 500:  # a forward's matmuls at long contexts: stable, and seconds each
+def _sample(fn: Callable[[], Any], device: torch.device, repeats: int,
+            prepare: Callable[[], Any] | None = None) -> list[float]:
+    """One warm-up, then ``repeats`` timed calls and more (up to twice as many) while they
+    disagree by more than 10% of their median: the ``Sampler``'s rule. A call that returns a
+    number (ms) is timed by itself (it leaves untimed work out). A piece over half a second (a
+    forward's matmuls at long contexts: stable, and seconds each) takes 2 samples at most.
+    ``prepare`` runs untimed before each call."""
+    first_ms, _ = Sampler(device, watch=None).take(fn, prepare, self_timed=True)  # the warm-up
+    if first_ms > 500:
         repeats = min(repeats, 2)
-    samples = []
-    for _ in range(max(1, repeats)):
-        synchronize(device)
-        samples.append(one())
-    while (len(samples) < 2 * repeats
-           and max(samples) - min(samples) > 0.1 * statistics.median(samples)):
-        samples.append(one())
-    return samples
+    sampler = Sampler(device, repeats=2 * repeats, min_repeats=repeats, spread=0.10,
+                      retakes=repeats)
+    point = sampler.point(fn, prepare, self_timed=True)
+    assert point is not None  # no should_stop: it always finishes
+    return point.samples_ms
 
 
 class _Parts:
@@ -252,8 +233,10 @@ class _Parts:
 
         return run
 
-    def build(self, part: str, variant: str, x: int) -> Callable[[], Any]:
-        """The call that times ``part`` (a calibration row's part, variant and x)."""
+    def build(self, part: str, variant: str, x: int
+              ) -> Callable[[], Any] | tuple[Callable[[], Any], Callable[[], Any]]:
+        """The call that times ``part`` (a calibration row's part, variant and x), or
+        (untimed set-up, timed call) for a whole step."""
         if part == "attention_full":
             return self.attention_full(x)
         if part == "small":
@@ -263,23 +246,17 @@ class _Parts:
         return build(variant, x)
 
     # -- the whole step on this model (only called on the hollow one) ------------------------
-    def step(self, mode: str, context: int) -> Callable[[], Any]:
+    def step(self, mode: str, context: int
+             ) -> Callable[[], Any] | tuple[Callable[[], Any], Callable[[], Any]]:
+        """A forward of ``context`` tokens, or (seek to context - 1, one step), as the latency
+        sweep times it."""
         from engine.decoders import make_decoder
-        from instruments.spine import random_prompt
-
         dec = make_decoder(self.model, mode, batch_size=self.batch,
                            capacity=max(context, 2))
         idx = random_prompt(self.model, self.batch, context, seed=0)
         if not modes.MODES[mode].cached or context == 1:
             return lambda: dec.prefill(idx[:, :context])
-        dec.prefill(idx[:, : context - 1])
-        token = idx[:, context - 1:context]
-
-        def one() -> None:
-            dec.step(token)
-            dec.rewind(context - 1)
-
-        return one
+        return (lambda: dec.seek(idx, context - 1)), (lambda: dec.step(idx[:, context - 1:]))
 
 
 def plan(model_modes: list[str], batch: int, max_context: int) -> list[tuple[str, str, int]]:
@@ -325,7 +302,8 @@ def calibrate(model: GPT, model_modes: list[str], batch: int, max_context: int,
             if tick is not None and tick(f"calibrating {part} {variant} at {x} ({scale})"):
                 return rows
             fn = parts.build(part, variant, x)
-            samples = _sample(fn, model.device, repeats)
+            prepare, fn = fn if isinstance(fn, tuple) else (None, fn)
+            samples = _sample(fn, model.device, repeats, prepare)
             rows.append({"part": part, "variant": variant, "scale": scale, "x": x,
                          "ms": statistics.median(samples), "samples_ms": samples})
             del fn

@@ -1,11 +1,11 @@
 """Memory accounting: weights, KV cache (formula / tensors / allocator), masks, cuBLAS workspace.
 
 Contract: every function returns plain dicts with byte counts in `*_bytes` fields, so the app and
-the CLI can store and plot them. Formulas come from instruments.costs; measurements come from the
-tensors themselves, from torch's CUDA allocator (allocated / requested / reserved) on a GPU, and
-from the process's resident set size (psutil) on a CPU, where torch keeps no allocator counts.
-A measurement is a difference against a baseline; which baseline was used is recorded per row,
-because the write-up's first attempt was skewed by a cuBLAS workspace allocated after it.
+the CLI can store and plot them. Formulas come from instruments.costmodel.costs; measurements come
+from the tensors themselves, from torch's CUDA allocator (allocated / requested / reserved) on a
+GPU, and from the process's resident set size (psutil) on a CPU, where torch keeps no allocator
+counts. A measurement is a difference against a baseline; which baseline was used is recorded per
+row, because the write-up's first attempt was skewed by a cuBLAS workspace allocated after it.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
+from engine.loop import random_prompt
 from engine.model import GPT
-from instruments import costs
-from instruments.spine import random_prompt
+from instruments.costmodel import costs
 
 MIB = 2**20
 STEP_SPAN = "kv_lab.decode_step"
@@ -255,7 +255,7 @@ def memory_breakdown(model: GPT, batch_size: int, context_len: int,
     beyond the listed parts (CUDA: reserved - allocated; CPU: RSS minus everything above).
     Only that variant's mask buffers are counted -- not others an earlier mode built -- and
     buffers built here for it are freed afterwards: measuring leaves the model as it found it.
-    The formula bar is ``instruments.costs.breakdown_formula``.
+    The formula bar is ``instruments.costmodel.costs.breakdown_formula``.
     """
     mask = mask or model.config.mask
     built_here = mask != "none" and model.mask_nbytes(mask) == 0
@@ -368,7 +368,7 @@ def step_memory_growth(decoder: Any, prompt: torch.Tensor, n_steps: int = 100) -
     from torch.profiler import ProfilerActivity, profile
 
     from engine.loop import decode
-    from instruments.timing import Spans
+    from instruments.measure.timing import Spans
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         decode(decoder, prompt, 1 + n_steps, timer=Spans(STEP_SPAN, prompt.device, skip=1))

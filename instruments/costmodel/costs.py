@@ -286,7 +286,7 @@ def peak_memory_estimate(cfg: GPTConfig, dtype: Any, batch_size: int, context_le
 def breakdown_formula(cfg: GPTConfig, dtype: Any, batch_size: int, context_len: int,
                       mask: str | None = None, device: str = "cpu") -> list[dict[str, Any]]:
     """Rows (component, bytes, source, note) of a run's memory by formula: the bar drawn beside
-    the measured one (``instruments.memory.memory_breakdown``)."""
+    the measured one (``instruments.measure.memory.memory_breakdown``)."""
     ws = GPU_WORKSPACE_ESTIMATE_BYTES if str(device).startswith("cuda") else 0
     kinds = {k: mask_bytes(cfg, k) for k in MASK_BYTE_KINDS}
     return [

@@ -1,7 +1,7 @@
 """Predict a decode step's time from its calibrated parts, and say where the prediction misses.
 
-Torch-free: it reads calibration rows (``instruments.calibration``) and measured latency rows
-(``instruments.experiments.latency``), so the dashboard can overlay a prediction on any saved
+Torch-free: it reads calibration rows (``instruments.measure.calibration``) and measured latency
+rows (``instruments.experiments.latency``), so the dashboard can overlay a prediction on any saved
 sweep of the same machine. For a mode at context t, batch B:
 
   predicted_ms = dispatch_host_ms + weights_ms + attention_ms + small_ops_ms

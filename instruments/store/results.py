@@ -40,7 +40,7 @@ META_FIELDS = (
 )
 # fmt: on
 MAX_FILE_BYTES = 256 * 2**20  # a results file is kilobytes; anything huge is not one of ours
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 REFERENCE_PATH = REPO_ROOT / "results" / "reference" / "seed_a40.json"
 _KIND_RE = re.compile(r"^[a-z0-9_]{1,40}$")
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from engine import modes
 from engine.config import GPTConfig
-from instruments import costs
+from instruments.costmodel import costs
 
 
 @dataclass(frozen=True)

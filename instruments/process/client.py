@@ -1,10 +1,10 @@
 """The server's side of the measuring processes: one per device, a queue, and jobs. Torch-free.
 
 ``submit(experiment, params, model, owner=..., results_dir=...)`` -> ``Job`` at once; a thread
-of the server then waits for the device's turn (``instruments.queue.QUEUE``: one measurement
+of the server then waits for the device's turn (``instruments.process.queue.QUEUE``: one measurement
 per device across every session, in order, cancellable), starts the device's measuring process
-if none is alive (``python -m instruments.worker``), sends the request and files every message
-it streams back into the job: progress, rows, tokens, the final run. ``job.request_stop()``
+if none is alive (``python -m instruments.process.worker``), sends the request and files every
+message it streams back into the job: progress, rows, tokens, the final run. ``job.request_stop()``
 stops it after its current step; ``keep_alive()`` turning false (a closed tab) does the same.
 When the job ends its run is saved -- the final one, or, if the process failed or died, one
 built from the rows it streamed, marked partial -- and a dead process is replaced by a fresh one
@@ -30,18 +30,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from instruments import experiments, protocol, results
-from instruments.queue import QUEUE, Cancelled
+from instruments import experiments
+from instruments.process import protocol
+from instruments.process.queue import QUEUE, Cancelled
 from instruments.spine import Event, ModelSpec, partial_record
+from instruments.store import results
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 180.0  # importing torch and CUDA on a cold machine can take a while
 ORPHAN_GRACE_S = 10.0
 
 
 # ------------------------------------------------------------------------ measuring processes
 class MeasuringProcess:
-    """One ``instruments.worker`` subprocess and the thread that reads its messages."""
+    """One ``instruments.process.worker`` subprocess and the thread that reads its messages."""
 
     def __init__(self, device: str) -> None:
         self.device = device
@@ -50,7 +52,7 @@ class MeasuringProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with os.fdopen(fd, "w") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "instruments.worker", "--device", device,
+                [sys.executable, "-m", "instruments.process.worker", "--device", device,
                  "--threads", str(measuring_threads())],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, cwd=REPO_ROOT,
                 env=env, text=True, encoding="utf-8", bufsize=1)
@@ -364,7 +366,7 @@ def devices() -> dict[str, Any]:
     """What this machine offers, asked once of a short-lived process (the server imports no
     torch): {"torch": version, "devices": {"cpu": facts + dtypes, "cuda": ...}}."""
     try:
-        out = subprocess.run([sys.executable, "-m", "instruments.probe"], cwd=REPO_ROOT,
+        out = subprocess.run([sys.executable, "-m", "instruments.process.probe"], cwd=REPO_ROOT,
                              capture_output=True, text=True, timeout=START_TIMEOUT_S, check=True)
         found = json.loads(out.stdout.strip().splitlines()[-1])
     except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:

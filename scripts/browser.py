@@ -1,0 +1,85 @@
+"""The app in a real browser: a Streamlit server on a free localhost port and the waits that
+drive it, shared by the browser tests and the benchmark scripts that measure from a browser.
+
+  streamlit_server(results, tiny)  ``streamlit run app.py`` (results in ``results``; the tiny
+                                   test preset when ``tiny``), yields (url, process)
+  settle(page)                     wait until the app is idle, and refuse a page with an exception
+  wait_finished(page, timeout_ms)  wait until the job section's progress bar is gone
+``CHROMIUM`` and ``ARGS`` launch Debian's chromium headless with Playwright.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ROOT = Path(__file__).resolve().parents[1]
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def streamlit_server(results: Path, tiny: bool = True, env: dict[str, str] | None = None
+                     ) -> Iterator[tuple[str, subprocess.Popen]]:
+    """A fresh ``streamlit run app.py``; RuntimeError with its log if it never answers."""
+    port = free_port()
+    env = {**os.environ, **(env or {}), "KVLAB_RESULTS_DIR": str(results),
+           "KVLAB_TINY": "1" if tiny else "0"}
+    log = open(results / "server.log", "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
+         "--server.headless", "true", "--server.address", "127.0.0.1"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(120):
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=1) as r:
+                    if r.read() == b"ok":
+                        break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            raise RuntimeError("streamlit did not start: " + (results / "server.log").read_text())
+        yield url, proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def settle(page, timeout_ms: int = 60_000) -> None:
+    """Wait until the app is idle (no 'Running…' indicator) and check for exceptions."""
+    status = '[data-testid="stStatusWidget"]'
+    end = time.monotonic() + timeout_ms / 1000
+    while True:  # idle twice in a row, 0.8 s apart: a rerun can start right after a click
+        page.wait_for_timeout(800)
+        page.wait_for_selector(status, state="detached", timeout=timeout_ms)
+        page.wait_for_timeout(800)
+        if page.locator(status).count() == 0 or time.monotonic() > end:
+            break
+    if page.locator('[data-testid="stException"]').count():
+        raise AssertionError(page.inner_text("body"))
+
+
+def wait_finished(page, timeout_ms: int) -> None:
+    page.wait_for_selector('[data-testid="stProgress"]', state="detached", timeout=timeout_ms)
+    settle(page)
