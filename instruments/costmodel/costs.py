@@ -14,6 +14,7 @@ from typing import Any
 
 from engine import dtypes
 from engine.config import GPTConfig
+from instruments.costmodel import kv_plan
 
 MASK_BYTE_KINDS = ("seed", "shared_bool", "none")
 # Transient bytes an estimate adds on a GPU for cuBLAS/cuBLASLt workspaces (conservative).
@@ -214,6 +215,38 @@ def step_bytes(
     return (linear_weight_bytes(cfg, dtype) + kv_bytes(cfg, dtype, batch_size, kv_rows)
             + activation_bytes(cfg, dtype, context_len, cached, batch_size, last_only,
                                keys if cached else None))
+
+
+def step_read_bytes(cfg: GPTConfig, dtype: Any, context_len: int, batch_size: int = 1,
+                    keys: int | None = None, weight_dtype: Any = None,
+                    kv_storage: str | None = None) -> int:
+    """Bytes a step must read, the numerator of MBU (gpt-fast's and Databricks' definition).
+
+    The Linear weights once (the output projection tied to ``wte`` counted once: the embedding
+    lookup reads one row per token), in ``weight_dtype`` (a quantized rung's own; default the
+    model's), plus the K/V rows the step attends to, ``keys`` of them (default ``context_len``),
+    per sequence, stored as ``kv_storage`` ("int8" adds its scales; default the model's dtype).
+    Activations are left out: MBU counts the model's bytes, not the traffic of its scratch.
+    gpt2 fp32, one sequence at 1,000 tokens: 494 MB + 74 MB.
+    """
+    _check_positive("context_len", context_len)
+    _check_positive("batch_size", batch_size)
+    weights = linear_weight_bytes(cfg, dtype if weight_dtype is None else weight_dtype)
+    per_token = kv_plan.kv_bytes_per_token(cfg, dtype, kv_storage)  # int8: with its scales
+    return weights + per_token * batch_size * (keys or context_len)
+
+
+def utilization(flops: float | None, read_bytes: float | None, seconds: float | None,
+                peak_gbps: float | None, peak_tflops: float | None
+                ) -> tuple[float | None, float | None]:
+    """(MBU, MFU): the share of a peak bandwidth the step's bytes reached, and of a peak FLOP
+    rate its FLOPs reached, over ``seconds``; None where a number is missing or not positive."""
+    def share(work: float | None, peak: float | None, scale: float) -> float | None:
+        if not work or not peak or not seconds or seconds <= 0 or peak <= 0:
+            return None
+        return work / seconds / (peak * scale)
+
+    return share(read_bytes, peak_gbps, 1e9), share(flops, peak_tflops, 1e12)
 
 
 def mask_bytes(cfg: GPTConfig, kind: str | None = None) -> int:

@@ -7,6 +7,16 @@ total after each token, from the repeat with the median total) and ``checks``. C
 prefill (context = prompt_len); call k >= 1 feeds token k-1 back (context = prompt_len + k).
 A short untimed run of ``warmup_tokens`` tokens precedes each mode. ``measure`` is the same
 work inside another experiment (the latency sweep's end-to-end part).
+
+In the serving benchmarks' terms (vLLM, llmperf; ``docs/metrics.md``), each row also carries
+``ttft_ms`` (time to first token: the prompt's forward that yields it, median over repeats; no
+queueing here), ``tpot_ms`` (time per output token: the mean of the later steps, every timed
+repeat pooled) with ``tpot_p50_ms`` / ``tpot_p90_ms`` / ``tpot_p99_ms`` over those steps (None
+where too few: ``instruments.store.stats``), ``e2e_ms`` (the median total), and
+``output_tokens_per_s`` (new tokens x batch / that total), ``prefill_tokens_per_s`` and
+``decode_tokens_per_s`` (llama-bench's pp and tg at this prompt), and the energy of the timed
+runs where the device counts it (``instruments.measure.energy``: ``energy_j``,
+``joules_per_token``, ``avg_watts``, or ``energy_note`` saying why not).
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ from engine import modes
 from engine.config import GPTConfig
 from instruments.costmodel import costs
 from instruments.experiments.inputs import MAX_BATCH, modes_usable, parse_modes, whole
+from instruments.measure.energy import row_fields
 from instruments.spine import (
     Loaded,
     ProgressFn,
@@ -28,6 +39,7 @@ from instruments.spine import (
     no_grad,
     record,
 )
+from instruments.store.stats import mean_sd, percentile_fields
 
 if TYPE_CHECKING:
     from engine.model import GPT
@@ -85,7 +97,14 @@ def from_args(args: argparse.Namespace, block_size: int) -> EndToEndParams:
 
 
 def summary(run: dict[str, Any]) -> list[str]:
-    return [f"{r['mode']:>16}: {r['new_tokens']} tokens in {r['total_s']:.3f} s"
+    def serving(r: dict[str, Any]) -> str:
+        if r.get("ttft_ms") is None:  # a run saved before these fields
+            return ""
+        tpot = f"{r['tpot_ms']:.2f} ms" if r.get("tpot_ms") is not None else "-"
+        return (f" · TTFT {r['ttft_ms']:.2f} ms · TPOT {tpot} · "
+                f"{r['output_tokens_per_s']:.1f} output tokens/s")
+
+    return [f"{r['mode']:>16}: {r['new_tokens']} tokens in {r['total_s']:.3f} s{serving(r)}"
             for r in run["tables"].get("end_to_end", [])]
 
 
@@ -93,13 +112,16 @@ def measure(model: GPT, p: EndToEndParams, names: list[str], tr: Tracker) -> boo
     """Time each mode in ``names`` (already gated); rows go to ``tr``. True if stopped."""
     from engine.decoders import make_decoder
     from engine.loop import decode, random_prompt
+    from instruments.measure.energy import NOTHING, EnergyMeter
     from instruments.measure.timing import CpuWatch, StepClock
 
     idx = random_prompt(model, p.batch_size, p.prompt_len, p.prompt_seed)
     watch = CpuWatch.for_device(model.device)  # a generation is not retaken: disturbance counted
+    meter = EnergyMeter.for_device(model.device)
     for name in names:
         runs: list[list[float]] = []
         disturbed: list[int] = []
+        energy = NOTHING
         last_only = True
         for rep in range(-1, p.repeats):  # rep -1: the untimed warm-up
             n = min(p.new_tokens, p.warmup_tokens) if rep < 0 else p.new_tokens
@@ -113,12 +135,15 @@ def measure(model: GPT, p: EndToEndParams, names: list[str], tr: Tracker) -> boo
                 tr.emit(f"{what}, token {s.index + 1}/{n}", force=False)
 
             clock = StepClock(model.device, watch=watch)
+            meter.start()
             gen = decode(dec, idx, n, timer=clock, on_step=on_step, should_stop=tr.stop)
+            used = meter.stop()
             del dec
             if gen.stopped_early:
                 return True
             if rep >= 0:
                 runs.append(gen.step_ms)
+                energy = energy + used
                 disturbed.append(sum(why is not None for why in clock.disturbed))
         totals_s = [sum(r) / 1e3 for r in runs]
         middle = sorted(range(len(runs)), key=lambda i: sum(runs[i]))[len(runs) // 2]
@@ -132,7 +157,8 @@ def measure(model: GPT, p: EndToEndParams, names: list[str], tr: Tracker) -> boo
                  "batch_size": p.batch_size, "dtype": str(model.dtype).removeprefix("torch."),
                  "total_s": statistics.median(totals_s), "samples_s": totals_s,
                  "prefill_ms": median_run[0], "flops_total": flops,
-                 "disturbed_steps": disturbed[middle] if watch is not None else None}
+                 "disturbed_steps": disturbed[middle] if watch is not None else None,
+                 **serving_fields(runs, p, energy)}
         running_s = 0.0
         for step, ms in enumerate(median_run):
             running_s += ms / 1e3
@@ -141,6 +167,22 @@ def measure(model: GPT, p: EndToEndParams, names: list[str], tr: Tracker) -> boo
                  "cumulative_s": running_s})
         tr.row("end_to_end", total, f"{name}: {p.new_tokens} tokens in {total['total_s']:.2f} s")
     return False
+
+
+def serving_fields(runs: list[list[float]], p: EndToEndParams, energy: Any) -> dict[str, Any]:
+    """TTFT, TPOT (mean and percentiles), end-to-end ms, throughputs and energy of the timed
+    runs (each a list of call ms, the prefill first): see the module docstring."""
+    later = [ms for r in runs for ms in r[1:]]
+    tpot_ms, _ = mean_sd(later)
+    ttft_ms = statistics.median(r[0] for r in runs)
+    e2e_ms = statistics.median(sum(r) for r in runs)
+    b = p.batch_size
+    return {"ttft_ms": ttft_ms, "tpot_ms": tpot_ms,
+            **percentile_fields(later, "ms", prefix="tpot_"), "e2e_ms": e2e_ms,
+            "output_tokens_per_s": p.new_tokens * b / (e2e_ms / 1e3) if e2e_ms > 0 else None,
+            "prefill_tokens_per_s": p.prompt_len * b / (ttft_ms / 1e3) if ttft_ms > 0 else None,
+            "decode_tokens_per_s": b * 1e3 / tpot_ms if tpot_ms else None,
+            **row_fields(energy, p.new_tokens * b * len(runs))}
 
 
 def work(p: EndToEndParams) -> float:

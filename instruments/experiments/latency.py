@@ -2,8 +2,11 @@
 
 ``run(loaded, LatencyParams, progress, should_stop)`` -> run with tables
   latency   one row per mode x context: latency_ms (median), samples_ms (every timed sample),
-            spread_ms (max - min), min_ms, flops/bytes from instruments.costmodel.costs and the
-            rates
+            spread_ms (max - min), min_ms, p50_ms / p90_ms / p99_ms over the kept samples (None
+            where too few: ``instruments.store.stats``), flops/bytes from
+            instruments.costmodel.costs and the rates, and once the peaks are measured (last)
+            mbu / mfu against them and mbu_listed / mfu_listed against the datasheet
+            (``instruments.experiments.utilization``)
   checks    the gate's verdict per mode (``instruments.checks.gate``: logits against mode 1; a
             mode that fails it is not timed, and a note says so)
   summary   the write-up's Table 1 at 10/100/500/1000 tokens
@@ -42,6 +45,7 @@ from instruments.experiments.inputs import (
     preset_contexts,
     whole,
 )
+from instruments.experiments.utilization import add_shares, kv_storage, listed_peaks
 from instruments.spine import (
     Loaded,
     ProgressFn,
@@ -50,6 +54,7 @@ from instruments.spine import (
     no_grad,
     record,
 )
+from instruments.store.stats import percentile_fields
 from instruments.store.tables import format_summary, summary_table
 
 if TYPE_CHECKING:
@@ -170,6 +175,8 @@ def row(model: GPT, mode: str, t: int, batch: int, samples_ms: list[float], phas
                              last_only=last_only or spec.cached, keys=keys)
     nbytes = costs.step_bytes(cfg, model.dtype, t, cached=cached, batch_size=batch,
                               last_only=last_only or spec.cached, keys=keys)
+    read = costs.step_read_bytes(cfg, model.dtype, t, batch, keys=keys if cached else None,
+                                 kv_storage=kv_storage(mode))
     seconds = median_ms / 1e3
     return {
         "mode": mode, "mode_label": spec.label, "cached": spec.cached, "phase": phase,
@@ -179,6 +186,7 @@ def row(model: GPT, mode: str, t: int, batch: int, samples_ms: list[float], phas
         "spread_ms": max(samples_ms) - min(samples_ms),
         "flops": flops, "tflops": flops / seconds / 1e12 if seconds > 0 else None,
         "bytes": nbytes, "gbps": nbytes / seconds / 1e9 if seconds > 0 else None,
+        **percentile_fields(samples_ms), "read_bytes": read,  # MBU's numerator
         "compile_s": compile_s,  # set-up (compile / capture) time, never part of a step
         **(quiet or {}),
     }
@@ -326,8 +334,12 @@ def run(loaded: Loaded, params: LatencyParams, progress: ProgressFn | None = Non
               "summary": summary_table(rows, pair=_pair(rows)),
               "end_to_end": tr.tables.get("end_to_end", []),
               "cumulative": tr.tables.get("cumulative", [])}
-    return record(loaded, "latency_sweep", params, tables, partial=stopped, notes=tr.notes,
-                  measured_peaks=peaks, timings=timings)
+    out = record(loaded, "latency_sweep", params, tables, partial=stopped, notes=tr.notes,
+                 measured_peaks=peaks, timings=timings)
+    meta = out["meta"]  # MBU / MFU against the peaks the run carries
+    add_shares(out["tables"]["latency"], peaks,
+               listed_peaks(meta["device_name"], meta["dtype"], bool(meta.get("tf32"))))
+    return out
 
 
 def _note_disturbed(tr: Tracker) -> None:
