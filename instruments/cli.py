@@ -6,7 +6,10 @@
   python -m instruments hardware | attribution | staircase | scope | precision
   python -m instruments planner --distribution long-tailed --sequences 32 --block-tokens 16
   python -m instruments prediction --modes uncached,concat,prealloc_fused,fast --passes 3
+  python -m instruments bench --modes concat,prealloc_fused -p 512 -n 128 --depth 0,512 -r 5
   python -m instruments all      (hardware, latency with its end-to-end part, memory)
+  python -m instruments export RUN --format jsonl|csv|md [--table NAME] [--out FILE]
+  python -m instruments compare OLD NEW [--noise-floor 0.02]   (exit 1: a point regressed)
 Each command is an experiment of ``instruments.experiments`` (the older names sweep, e2e and
 predict still work); its flags, defaults and printed summary come from the experiment's own
 module. It runs in this process (its own process: nothing else runs beside the timed steps)
@@ -14,7 +17,9 @@ and saves the run it returns into
 --results-dir, printing a short summary. Bad input: one line on stderr, exit code 2. Ctrl-C
 stops after the current step and saves what was measured, marked partial (a second Ctrl-C
 aborts at once and still saves the rows streamed so far). HTML figures of saved runs:
-``python -m ui.plots``.
+``python -m ui.plots``. ``export`` and ``compare`` are not experiments: they read saved runs
+(``instruments.store.exports`` / ``instruments.store.compare``; RUN, OLD and NEW are run files,
+or run ids / file names in --results-dir), load no model and measure nothing.
 """
 
 from __future__ import annotations
@@ -70,7 +75,56 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     for name in ALL:
         experiments.get(name).add_arguments(p)
+    _store_parsers(sub)
     return parser
+
+
+# ------------------------------------------------------------- store commands (no model)
+STORE_COMMANDS = ("export", "compare")
+
+
+def _store_parsers(sub: Any) -> None:
+    from instruments.store.compare import DEFAULT_FLOOR
+    from instruments.store.exports import FORMATS
+
+    p = sub.add_parser("export", help="a saved run as CSV, JSON Lines (one record per timed "
+                       "sample) or a Markdown table")
+    p.add_argument("run", help="a run file, or a run id / file name in --results-dir")
+    p.add_argument("--format", default="jsonl", choices=FORMATS)
+    p.add_argument("--table", default=None, help="default: the table the run is about")
+    p.add_argument("--out", default=None, help="a file to write (default: standard output)")
+    p.add_argument("--results-dir", default="results")
+    p = sub.add_parser("compare", help="two runs of one experiment, new / old per point against "
+                       "their noise; exit code 1 when a point regressed beyond it")
+    p.add_argument("old", help="the earlier run: a file, or a run id / file name")
+    p.add_argument("new", help="the later run")
+    p.add_argument("--noise-floor", type=float, default=DEFAULT_FLOOR,
+                   help="the least drift between runs called noise, a share (0.05 = 5%%; "
+                   f"default {DEFAULT_FLOOR:g})")
+    p.add_argument("--results-dir", default="results")
+
+
+def store_command(args: argparse.Namespace) -> int:
+    """Run ``export`` or ``compare``; 1 when compare finds a regression."""
+    from instruments.store import compare, exports
+
+    try:
+        if args.command == "export":
+            text = exports.export(results.find_run(args.run, args.results_dir), args.format,
+                                  args.table)
+            if args.out:
+                with open(args.out, "w", encoding="utf-8") as fh:
+                    fh.write(text)
+                print(f"wrote {args.out}", file=sys.stderr)
+            else:
+                sys.stdout.write(text)
+            return 0
+        got = compare.compare(results.find_run(args.old, args.results_dir),
+                              results.find_run(args.new, args.results_dir), args.noise_floor)
+    except (results.ResultsError, ValueError, OSError) as exc:
+        raise CliError(str(exc).splitlines()[0]) from exc
+    print(compare.markdown(got))
+    return 1 if got.regressions else 0
 
 
 # ---------------------------------------------------------------------------------- running
@@ -185,7 +239,10 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         args.argv = argv
         if args.command is None:
-            raise CliError(f"choose a command: {', '.join([*experiments.EXPERIMENTS, 'all'])}")
+            raise CliError(f"choose a command: "
+                           f"{', '.join([*experiments.EXPERIMENTS, 'all', *STORE_COMMANDS])}")
+        if args.command in STORE_COMMANDS:
+            return store_command(args)
         if args.threads:
             import torch
 

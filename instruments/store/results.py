@@ -351,3 +351,22 @@ def reference_run(path: str | os.PathLike | None = None) -> dict[str, Any]:
     Reads `results/reference/seed_a40.json` (in this schema); raises ResultsError if it is gone.
     """
     return load_run(REFERENCE_PATH if path is None else path)
+
+
+def find_run(ref: str | os.PathLike, results_dir: str | os.PathLike = "results") -> dict[str, Any]:
+    """A run named by its file path, its file name or run id (or a unique start of either) in
+    ``results_dir`` and its subfolders; ResultsError saying what was found otherwise."""
+    path = Path(ref)
+    if path.is_file():
+        return load_run(path)
+    text = str(ref).removesuffix(".json")
+    runs = load_runs(results_dir, recursive=True).runs
+    hits = [r for r in runs if str(r.get("run_id", "")).startswith(text)
+            or Path(r["path"]).stem.startswith(text)]
+    if len(hits) == 1:
+        return hits[0]
+    if not hits:
+        raise ResultsError(f"no run file or run id {str(ref)!r} in {results_dir}; give a path "
+                           "to a run file, or a run id as `ls results` shows it")
+    names = ", ".join(Path(r["path"]).name for r in hits[:3])
+    raise ResultsError(f"{str(ref)!r} names {len(hits)} runs ({names}...); give more of it")
