@@ -2,7 +2,9 @@
 
 Reads ``instruments.store.results.load_runs(results_dir())`` (never raises: bad files come back as
 skipped with the reason) and the write-up's A40 reference (``reference_run``); overlays the selected
-runs' "latency" tables with ``ui.figures.overlay_figure``. Nothing here measures anything.
+runs' "latency" tables with ``ui.figures.overlay_figure``. The inspected run exports as CSV, JSON
+Lines and Markdown, and two runs of one experiment compare point by point (``ui.compare``).
+Nothing here measures anything.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import streamlit as st
 from instruments.store.frames import run_label, table_frame
 from instruments.store.results import ResultsError, reference_run
 from ui import header
+from ui.compare import comparison, downloads
 from ui.figures import overlay_figure
 from ui.runs import run_json, saved_runs
 from ui.state import results_dir
@@ -118,6 +121,9 @@ else:
             st.markdown(f"**{name}** ({len(rows)} rows)")
             st.dataframe(pd.DataFrame(rows), hide_index=True)
         st.json(json.loads(run_json({**run, "tables": {}})), expanded=False)
+    downloads(run, "results_export")
+    st.subheader("Compare two runs")
+    comparison(by_label)
 if loaded.skipped:
     st.subheader(f"Files that could not be read ({len(loaded.skipped)})")
     st.dataframe(pd.DataFrame([{"file": p.rsplit("/", 1)[-1], "reason": why}

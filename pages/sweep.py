@@ -22,7 +22,7 @@ from instruments.experiments.inputs import (
 from instruments.experiments.latency import LatencyParams
 from instruments.process import client
 from instruments.process.client import Job
-from ui import header, jobs, predicted
+from ui import header, jobs, metrics, predicted
 from ui.figures import cumulative_figure, latency_figure, ordered_modes
 from ui.figures_perf import floor_sentence
 from ui.runs import last_sweep_like
@@ -179,6 +179,11 @@ def _draw(j: Job) -> None:
         st.caption(f"Table 1. At {int(last['measured_context_len'])} tokens {fast} does "
                    f"{last['flop_reduction']:.0f}× fewer FLOPs than {slow} and took "
                    f"{last['speedup']:.1f}× less time.")
+    if not df.empty:
+        with st.expander("Per point: median, p50 / p90 / p99, samples kept, spread, MBU, MFU"):
+            points = metrics.point_table(df)
+            st.dataframe(points, hide_index=True, column_config=metrics.columns(list(points)))
+            metrics.definitions(["p50 / p90 / p99", "MBU", "MFU"])
     cum = jobs.rows(j, "cumulative")
     if not cum.empty:
         st.subheader("A whole generation, end to end")
@@ -194,21 +199,34 @@ def _draw(j: Job) -> None:
             shown_cols.append("predicted_s")
         if "disturbed_steps" in totals and totals["disturbed_steps"].notna().any():
             shown_cols.append("disturbed_steps")
+        serving = [c for c in metrics.serving_table(totals)
+                   if c not in shown_cols and c != "e2e_ms"]  # E2E is the total here
+        if serving:  # TTFT says what the prefill column said, in the field's words
+            shown_cols.remove("prefill_ms")
+        shown_cols += serving
         st.dataframe(totals[shown_cols],
-                     hide_index=True, column_config={
+                     hide_index=True, column_config={**metrics.columns(serving),
                          "predicted_s": st.column_config.NumberColumn(
                              "predicted (s)", format="%.2f", help="The prompt's forward and "
                              "one step per token, summed from the parts calibrated on this "
                              "machine (Floor lab, Predicted step)."),
                          "prompt_len": st.column_config.NumberColumn("prompt (tokens)"),
                          "new_tokens": st.column_config.NumberColumn("new tokens"),
-                         "total_s": st.column_config.NumberColumn("total (s)", format="%.2f"),
+                         "total_s": st.column_config.NumberColumn(
+                             "total = E2E (s)", format="%.2f", help=metrics.GLOSSARY["E2E"]),
                          "prefill_ms": st.column_config.NumberColumn("prefill (ms)",
                                                                      format="%.1f"),
                          "disturbed_steps": st.column_config.NumberColumn(
                              "disturbed steps", help="Steps of the median run during which "
                              "another process used the CPU or took this one's core. A "
                              "generation is not retaken: its total includes them.")})
+        pp_tg, no_energy = metrics.pp_tg_sentence(totals), metrics.energy_note(totals)
+        if pp_tg:
+            st.caption("In llama-bench's terms (one generation each; `python -m instruments "
+                       f"bench` gives ± sd over repeats): {pp_tg}.")
+        if no_energy:
+            st.caption(no_energy)
+        metrics.definitions(["TTFT", "TPOT", "E2E", "output tokens/s", "pp / tg", "energy"])
     checks = jobs.rows(j, "checks")
     if not checks.empty:
         with st.expander("Mode checks (logits against mode 1)"):

@@ -9,7 +9,9 @@ point and saves what it measured, marked partial): measured peaks; a latency swe
 available mode over 16 context lengths in fp32 and in bf16; step attribution; the matmul
 staircase (every T on a GPU); memory (the KV cache three ways, the cuBLAS workspace); the KV
 planner (the predicted batch allocated for real, layouts, KV storage errors); the predicted
-step (calibrated parts summed against every eager mode's measured step). Then it
+step (calibrated parts summed against every eager mode's measured step); llama-bench's
+pp512 / tg128 at depths 0 and 512 with the energy counter (NVML, when nvidia-ml-py is there).
+Then it
 prints each cached mode's step time against the bandwidth floor, (weights + K/V + activation
 bytes) / measured read bandwidth; the goal is CUDA-graph mode within 2x of it. Exit code 0 when
 every stage ran (even partly), 2 on bad input.
@@ -40,7 +42,7 @@ from instruments.store import results
 
 SHARES = {"sweep float32": 0.28, "sweep bfloat16": 0.20, "attribution": 0.10,
           "staircase": 0.16, "memory": 0.10, "planner": 0.06,
-          "prediction": 0.10}  # of the budget left after the peaks
+          "prediction": 0.10, "bench": 0.06}  # of the budget left after the peaks
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -226,6 +228,17 @@ def main(argv: list[str] | None = None) -> int:
         None, stop)
     for v in run["tables"].get("verdicts", []):
         print("  " + v["sentence"])
+    save(args, run)
+
+    stop = clock.start("bench")  # pp / tg tokens/s ± sd, and joules per token where counted
+    bench = get("bench")
+    names = [m for m in ("concat", "prealloc_fused", "cuda_graph")
+             if m in sweep_modes(args.device, False)]
+    run = bench.run(fp32, bench.params(names, min(512, cfg.block_size // 2),
+                                       min(128, cfg.block_size // 4),
+                                       [0, cfg.block_size // 2], repeats=3), None, stop)
+    for line in bench.summary(run):
+        print(line)
     save(args, run)
 
     print(f"\n== cached step vs the bandwidth floor (bytes ÷ {read_gbps['float32']:.0f} GB/s "

@@ -93,6 +93,12 @@ def test_tiny_sweep_draws_and_saves(results: Path) -> None:
     assert len(runs) == 1 and runs[0]["kind"] == "latency_sweep"
     assert runs[0]["meta"]["partial"] is False
     assert len(runs[0]["tables"]["latency"]) == 6 and runs[0]["tables"]["cumulative"]
+    # The field's terms: percentiles per point, TTFT / TPOT and pp / tg per generation.
+    frames = [d.value for d in at.dataframe]
+    assert any({"p50_ms", "p90_ms", "p99_ms", "samples_n"} <= set(f.columns) for f in frames)
+    assert any({"ttft_ms", "tpot_ms", "tpot_p90_ms", "output_tokens_per_s",
+                "decode_tokens_per_s"} <= set(f.columns) for f in frames)
+    assert any("In llama-bench's terms" in c.value and "tg5" in c.value for c in at.caption)
     # A chart option only redraws: no new job, no new file.
     at.toggle(key="sweep_logy").set_value(True).run()
     assert at.session_state["sweep_job"] is job and len(list(results.glob("*.json"))) == 1
@@ -194,6 +200,31 @@ def test_results_lists_runs_and_reports_corrupt_file(results: Path) -> None:
     at.toggle(key="results_ref").set_value(False).run()
     no_traceback(at)
     assert len(charts(at)) == 1
+
+
+def test_results_compares_two_runs_and_exports_one(results: Path) -> None:
+    from tests.test_exports import BASE, slowed, sweep_run
+
+    old = sweep_run(BASE)
+    save_run(old, results)
+    save_run(slowed(old, "concat", 2.0), results)
+    at = open_page("results")
+    assert any("2 point(s) regressed beyond their noise" in e.value for e in at.error), \
+        [e.value for e in at.error]
+    assert len(charts(at)) == 2  # the overlay and the comparison
+    compared = next(d.value for d in at.dataframe if "verdict" in d.value.columns)
+    verdicts = dict(zip(compared["point"], compared["verdict"], strict=True))
+    assert verdicts["concat @ 8"] == verdicts["concat @ 16"] == "regression"
+    assert verdicts["uncached @ 8"] == "within noise"
+    labels = {b.proto.label for b in at.get("download_button")}
+    assert {"CSV", "JSON Lines", "Markdown"} <= labels
+    # The other way round, the same points improved.
+    new_label = at.selectbox(key="compare_new_latency_sweep").value
+    old_label = at.selectbox(key="compare_old_latency_sweep").value
+    at.selectbox(key="compare_old_latency_sweep").set_value(new_label)
+    at.selectbox(key="compare_new_latency_sweep").set_value(old_label).run()
+    no_traceback(at)
+    assert any("2 point(s) improved" in s.value for s in at.success)
 
 
 def test_correctness_lab_catches_each_bug(results: Path) -> None:

@@ -1,7 +1,8 @@
 """The real app in headless Chromium: every page opens without an exception, a tiny sweep draws
 its chart live and is saved, and the saved run reappears on the Results page; a page opened
 first by its own URL on a fresh server has the titled navigation and the sidebar; a measuring
-process killed mid-sweep is reported, its partial run saved, and the next run completes.
+process killed mid-sweep is reported, its partial run saved, and the next run completes. The
+Results page compares the sweep with a copy of it whose mode 3 was slowed on purpose.
 
 Starts ``streamlit run app.py`` on a free localhost port (tiny preset, results in a temporary
 folder) and drives it with Playwright using the Debian ``chromium`` binary. Screenshots go to a
@@ -23,8 +24,10 @@ from pathlib import Path
 
 import pytest
 
+from instruments.store.results import save_run
 from scripts.browser import ARGS, CHROMIUM, settle, wait_finished
 from scripts.browser import streamlit_server as _server
+from tests.test_exports import slowed
 
 MODEL = os.environ.get("KVLAB_BROWSER_MODEL", "tiny")
 SWEEP = os.environ.get("KVLAB_BROWSER_CONTEXTS", "8, 16, 32, 64, 96, 128")
@@ -166,11 +169,19 @@ def test_pages_in_chromium(server: tuple[str, Path], tmp_path: Path) -> None:
         page.wait_for_selector('text="What the text turns into"', timeout=10_000)
         shot(page, "correctness", tmp_path)
 
+        # A regression made on purpose: the sweep page's run again, with concat twice as slow.
+        sweeps = sorted((json.loads(p.read_text()) for p in results.glob("*.json")),
+                        key=lambda r: r["created_utc"])
+        first = next(r for r in sweeps if r["kind"] == "latency_sweep")
+        save_run(slowed(first, "concat", 2.0), results)
         go_to(page, "Results")
         # peaks, generation, sweep, attribution, prediction, memory, planner + its sweep,
-        # correctness
-        page.wait_for_selector('text=/Saved runs \\(9\\)/', timeout=30_000)
-        assert page.locator(".js-plotly-plot").count() == 1
+        # correctness, the slowed copy
+        page.wait_for_selector('text=/Saved runs \\(10\\)/', timeout=30_000)
+        page.wait_for_selector("text=/point\\(s\\) regressed beyond their noise/",
+                               timeout=30_000)
+        page.wait_for_selector(".js-plotly-plot >> nth=1", timeout=30_000)  # drawn lazily
+        assert page.locator(".js-plotly-plot").count() == 2  # the overlay, the comparison
         shot(page, "results", tmp_path)
         browser.close()
     assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(

@@ -188,3 +188,53 @@ def test_a_check_that_could_not_run_is_grey_not_caught() -> None:
     fig = check_matrix_figure(rows)
     assert fig.data[0].z.tolist() == [[0.5, 1.0]]
     assert fig.data[0].text[0] == ["could not run", "FAILS"]
+
+
+def test_latency_tooltips_give_percentiles_only_with_enough_samples() -> None:
+    df = sweep_rows()
+    df.loc[0, "samples_ms"] = [float(x) for x in range(1, 13)]  # 12 samples: a p90, no p99
+    fig = latency_figure(df, show_samples=False)
+    (line,) = [t for t in fig.data if t.name == "label uncached"]
+    assert "%{text}" in line.hovertemplate
+    assert line.text[0].startswith("12 samples<br>median 6.5 ms") and "p90 " in line.text[0]
+    assert "p99: too few samples (p99 needs 100)" in line.text[0]
+    assert "p90, p99: too few samples" in line.text[1]  # two samples: a median only
+    overlay = overlay_figure(df.assign(label="run"))
+    assert all("%{text}" in t.hovertemplate for t in overlay.data)
+
+
+def test_comparison_figure_draws_each_points_band_and_verdict() -> None:
+    from ui.figures import compare_figure
+
+    rows = pd.DataFrame([
+        {"point": "concat @ 8", "mode": "concat", "context_len": 8, "ratio": 1.5,
+         "noise": 0.05, "verdict": "regression"},
+        {"point": "uncached @ 8", "mode": "uncached", "context_len": 8, "ratio": 1.01,
+         "noise": 0.05, "verdict": "within noise"},
+        {"point": "fast @ 8", "mode": "fast", "context_len": 8, "ratio": None, "noise": None,
+         "verdict": "only in new"}])
+    fig = compare_figure(rows)
+    assert_titled(fig, "context length (tokens)", "new ÷ old")
+    band, *marks = fig.data
+    assert list(band.y) == [1.0, 1.0] and list(band.error_y.array) == [0.05, 0.05]
+    assert {t.name: t.marker.symbol for t in marks} == {"uncached · within noise": "circle",
+                                                        "concat · regression": "x"}
+    assert {t.marker.color for t in marks} == {mode_color("concat"), mode_color("uncached")}
+    named = compare_figure(rows.drop(columns="context_len"))
+    assert titles(named)[0] == "point" and list(named.data[1].x) == ["uncached @ 8"]
+    assert len(compare_figure(rows.iloc[2:]).data) == 0
+
+
+def test_serving_and_point_tables_speak_the_fields_names() -> None:
+    from ui.metrics import point_table, pp_tg_sentence, serving_table
+
+    points = point_table(sweep_rows())  # saved before rows carried percentiles: derived
+    assert {"p50_ms", "p90_ms", "p99_ms", "samples_n"} <= set(points.columns)
+    assert points["samples_n"].tolist() == [2] * 8 and points["p90_ms"].isna().all()
+    e2e = pd.DataFrame([{"mode": "concat", "prompt_len": 8, "new_tokens": 64, "ttft_ms": 4.0,
+                         "tpot_ms": 2.0, "e2e_ms": 130.0, "output_tokens_per_s": 492.3,
+                         "prefill_tokens_per_s": 2000.0, "decode_tokens_per_s": 500.0,
+                         "joules_per_token": None, "avg_watts": None}])
+    assert "joules_per_token" not in serving_table(e2e).columns  # no counter: no column
+    assert pp_tg_sentence(e2e) == "concat: pp8 2,000.0, tg63 500.0 tokens/s"
+    assert serving_table(e2e.drop(columns="ttft_ms")).empty  # an older run

@@ -4,10 +4,12 @@ and the energy meter (RAPL on a fake powercap tree, NVML's absence said, never a
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from engine.config import GPTConfig
 from instruments.costmodel import costs
@@ -101,10 +103,11 @@ def test_listed_peaks_follow_the_dtype_and_tf32() -> None:
 
 
 # ---------------------------------------------------------------------------------- energy
-def _zone(root: Path, name: str, label: str, uj: int, wrap: int = 10_000_000) -> Path:
+def _zone(root: Path, name: str, label: str | None, uj: int, wrap: int = 10_000_000) -> Path:
     zone = root / name
     zone.mkdir(parents=True)
-    (zone / "name").write_text(label + "\n")
+    if label is not None:
+        (zone / "name").write_text(label + "\n")
     (zone / "energy_uj").write_text(f"{uj}\n")
     (zone / "max_energy_range_uj").write_text(f"{wrap}\n")
     return zone / "energy_uj"
@@ -128,6 +131,10 @@ def test_rapl_counts_the_packages_once_and_undoes_the_wrap(tmp_path: Path) -> No
     assert got.joules == pytest.approx(5.0) and got.seconds == 2.0 and got.watts == 2.5
     fields = row_fields(got, 10)
     assert fields["joules_per_token"] == pytest.approx(0.5) and fields["energy_note"] is None
+    unnamed = tmp_path / "unnamed"  # zones that do not say what they are: top level only
+    _zone(unnamed, "intel-rapl:0", None, 1)
+    _zone(unnamed, "intel-rapl:0:0", None, 1)
+    assert [p.parent.name for p, _ in rapl_zones(unnamed)[0]] == ["intel-rapl:0"]
 
 
 def test_no_counter_is_a_reason_not_a_traceback(tmp_path: Path,
@@ -146,3 +153,23 @@ def test_no_counter_is_a_reason_not_a_traceback(tmp_path: Path,
 def test_this_machine_says_what_it_offers() -> None:
     meter = EnergyMeter.for_device("cpu")
     assert meter.available or meter.why.startswith("not available on this device: ")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_nvml_counts_the_energy_of_gpu_work() -> None:
+    meter = EnergyMeter.for_device("cuda")
+    if not meter.available:  # nvidia-ml-py missing, or a GPU older than Volta: said, not raised
+        assert meter.why.startswith("not available on this device: ")
+        pytest.skip(meter.why)
+    a = torch.randn(4096, 4096, device="cuda")
+    torch.cuda.synchronize()
+    meter.start()
+    end = time.perf_counter() + 1.0
+    while time.perf_counter() < end:
+        a = a @ a
+        a /= a.norm()
+    torch.cuda.synchronize()
+    got = meter.stop()
+    assert got.joules is not None and got.joules > 0
+    assert 5 < got.watts < 2000, got  # a busy GPU draws tens to hundreds of watts

@@ -16,6 +16,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from engine import modes
+from instruments.store import stats
 
 UNCACHED_MODES = modes.UNCACHED
 DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
@@ -93,13 +94,23 @@ def latency_figure(df: pd.DataFrame, *, log_x: bool = False, log_y: bool = False
         fig.add_trace(go.Scatter(
             x=part["context_len"], y=part["latency_ms"], mode="lines+markers", name=names[mode],
             legendgroup=mode, line=dict(color=color, width=2), marker=dict(size=5),
-            hovertemplate="%{x} tokens<br>median %{y:.3f} ms<extra>" + mode + "</extra>"))
+            text=point_words(part), hovertemplate="%{x} tokens<br>%{text}<extra>" + mode
+            + "</extra>"))
     if show_samples:
         _set_aside(fig, df[df["mode"].astype(str).isin(wanted)])
     if annotate:
         _annotate_speedup(fig, df, wanted, log_y)
     return style(fig, "context length (tokens)", "time per token (ms)", log_x=log_x,
                  log_y=log_y)
+
+
+def point_words(part: pd.DataFrame) -> list[str]:
+    """Each point's tooltip: its samples' count, median, spread and p50/p90/p99 where there are
+    enough (``instruments.store.stats``), or the median alone for rows without samples."""
+    samples = part["samples_ms"] if "samples_ms" in part.columns else [None] * len(part)
+    return [stats.describe(s, sep="<br>") if isinstance(s, list) and s
+            else f"median {float(y):.3f} ms" for s, y in zip(samples, part["latency_ms"],
+                                                             strict=True)]
 
 
 def _set_aside(fig: go.Figure, df: pd.DataFrame) -> None:
@@ -187,11 +198,51 @@ def overlay_figure(df: pd.DataFrame, *, log_x: bool = False, log_y: bool = False
                 x=part["context_len"], y=part["latency_ms"], mode="lines+markers",
                 name=f"{mode} · {label}",
                 line=dict(color=mode_color(mode), dash=DASHES[i % len(DASHES)]),
-                marker=dict(symbol=symbols[i % len(symbols)], size=6),
-                hovertemplate="%{x} tokens<br>%{y:.3f} ms<extra>" + f"{mode}<br>{label}"
+                marker=dict(symbol=symbols[i % len(symbols)], size=6), text=point_words(part),
+                hovertemplate="%{x} tokens<br>%{text}<extra>" + f"{mode}<br>{label}"
                 + "</extra>"))
     n_runs = df["label"].nunique()
     fig = style(fig, "context length (tokens)", "time per token (ms)", log_x=log_x, log_y=log_y,
                 legend="mode · run", height=460 + 22 * len(fig.data))
     return fig.update_layout(legend=dict(orientation="v", yanchor="top", y=-0.15, x=0,
                                          xanchor="left", title_text=f"mode · run ({n_runs})"))
+
+
+VERDICT_SYMBOLS = {"regression": "x", "improvement": "diamond", "within noise": "circle"}
+
+
+def compare_figure(df: pd.DataFrame, log_x: bool = False) -> go.Figure:
+    """Results page: new ÷ old per point (``instruments.store.compare`` rows: point, mode,
+    ratio, noise, verdict), each point's noise band drawn as a grey bar around 1. The x axis is
+    the context where the points have one, else the point's name. Colour = mode, symbol =
+    verdict (x: regression, diamond: improvement, circle: within noise)."""
+    fig = go.Figure()
+    rows = df.dropna(subset=["ratio"]) if "ratio" in df.columns else df.iloc[0:0]
+    contexts = "context_len" in rows.columns and rows["context_len"].notna().all()
+    x_title = "context length (tokens)" if contexts else "point"
+    if rows.empty:
+        return style(fig, x_title, "new ÷ old", legend="mode · verdict")
+    x = rows["context_len"].astype(float) if contexts else rows["point"].astype(str)
+    noise = rows["noise"].astype(float)
+    fig.add_trace(go.Scatter(
+        x=x, y=[1.0] * len(rows), mode="markers", name="noise band (each point's own)",
+        marker=dict(size=1, color="rgba(0,0,0,0)"),
+        error_y=dict(type="data", symmetric=False, array=noise, arrayminus=1 - 1 / (1 + noise),
+                     color="rgba(120,120,120,0.35)", thickness=8, width=0),
+        customdata=noise * 100, hovertemplate="noise band ±%{customdata:.1f}%<extra></extra>"))
+    for mode in ordered_modes(rows["mode"].astype(str)):
+        for verdict, symbol in VERDICT_SYMBOLS.items():
+            part = rows[(rows["mode"].astype(str) == mode) & (rows["verdict"] == verdict)]
+            if part.empty:
+                continue
+            px = part["context_len"].astype(float) if contexts else part["point"].astype(str)
+            fig.add_trace(go.Scatter(
+                x=px, y=part["ratio"], mode="markers", name=f"{mode} · {verdict}",
+                marker=dict(color=mode_color(mode), symbol=symbol, size=10 if symbol == "x"
+                            else 8, line=dict(width=1, color=mode_color(mode))),
+                customdata=list(zip(part["point"], part["noise"] * 100, strict=True)),
+                hovertemplate="%{customdata[0]}<br>new ÷ old %{y:.3f} (band ±%{customdata[1]:.1f}"
+                "%)<extra>" + verdict + "</extra>"))
+    fig.add_hline(y=1, line=dict(color="#999", width=1, dash="dot"))
+    return style(fig, x_title, "new ÷ old (×)", log_x=log_x and contexts,
+                 legend="mode · verdict")
