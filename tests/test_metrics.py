@@ -100,6 +100,7 @@ def test_listed_peaks_follow_the_dtype_and_tf32() -> None:
     assert listed_peaks("NVIDIA H100 80GB HBM3", "float32", tf32=True) == (3350, 494.7)
     assert listed_peaks("NVIDIA H100 80GB HBM3", "bfloat16", tf32=False) == (3350, 989.4)
     assert listed_peaks("AMD EPYC", "float32", tf32=False) == (None, None)
+    assert listed_peaks("NVIDIA H100 80GB HBM3", "float32", False, "cpu") == (None, None)
 
 
 # ---------------------------------------------------------------------------------- energy

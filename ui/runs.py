@@ -19,6 +19,7 @@ import streamlit as st
 from engine import modes
 from engine.config import GPTConfig
 from instruments.costmodel import costs
+from instruments.store import exports
 from instruments.store.frames import run_label
 from instruments.store.results import LoadResult, ResultsError, load_runs, reference_run
 from ui.state import results_dir
@@ -29,12 +30,13 @@ def run_json(run: dict[str, Any]) -> str:
 
 
 def download_buttons(run: dict[str, Any] | None, table: str, stem: str, key: str) -> None:
-    """CSV of one table and JSON of the whole run, side by side."""
+    """CSV of one table (``instruments.store.exports``: lists as JSON text) and JSON of the
+    whole run, side by side."""
     if not run:
         return
     rows = (run.get("tables") or {}).get(table) or []
     left, right, _ = st.columns([1, 1, 3])
-    left.download_button("Download CSV", pd.DataFrame(rows).to_csv(index=False),
+    left.download_button("Download CSV", exports.table_csv(run, table) if rows else "",
                          file_name=f"{stem}.csv", mime="text/csv", key=f"{key}_csv",
                          disabled=not rows, icon=":material/download:")
     right.download_button("Download JSON", run_json(run), file_name=f"{stem}.json",

@@ -338,7 +338,8 @@ def run(loaded: Loaded, params: LatencyParams, progress: ProgressFn | None = Non
                  measured_peaks=peaks, timings=timings)
     meta = out["meta"]  # MBU / MFU against the peaks the run carries
     add_shares(out["tables"]["latency"], peaks,
-               listed_peaks(meta["device_name"], meta["dtype"], bool(meta.get("tf32"))))
+               listed_peaks(meta["device_name"], meta["dtype"], bool(meta.get("tf32")),
+                            meta["device"]))
     return out
 
 

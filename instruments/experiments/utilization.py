@@ -26,12 +26,13 @@ def kv_storage(mode: str) -> str | None:
     return "int8" if spec is not None and spec.options.get("cache_kind") == "kv_int8" else None
 
 
-def listed_peaks(device_name: str | None, dtype: Any, tf32: bool) -> tuple[float | None,
-                                                                          float | None]:
-    """(GB/s, TFLOP/s) a datasheet lists for this GPU and dtype; (None, None) if not listed."""
+def listed_peaks(device_name: str | None, dtype: Any, tf32: bool, device: str = "cuda"
+                 ) -> tuple[float | None, float | None]:
+    """(GB/s, TFLOP/s) a datasheet lists for this GPU and dtype; (None, None) if not listed
+    or not a GPU (the datasheets are GPUs')."""
     from instruments.measure.specs import lookup_peaks
 
-    spec = lookup_peaks(device_name)
+    spec = lookup_peaks(device_name) if str(device).startswith("cuda") else None
     if spec is None:
         return None, None
     return spec.mem_bandwidth_gbps, spec.peak_tflops(dtype, allow_tf32=tf32)
