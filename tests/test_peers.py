@@ -4,7 +4,8 @@ traceback. Small random models (placeholder vocabulary for CTranslate2: ids are 
 
 Measured here (2 layers, width 64): the exact peers' logits within 1.2e-5 of mode 1 (the gate's
 bound is 1e-4 of the largest logit); CTranslate2 int8 within 9% of the largest logit on
-GPT-2-scale initial weights (std 0.02; bound 15%) and 35% on the lively std-0.2 weights (refused).
+GPT-2-style initial weights at width 256 (std 0.02; measured 8.2%, bound 15%; 10.6% on gpt2's
+shapes) and 35% on the lively std-0.2 weights at width 64 (refused).
 """
 
 from __future__ import annotations
@@ -48,11 +49,11 @@ def test_each_exact_peer_gives_mode_1s_logits(lively: GPT, name: str) -> None:
 
 def test_int8_peer_is_held_to_its_stated_bound() -> None:
     usable("ct2_int8")
-    calm = GPT.random(GPTConfig(**SMALL), seed=3, std=0.02)
+    calm = GPT.random(GPTConfig(**{**SMALL, "n_embd": 256}), seed=3, std=0.02)
     check = Gate(calm).check("ct2_int8")
     scale = check.tolerance / peers.PEERS["ct2_int8"].tolerance  # the largest mode 1 logit
     assert check.passed, check.detail
-    assert 1e-3 < check.max_diff / scale < 0.15  # lossy, but within its bound (measured ~9%)
+    assert 1e-3 < check.max_diff / scale < 0.15  # lossy, within its bound (measured 8.2%)
     refused = Gate(small_model(seed=3)).check("ct2_int8")  # std-0.2 weights: ~35%, refused
     assert not refused.passed and refused.max_diff > refused.tolerance
 

@@ -245,6 +245,9 @@ def _run(loaded: Loaded, p: PeersParams, progress: ProgressFn | None,
     engines: list[_Engine] = []
     rows: list[dict[str, Any]] = []
     for name in names:
+        if tr.stop():  # out of time before timing began: the run says which were not built
+            rows.append(_not_run(name, "not built: the run was stopped first", available=True))
+            continue
         ok, why = lineup.available(name, str(dev))
         if not ok:
             rows.append(_not_run(name, why, available=False))
@@ -275,8 +278,8 @@ def _run(loaded: Loaded, p: PeersParams, progress: ProgressFn | None,
     floor_sampler = Sampler(dev, repeats=max(3, p.steps // 2), min_repeats=max(3, p.steps // 2),
                             spread=-1.0, warmup=1)
     floors: dict[int, list[float]] = {t: [] for t in contexts}
-    stopped = False
-    for rnd in range(p.rounds):
+    stopped = tr.stop()
+    for rnd in range(p.rounds if not stopped else 0):
         for t in contexts:
             best = None
             for kname, fn in kernels.items():
