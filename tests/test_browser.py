@@ -30,6 +30,7 @@ MODEL = os.environ.get("KVLAB_BROWSER_MODEL", "tiny")
 SWEEP = os.environ.get("KVLAB_BROWSER_CONTEXTS", "8, 16, 32, 64, 96, 128")
 MEMORY = os.environ.get("KVLAB_BROWSER_MEMORY", "8, 32, 64, 128")
 PREDICT = os.environ.get("KVLAB_BROWSER_PREDICT", "4, 16, 64")
+PEERS = os.environ.get("KVLAB_BROWSER_PEERS", "32, 128")
 
 pytestmark = [
     pytest.mark.browser,
@@ -70,6 +71,23 @@ def go_to(page, title: str) -> None:
     settle(page)
 
 
+def run_peers(page, contexts: str = PEERS) -> None:
+    """The Peers page: one short round of every available peer and our exact modes."""
+    box = page.get_by_role("textbox", name="Context lengths")
+    box.fill(contexts)
+    box.press("Enter")
+    for name, value in (("Rounds", "1"), ("Steps per round", "3")):
+        spin = page.get_by_role("spinbutton", name=name)
+        spin.fill(value)
+        spin.press("Enter")
+    settle(page)
+    page.get_by_role("button", name="Time the peers").click()
+    page.wait_for_selector('[data-testid="stProgress"]', timeout=60_000)
+    wait_finished(page, 480_000)
+    page.wait_for_selector("text=/At \\d+ tokens, float32/", timeout=10_000)
+    assert page.locator(".js-plotly-plot").count() == 1
+
+
 def test_pages_in_chromium(server: tuple[str, Path], tmp_path: Path) -> None:
     url, results = server
     with sync_api.sync_playwright() as pw:
@@ -107,6 +125,10 @@ def test_pages_in_chromium(server: tuple[str, Path], tmp_path: Path) -> None:
         shot(page, "sweep", tmp_path)
         kinds = sorted(json.loads(p.read_text())["kind"] for p in results.glob("*.json"))
         assert kinds == ["generation", "hardware", "latency_sweep"], kinds
+
+        go_to(page, "Peers")
+        run_peers(page)
+        shot(page, "peers", tmp_path)
 
         go_to(page, "FLOPs vs time")  # the sweep carries the peaks it was measured with
         page.wait_for_selector('text="Roofline"', timeout=60_000)
@@ -167,14 +189,15 @@ def test_pages_in_chromium(server: tuple[str, Path], tmp_path: Path) -> None:
         shot(page, "correctness", tmp_path)
 
         go_to(page, "Results")
-        # peaks, generation, sweep, attribution, prediction, memory, planner + its sweep,
-        # correctness
-        page.wait_for_selector('text=/Saved runs \\(9\\)/', timeout=30_000)
+        # peaks, generation, sweep, peers, attribution, prediction, memory, planner + its
+        # sweep, correctness
+        page.wait_for_selector('text=/Saved runs \\(10\\)/', timeout=30_000)
         assert page.locator(".js-plotly-plot").count() == 1
         shot(page, "results", tmp_path)
         browser.close()
     assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(
-        f"{n}.png" for n in ("overview", "generate", "sweep", "flops", "floor", "floor_predict",
+        f"{n}.png" for n in ("overview", "generate", "sweep", "peers", "flops", "floor",
+                             "floor_predict",
                              "memory", "planner", "correctness", "results"))
 
 

@@ -58,7 +58,8 @@ def test_int8_peer_is_held_to_its_stated_bound() -> None:
     assert not refused.passed and refused.max_diff > refused.tolerance
 
 
-@pytest.mark.parametrize("name", ["hf_static", "hf_dynamic", "ort_float32", "ct2_float32"])
+@pytest.mark.parametrize("name", ["hf_static", "hf_dynamic", "ort_float32", "ov_float32",
+                                  "ct2_float32"])
 def test_seek_back_then_step_is_exact(lively: GPT, name: str) -> None:
     """The sweep's set-up: seek to t - 1 (cropping, or moving the write position back), then
     one step, at falling and rising contexts; CTranslate2's is a step of its own loop."""

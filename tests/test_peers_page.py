@@ -75,6 +75,7 @@ def test_the_table_is_one_context_fastest_first_and_the_skipped_are_listed() -> 
     assert table["weights held (MB)"].iloc[0] == 500
     skipped = not_run(_rows())
     assert list(skipped["engine"]) == ["ort_float32"] and "pip install" in skipped["why"][0]
+    assert list(skipped["status"]) == ["unavailable"]
 
 
 @pytest.mark.timeout(600)

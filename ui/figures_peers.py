@@ -81,6 +81,9 @@ def not_run(df: pd.DataFrame) -> pd.DataFrame:
     """Engines that were not timed: unavailable (the install command) or refused by the gate."""
     if df.empty or "latency_ms" not in df.columns:
         return pd.DataFrame(columns=["engine", "why"])
-    part = df[df["latency_ms"].isna()]
-    cols = [c for c in ("engine", "available", "why") if c in part.columns]
+    part = df[df["latency_ms"].isna()].copy()
+    if "available" in part.columns:
+        part["status"] = part["available"].map(
+            lambda ok: "refused by the gate" if ok is True else "unavailable")
+    cols = [c for c in ("engine", "status", "why") if c in part.columns]
     return part[cols].reset_index(drop=True)

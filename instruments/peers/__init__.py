@@ -21,6 +21,7 @@ fails, raises ``PeerUnavailable`` with the reason: callers list the peer as unav
                             CUDA) (peers.ct2)
   ort_float32               ONNX Runtime, GPT-2 exported with past keys/values (ort_float16 on
                             CUDA) (peers.ort)
+  ov_float32                OpenVINO compiling that same export for the CPU (peers.ov)
 """
 
 from __future__ import annotations
@@ -96,6 +97,10 @@ PEERS: dict[str, PeerSpec] = {p.name: p for p in (
              _ORT_PKG, _ORT_PIP, "float32", ("cpu", "cuda"), _ORT, dict(dtype="float32"),
              "transformers' GPT-2 exported with past keys/values by torch's ONNX exporter; "
              "the graph concatenates each step's key/value onto the past it is given."),
+    PeerSpec("ov_float32", 109, "peer · OpenVINO, float32", "#8c6d31", "OpenVINO",
+             ("openvino", "onnx", "transformers"), "openvino==2026.4.1 onnx==1.23.2", "float32",
+             ("cpu",), "instruments.peers.ov:OVDecoder", dict(dtype="float32"),
+             "OpenVINO compiling the ONNX Runtime peer's export for the CPU (fp32 precision)."),
     PeerSpec("ort_float16", 108, "peer · ONNX Runtime, float16", "#74c476", "ONNX Runtime",
              _ORT_PKG, "onnxruntime-gpu==1.32.0 onnx==1.23.2", "float16", ("cuda",), _ORT,
              dict(dtype="float16"), "The same export in float16 (CUDA, I/O binding).",

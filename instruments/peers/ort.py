@@ -101,6 +101,8 @@ class ORTDecoder:
     appends = False
     logits = "last"
     cache_kind = "ort_past"
+    engine = "ort"  # the key its converted engine is kept under (per model)
+    build = staticmethod(_build)
 
     def __init__(self, model: GPT, *, batch_size: int = 1, capacity: int | None = None,
                  threads: int | None = None, dtype: str = "float32") -> None:
@@ -108,8 +110,8 @@ class ORTDecoder:
         self.capacity = capacity or model.config.block_size
         threads = threads or torch.get_num_threads()
         dev = model.device
-        built = engine_for(model, ("ort", dtype, threads, str(dev)),
-                           lambda: _build(model, dtype, threads))
+        built = engine_for(model, (self.engine, dtype, threads, str(dev)),
+                           lambda: self.build(model, dtype, threads))
         self.session = built.handle
         self.compile_s, self.extra_bytes, self.version = (built.compile_s, built.weight_bytes,
                                                           built.version)
@@ -142,11 +144,15 @@ class ORTDecoder:
         if self.cuda:
             logits = self._run_bound(feed)
         else:
-            out = self.session.run(None, {"input_ids": feed,
-                                          **dict(zip(self.past_names, self.past, strict=True))})
+            out = self._infer(feed)
             logits, self.past = torch.from_numpy(out[0]), out[1:]
         self.seq = ids if self.seq is None else torch.cat([self.seq, ids], dim=1)
         return logits.float()
+
+    def _infer(self, feed: Any) -> list[Any]:
+        """[logits, presents...] as arrays, for ``input_ids`` and the held past."""
+        return self.session.run(None, {"input_ids": feed,
+                                       **dict(zip(self.past_names, self.past, strict=True))})
 
     def _run_bound(self, feed: Any) -> torch.Tensor:
         """CUDA: inputs and presents stay on the device (I/O binding); only logits come back."""
