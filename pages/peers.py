@@ -1,4 +1,4 @@
-"""Peers: transformers, CTranslate2 and ONNX Runtime on the same weights, timed beside our modes.
+"""Peers: transformers, CTranslate2, ONNX Runtime and OpenVINO on our weights, beside our modes.
 
 Inputs -> ``PeersParams`` -> the "peers" experiment in the measuring process (``ui.jobs``; every
 engine is gated on mode 1's logits, then timed in interleaved rounds with the read floor) ->
@@ -23,9 +23,9 @@ from ui.state import RUN_ICON, mode_label
 KEY = "peers_job"
 
 choice = header.page("Peers", "Other inference engines holding the same weights -- "
-                     "transformers, CTranslate2, ONNX Runtime -- each checked against mode 1's "
-                     "logits, then timed step by step beside our exact modes, round after "
-                     "round, with a read of the weights as the floor.")
+                     "transformers, CTranslate2, ONNX Runtime, OpenVINO -- each checked against "
+                     "mode 1's logits, then timed step by step beside our exact modes, round "
+                     "after round, with a read of the weights as the floor.")
 cfg = header.model(choice)
 block = cfg.block_size
 spec0 = PeersParams.defaults(choice.device, block)
