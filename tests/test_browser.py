@@ -88,6 +88,7 @@ def run_peers(page, contexts: str = PEERS) -> None:
     assert page.locator(".js-plotly-plot").count() == 1
 
 
+@pytest.mark.timeout(1200)  # the whole tour: nine measuring pages, one after the other
 def test_pages_in_chromium(server: tuple[str, Path], tmp_path: Path) -> None:
     url, results = server
     with sync_api.sync_playwright() as pw:
