@@ -30,7 +30,7 @@ lint: $(VENV)/.installed
 	$(PY) -m ruff check .
 
 bench: $(VENV)/.installed
-	$(PY) scripts/bench_cpu.py
+	$(PY) scripts/bench_peers.py
 
 gpu-check: $(VENV)/.installed
 	PY=$(PY) bash scripts/gpu_check.sh

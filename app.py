@@ -15,6 +15,7 @@ PAGES = [
     st.Page("pages/overview.py", title="Overview", icon=":material/home:", default=True),
     st.Page("pages/generate.py", title="Generate side by side", icon=":material/compare:"),
     st.Page("pages/sweep.py", title="Latency sweep", icon=":material/timer:"),
+    st.Page("pages/peers.py", title="Peers", icon=":material/groups:"),
     st.Page("pages/flops.py", title="FLOPs vs time", icon=":material/speed:"),
     st.Page("pages/floor.py", title="Floor lab", icon=":material/troubleshoot:"),
     st.Page("pages/memory.py", title="Memory", icon=":material/memory:"),

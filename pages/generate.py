@@ -11,8 +11,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from engine import modes
 from engine.tokenizer import TokenizerError, encode, text_or_ids
+from instruments import lineup
 from instruments.experiments import to_dict
 from instruments.experiments.generation import GenerationParams
 from instruments.process.client import Job
@@ -41,7 +41,7 @@ clicked = st.button("Generate", type="primary", disabled=jobs.running(KEY), icon
 
 
 def _title(mode: str) -> str:
-    return ("With KV cache · " if modes.MODES[mode].cached else "Without cache · ") \
+    return ("With KV cache · " if lineup.spec(mode).cached else "Without cache · ") \
         + mode_label(mode)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from engine import modes
+from instruments import lineup
 from instruments.costmodel import estimate
 from instruments.experiments import to_dict
 from instruments.experiments.inputs import (
@@ -78,7 +78,7 @@ with st.expander("What to measure", expanded=job is None):
                             "⏳: compiles first (minutes on a CPU).")
     if unavailable:
         c2.caption("Not available here: " + "; ".join(
-            f"{modes.MODES[m].label.split(' · ')[0]} {m} ({why})"
+            f"{lineup.label(m).split(' · ')[0]} {m} ({why})"
             for m, why in unavailable.items()))
     c3, c4, c5, c6 = st.columns(4)
     batch = c3.number_input("Batch size", 1, MAX_BATCH, spec0.batch_size, key="sweep_batch")

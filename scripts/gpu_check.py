@@ -10,8 +10,9 @@ available mode over 16 context lengths in fp32 and in bf16; step attribution; th
 staircase (every T on a GPU); memory (the KV cache three ways, the cuBLAS workspace); the KV
 planner (the predicted batch allocated for real, layouts, KV storage errors); the predicted
 step (calibrated parts summed against every eager mode's measured step); llama-bench's
-pp512 / tg128 at depths 0 and 512 with the energy counter (NVML, when nvidia-ml-py is there).
-Then it
+pp512 / tg128 at depths 0 and 512 with the energy counter (NVML, when nvidia-ml-py is there);
+the peers (every peer of the device whose packages are installed, gated on mode 1's logits and
+timed beside our exact modes; the others are listed as skipped, with why). Then it
 prints each cached mode's step time against the bandwidth floor, (weights + K/V + activation
 bytes) / measured read bandwidth; the goal is CUDA-graph mode within 2x of it. Exit code 0 when
 every stage ran (even partly), 2 on bad input.
@@ -38,11 +39,11 @@ from instruments.experiments import get  # noqa: E402
 from instruments.experiments.inputs import preset_contexts  # noqa: E402
 from instruments.measure.device import describe_device, device_available  # noqa: E402
 from instruments.spine import Event, Loaded, ModelSpec, load  # noqa: E402
-from instruments.store import results
+from instruments.store import results  # noqa: E402
 
 SHARES = {"sweep float32": 0.28, "sweep bfloat16": 0.20, "attribution": 0.10,
           "staircase": 0.16, "memory": 0.10, "planner": 0.06,
-          "prediction": 0.10, "bench": 0.06}  # of the budget left after the peaks
+          "prediction": 0.10, "bench": 0.06, "peers": 0.10}  # of the budget left after the peaks
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -239,6 +240,15 @@ def main(argv: list[str] | None = None) -> int:
                                        [0, cfg.block_size // 2], repeats=3), None, stop)
     for line in bench.summary(run):
         print(line)
+    stop = clock.start("peers")  # where their packages are present; the others say why not
+    peer_params = get("peers").defaults(args.device, cfg.block_size)
+    peer_params.rounds, peer_params.steps = (1, 2) if args.tiny else (3, 8)
+    run = get("peers").run(fp32, peer_params, _print_row, stop)
+    for r in run["tables"]["peers"]:
+        if r.get("latency_ms") is None:
+            print(f"  skipped {r['engine']}: {r.get('why')}")
+    for line in get("peers").summary(run):
+        print("  " + line.replace("\n", "\n  "))
     save(args, run)
 
     print(f"\n== cached step vs the bandwidth floor (bytes ÷ {read_gbps['float32']:.0f} GB/s "

@@ -5,6 +5,8 @@
 #      collected where those are missing), capped at 120 s;
 #   2. scripts/gpu_check.py: peaks, a 16-context sweep of every mode in fp32 and bf16, step
 #      attribution, the matmul staircase and memory, each saved as a run file (200 s budget);
+#      the predicted step and the peers (CTranslate2, ONNX Runtime, transformers, where their
+#      packages are present; skipped ones are named with why);
 #   3. each cached mode's step time against the bandwidth floor, printed at the end.
 # Usage: scripts/gpu_check.sh [--out DIR] [--device cuda|cpu] [--tiny] [--skip-tests] [...]
 #   --out DIR   every run file and the logs (gpu_check.log, pytest.log) go there (default results)

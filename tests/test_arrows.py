@@ -154,7 +154,7 @@ import os, sys
 os.environ["KVLAB_TINY"] = "1"
 os.environ["KVLAB_RESULTS_DIR"] = sys.argv[1]
 from streamlit.testing.v1 import AppTest
-for page in ["overview", "generate", "sweep", "flops", "floor", "memory", "correctness",
+for page in ["overview", "generate", "sweep", "peers", "flops", "floor", "memory", "correctness",
              "results"]:
     at = AppTest.from_file("app.py", default_timeout=120)
     at.run()

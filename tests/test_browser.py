@@ -33,6 +33,7 @@ MODEL = os.environ.get("KVLAB_BROWSER_MODEL", "tiny")
 SWEEP = os.environ.get("KVLAB_BROWSER_CONTEXTS", "8, 16, 32, 64, 96, 128")
 MEMORY = os.environ.get("KVLAB_BROWSER_MEMORY", "8, 32, 64, 128")
 PREDICT = os.environ.get("KVLAB_BROWSER_PREDICT", "4, 16, 64")
+PEERS = os.environ.get("KVLAB_BROWSER_PEERS", "32, 128")
 
 pytestmark = [
     pytest.mark.browser,
@@ -73,6 +74,24 @@ def go_to(page, title: str) -> None:
     settle(page)
 
 
+def run_peers(page, contexts: str = PEERS) -> None:
+    """The Peers page: one short round of every available peer and our exact modes."""
+    box = page.get_by_role("textbox", name="Context lengths")
+    box.fill(contexts)
+    box.press("Enter")
+    for name, value in (("Rounds", "1"), ("Steps per round", "3")):
+        spin = page.get_by_role("spinbutton", name=name)
+        spin.fill(value)
+        spin.press("Enter")
+    settle(page)
+    page.get_by_role("button", name="Time the peers").click()
+    page.wait_for_selector('[data-testid="stProgress"]', timeout=60_000)
+    wait_finished(page, 480_000)
+    page.wait_for_selector("text=/At \\d+ tokens, float32/", timeout=10_000)
+    assert page.locator(".js-plotly-plot").count() == 1
+
+
+@pytest.mark.timeout(1200)  # the whole tour: nine measuring pages, one after the other
 def test_pages_in_chromium(server: tuple[str, Path], tmp_path: Path) -> None:
     url, results = server
     with sync_api.sync_playwright() as pw:
@@ -110,6 +129,10 @@ def test_pages_in_chromium(server: tuple[str, Path], tmp_path: Path) -> None:
         shot(page, "sweep", tmp_path)
         kinds = sorted(json.loads(p.read_text())["kind"] for p in results.glob("*.json"))
         assert kinds == ["generation", "hardware", "latency_sweep"], kinds
+
+        go_to(page, "Peers")
+        run_peers(page)
+        shot(page, "peers", tmp_path)
 
         go_to(page, "FLOPs vs time")  # the sweep carries the peaks it was measured with
         page.wait_for_selector('text="Roofline"', timeout=60_000)
@@ -175,9 +198,9 @@ def test_pages_in_chromium(server: tuple[str, Path], tmp_path: Path) -> None:
         first = next(r for r in sweeps if r["kind"] == "latency_sweep")
         save_run(slowed(first, "concat", 2.0), results)
         go_to(page, "Results")
-        # peaks, generation, sweep, attribution, prediction, memory, planner + its sweep,
-        # correctness, the slowed copy
-        page.wait_for_selector('text=/Saved runs \\(10\\)/', timeout=30_000)
+        # peaks, generation, sweep, peers, attribution, prediction, memory, planner + its
+        # sweep, correctness, the slowed copy
+        page.wait_for_selector('text=/Saved runs \\(11\\)/', timeout=30_000)
         page.wait_for_selector("text=/point\\(s\\) regressed beyond their noise/",
                                timeout=30_000)
         page.wait_for_selector(".js-plotly-plot >> nth=1", timeout=30_000)  # drawn lazily
@@ -185,7 +208,8 @@ def test_pages_in_chromium(server: tuple[str, Path], tmp_path: Path) -> None:
         shot(page, "results", tmp_path)
         browser.close()
     assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(
-        f"{n}.png" for n in ("overview", "generate", "sweep", "flops", "floor", "floor_predict",
+        f"{n}.png" for n in ("overview", "generate", "sweep", "peers", "flops", "floor",
+                             "floor_predict",
                              "memory", "planner", "correctness", "results"))
 
 

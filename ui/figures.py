@@ -17,14 +17,15 @@ import plotly.graph_objects as go
 
 from engine import modes
 from instruments.store import stats
+from instruments import lineup
 
 UNCACHED_MODES = modes.UNCACHED
 DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
 MIB = 2**20
 
 
-mode_color = modes.color  # one colour per mode, from the registry
-ordered_modes = modes.ordered  # ladder order
+mode_color = lineup.color  # one colour per mode or peer, from the registries
+ordered_modes = lineup.ordered  # ladder order, then the peers
 
 
 def mode_names(df: pd.DataFrame) -> dict[str, str]:

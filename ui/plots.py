@@ -33,6 +33,7 @@ FIGURES = [
     ("memory", "breakdown", "breakdown", "figures_memory", "breakdown_figure"),
     ("memory", "crossover", "crossover", "figures_memory", "crossover_figure"),
     ("memory", "masks", "masks", "figures_memory", "mask_figure"),
+    ("peers", "peers", "peers", "figures_peers", "peers_figure"),
 ]
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import streamlit as st
 
-from engine import modes
 from engine.config import PRESETS
+from instruments import lineup
 from instruments.process import client
 from instruments.spine import ModelSpec
 
@@ -118,13 +118,14 @@ def current_choice() -> Choice:
 
 
 def mode_choices(device: str) -> tuple[list[str], dict[str, str]]:
-    """Decode modes that can run on ``device`` now, and why each other one cannot."""
-    return modes.choices(device)
+    """Decode modes and peers that can run on ``device`` now, and why each other one cannot."""
+    return lineup.choices(device)
 
 
 def mode_label(name: str) -> str:
-    spec = modes.MODES.get(name)
-    if spec is None:
+    try:
+        spec = lineup.spec(name)
+    except ValueError:
         return name
     return spec.label + (" ⏳" if spec.slow_setup else "")
 

@@ -21,10 +21,11 @@ from typing import Any
 
 import torch
 
-from engine import dtypes, modes
-from engine.decoders import make_decoder
+from engine import dtypes
 from engine.loop import decode, random_prompt
 from engine.model import GPT
+from instruments import lineup
+from instruments.lineup import make_decoder
 
 # max |Δ logit| allowed, as a share of the largest |logit| of mode 1, by dtype.
 TOLERANCE = {"float32": 1e-4, "bfloat16": 0.1, "float16": 0.03}
@@ -116,7 +117,7 @@ class Gate:
     def _check(self, name: str) -> ModeCheck:
         ref = self.reference()
         # a lossy mode (the int8 cache) is held to its own stated bound when that is wider
-        tol = max(ref["tol"], modes.MODES[name].tolerance * ref["scale"])
+        tol = max(ref["tol"], lineup.spec(name).tolerance * ref["scale"])
         worst, where, skipped = 0.0, "", []
         for stage, got in self._stages(name).items():
             want = ref["stages"][stage]

@@ -73,6 +73,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
     Experiment("planner", "kv_planner", "KV memory planner"),
     Experiment("prediction", "step_prediction", "step prediction", ("predict",)),
     Experiment("bench", "bench", "pp / tg throughput (llama-bench)"),
+    Experiment("peers", "peers", "peers on the same weights"),
 )}
 ALIASES = {alias: e.name for e in EXPERIMENTS.values() for alias in e.aliases}
 

@@ -26,8 +26,8 @@ import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from engine import modes
 from engine.config import GPTConfig
+from instruments import lineup
 from instruments.costmodel import costs
 from instruments.experiments.inputs import MAX_BATCH, modes_usable, parse_modes, whole
 from instruments.measure.energy import row_fields
@@ -74,7 +74,8 @@ def add_arguments(p: argparse.ArgumentParser, own_modes: bool = True) -> None:
     """This experiment's flags; the latency sweep adds them (``own_modes=False``) for its
     end-to-end part, whose modes are the sweep's."""
     if own_modes:
-        p.add_argument("--modes", default="uncached,concat", help=f"from: {', '.join(modes.MODES)}")
+        p.add_argument("--modes", default="uncached,concat",
+                       help=f"from: {', '.join(lineup.names())}")
     p.add_argument("--prompt-len", type=int, default=8)
     p.add_argument("--new-tokens", type=int, default=None,
                    help="default: up to the block size on CUDA (1016, as the write-up), 64 on "
@@ -110,9 +111,9 @@ def summary(run: dict[str, Any]) -> list[str]:
 
 def measure(model: GPT, p: EndToEndParams, names: list[str], tr: Tracker) -> bool:
     """Time each mode in ``names`` (already gated); rows go to ``tr``. True if stopped."""
-    from engine.decoders import make_decoder
     from engine.loop import decode, random_prompt
     from instruments.measure.energy import NOTHING, EnergyMeter
+    from instruments.lineup import make_decoder
     from instruments.measure.timing import CpuWatch, StepClock
 
     idx = random_prompt(model, p.batch_size, p.prompt_len, p.prompt_seed)
@@ -148,7 +149,7 @@ def measure(model: GPT, p: EndToEndParams, names: list[str], tr: Tracker) -> boo
         totals_s = [sum(r) / 1e3 for r in runs]
         middle = sorted(range(len(runs)), key=lambda i: sum(runs[i]))[len(runs) // 2]
         median_run = runs[middle]
-        spec = modes.MODES[name]
+        spec = lineup.spec(name)
         flops = costs.generation_flops(model.config, p.prompt_len, p.new_tokens,
                                        cached=spec.cached, batch_size=p.batch_size,
                                        last_only=last_only)

@@ -75,9 +75,9 @@ def summary(run: dict[str, Any]) -> list[str]:
 @no_grad
 def run(loaded: Loaded, params: GenerationParams, progress: ProgressFn | None = None,
         should_stop: StopFn | None = None) -> dict[str, Any]:
-    from engine.decoders import make_decoder
     from engine.loop import checked_request, decode
     from instruments.checks.correctness import compare_streams
+    from instruments.lineup import make_decoder
 
     model = loaded.model
     params.check(model.config, str(model.device))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from engine import modes as mode_registry
+from instruments import lineup
 
 MAX_BATCH = 256
 
@@ -39,7 +39,7 @@ def contexts_within(name: str, values: list[int], lo: int, hi: int) -> None:
 def modes_usable(names: list[str], device: str) -> None:
     """Every name is a decode mode (or a peer) that can run on ``device``."""
     if not names:
-        raise ValueError(f"no modes given; allowed: {', '.join(mode_registry.MODES)}")
+        raise ValueError(f"no modes given; allowed: {', '.join(lineup.names())}")
     for name in names:
         ok, why = available(name, device)
         if not ok:
@@ -48,13 +48,13 @@ def modes_usable(names: list[str], device: str) -> None:
 
 def available(name: str, device: str) -> tuple[bool, str]:
     """Can ``name`` (a decode mode or a peer) run on ``device``, and why not."""
-    return mode_registry.available(name, device)
+    return lineup.available(name, device)
 
 
 def parse_modes(text: str) -> list[str]:
     """'uncached, concat' -> names, each a known decode mode (or peer)."""
     names = [m.strip() for m in str(text).split(",") if m.strip()]
-    known = mode_registry.MODES
+    known = lineup.names()
     unknown = [m for m in names if m not in known]
     if not names or unknown:
         raise ValueError(f"unknown mode {unknown[0] if unknown else text!r}; "

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine import modes
 from engine.config import GPTConfig
+from instruments import lineup
 from instruments.costmodel import costs
 from instruments.experiments import end_to_end
 from instruments.experiments.inputs import (
@@ -127,7 +128,7 @@ Params = LatencyParams
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--contexts", default="log-spaced (16)",
                    help='a preset ("log-spaced (16)", "every length 8..1024") or "8,16,100-200:10"')
-    p.add_argument("--modes", default="uncached,concat", help=f"from: {', '.join(modes.MODES)}")
+    p.add_argument("--modes", default="uncached,concat", help=f"from: {', '.join(lineup.names())}")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeats", type=int, default=None,
                    help="the most timed samples per point (at least 2, more while they "
@@ -167,7 +168,7 @@ def row(model: GPT, mode: str, t: int, batch: int, samples_ms: list[float], phas
     step reads the whole cache): FLOPs and bytes are charged for it. ``quiet``: the samples set
     aside as disturbed (``set_aside_ms``, ``set_aside_why``) and ``disturbed_kept``.
     """
-    cfg, spec = model.config, modes.MODES[mode]
+    cfg, spec = model.config, lineup.spec(mode)
     cached = spec.cached and phase == "decode"
     keys = keys if cached else None
     median_ms = statistics.median(samples_ms)
@@ -195,18 +196,18 @@ def row(model: GPT, mode: str, t: int, batch: int, samples_ms: list[float], phas
 def _point_work(mode: str, t: int) -> float:
     """Relative cost of one sample, for the time left: a cached step is 1; a forward grows with
     t (about 1 + t/16 on a CPU; the estimate rescales itself by the time actually taken)."""
-    return 1.0 if modes.MODES[mode].cached else 1.0 + t / 16
+    return 1.0 if lineup.spec(mode).cached else 1.0 + t / 16
 
 
 class _Mode:
     """One mode during a sweep: its decoder (kept across contexts) and its ``Sampler``."""
     def __init__(self, model: GPT, name: str, p: LatencyParams, top: int,
                  tr: Tracker | None = None) -> None:
-        from engine.decoders import make_decoder
+        from instruments.lineup import make_decoder
         from instruments.measure.sampler import Sampler
 
         self.name, self.model = name, model
-        self.cached = modes.MODES[name].cached
+        self.cached = lineup.spec(name).cached
         self.dec = make_decoder(model, name, batch_size=p.batch_size, capacity=top)
 
         def set_aside(ms: float, why: str) -> None:
@@ -267,7 +268,7 @@ def run(loaded: Loaded, params: LatencyParams, progress: ProgressFn | None = Non
         raise ValueError(f"This sweep would not fit in memory ({why}). Use a smaller batch size "
                          "or shorter contexts.")
     generate = params.method == "generate"
-    work = sum(generation_work(params, contexts) if generate and modes.MODES[m].cached
+    work = sum(generation_work(params, contexts) if generate and lineup.spec(m).cached
                else sum(_point_work(m, t) * min(params.min_repeats, params.repeats)
                         for t in contexts) for m in params.modes)
     e2e = params.e2e_new_tokens > 0
@@ -294,13 +295,13 @@ def run(loaded: Loaded, params: LatencyParams, progress: ProgressFn | None = Non
 
     stopped = False
     if generate:  # cached modes the write-up's way, mode after mode; uncached as below
-        for name in [m for m in params.modes if modes.MODES[m].cached]:
+        for name in [m for m in params.modes if lineup.spec(m).cached]:
             if ready(name) is not None and time_by_generation(
                     model, name, params, contexts, idx, tr, row):
                 stopped = True
                 break
     sweep = [(t, m) for t in contexts for m in params.modes
-             if not (generate and modes.MODES[m].cached)]
+             if not (generate and lineup.spec(m).cached)]
     for t, name in sweep if not stopped else []:
         st = ready(name)
         if st is None:
@@ -329,7 +330,7 @@ def run(loaded: Loaded, params: LatencyParams, progress: ProgressFn | None = Non
         timings["peaks_s"] = time.perf_counter() - t0
     timings["total_s"] = time.perf_counter() - start_s
     rows = sorted(tr.tables.get("latency", []),
-                  key=lambda r: (modes.ordered(params.modes).index(r["mode"]), r["context_len"]))
+                  key=lambda r: (lineup.ordered(params.modes).index(r["mode"]), r["context_len"]))
     tables = {"latency": rows, "checks": tr.tables.get("checks", []),
               "summary": summary_table(rows, pair=_pair(rows)),
               "end_to_end": tr.tables.get("end_to_end", []),
@@ -358,7 +359,7 @@ def _note_disturbed(tr: Tracker) -> None:
 
 def _pair(rows: list[dict[str, Any]]) -> tuple[str, str]:
     """Table 1's pair: the first uncached and the first cached mode measured (ladder order)."""
-    measured = modes.ordered(r["mode"] for r in rows)
+    measured = lineup.ordered(r["mode"] for r in rows)
     slow = next((m for m in measured if m in modes.UNCACHED), modes.SEED_PAIR[0])
     fast = next((m for m in measured if m not in modes.UNCACHED), modes.SEED_PAIR[1])
     return slow, fast

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from engine.decoders import make_decoder
 from engine.loop import Step, decode
 from engine.model import GPT
+from instruments.lineup import make_decoder
 from instruments.measure.timing import StepClock
 from instruments.spine import Tracker
 

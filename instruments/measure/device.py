@@ -199,6 +199,20 @@ def _matmul_rates(dev: torch.device, tdtype: torch.dtype, n: int, min_seconds: f
     return _rates(lambda: torch.mm(a, b, out=out), 2 * n**3 / 1e12, dev, min_seconds, repeats)
 
 
+def read_kernels(device: Any, nbytes: int) -> tuple[dict[str, Any], torch.Tensor, int]:
+    """The read kernels over one fp32 tensor of about ``nbytes``: ({name: call}, the tensor,
+    its exact bytes). A read floor is the best of them (either alone can under-measure the
+    bandwidth on some CPUs); ``measure_peaks`` and the peers experiment both read through here.
+    """
+    dev = torch.device(device)
+    cols = 1024
+    rows = max(1, nbytes // (4 * cols))
+    src = torch.ones(rows, cols, device=dev)  # ones, not empty: every page touched before timing
+    vec = torch.ones(cols, device=dev)
+    return ({"sum": lambda: torch.sum(src), "matrix-vector": lambda: torch.mv(src, vec)}, src,
+            rows * cols * 4)
+
+
 @torch.no_grad()
 def measure_peaks(device: Any = "cpu", dtype: Any = "float32", *, quick: bool = False,
                   min_seconds: float = 0.4, repeats: int = 5) -> Peaks:
@@ -212,15 +226,10 @@ def measure_peaks(device: Any = "cpu", dtype: Any = "float32", *, quick: bool = 
     tdtype = dtypes.to_torch(dtype)
     n, nbytes = peak_sizes(dev, quick)
     mm = _matmul_rates(dev, tdtype, n, min_seconds, repeats)
-    cols = 1024
-    rows = max(1, nbytes // (4 * cols))
-    real = rows * cols * 4
-    src = torch.ones(rows, cols, device=dev)  # ones, not empty: every page touched before timing
-    vec = torch.ones(cols, device=dev)
+    kernels, src, real = read_kernels(dev, nbytes)
     dst = torch.empty_like(src)
     gb = real / 1e9
-    reads = {"sum": _rates(lambda: torch.sum(src), gb, dev, min_seconds, repeats),
-             "matrix-vector": _rates(lambda: torch.mv(src, vec), gb, dev, min_seconds, repeats)}
+    reads = {k: _rates(fn, gb, dev, min_seconds, repeats) for k, fn in kernels.items()}
     copy = _rates(lambda: dst.copy_(src), 2 * gb, dev, min_seconds, repeats)
     kernel = max(reads, key=lambda k: statistics.median(reads[k]))
     return Peaks(str(dev), dtypes.canonical(tdtype), statistics.median(mm), n,

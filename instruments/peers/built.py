@@ -1,0 +1,85 @@
+"""What a peer builds once per model and reuses: the converted engine, its set-up time and bytes.
+
+``engine_for(model, key, build)`` returns the ``Built`` for ``key`` (the peer, its precision,
+threads and device), calling ``build()`` only the first time -- or again after the model's
+weights were written in place. The gate alone builds a peer's adapter four times, and a
+conversion of gpt2 takes seconds, so adapters share one engine per model. Entries die with the
+model (a weak mapping); their temporary folders are removed then. ``hf_copy(model)`` is the
+one ``transformers`` copy of the weights every peer starts from (``engine.weights``).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.fast import _weights_version as weights_version  # bumped by in-place writes
+from engine.model import GPT
+
+
+@dataclass
+class Built:
+    handle: Any  # the engine: a transformers model, a ctranslate2.Generator, an ORT session
+    compile_s: float  # conversion / export / load, never part of a step
+    weight_bytes: int  # bytes of the weights the engine holds
+    version: str  # the package's version
+    folder: Path | None = None  # temporary files (removed with the entry)
+    state: dict[str, Any] = field(default_factory=dict)  # per-engine extras (ct2's live stream)
+
+
+_BUILT: weakref.WeakKeyDictionary[GPT, dict[tuple, tuple[tuple, Built]]] = \
+    weakref.WeakKeyDictionary()
+
+
+def engine_for(model: GPT, key: tuple, build: Callable[[], Built]) -> Built:
+    """The engine for ``key`` over ``model``'s current weights, built on first use (timed)."""
+    per_model = _BUILT.setdefault(model, {})
+    version = weights_version(model)
+    got = per_model.get(key)
+    if got is not None and got[0] == version:
+        return got[1]
+    if got is not None:
+        _release(got[1])
+    t0 = time.perf_counter()
+    built = build()
+    built.compile_s = time.perf_counter() - t0
+    per_model[key] = (version, built)
+    weakref.finalize(model, _release, built)
+    return built
+
+
+def _release(built: Built) -> None:
+    closer = built.state.get("close")
+    if closer is not None:
+        closer()
+    if built.folder is not None:
+        shutil.rmtree(built.folder, ignore_errors=True)
+
+
+def temp_folder(prefix: str) -> Path:
+    return Path(tempfile.mkdtemp(prefix=f"kvlab_{prefix}_"))
+
+
+def hf_copy(model: GPT) -> Any:
+    """A GPT2LMHeadModel holding a copy of ``model``'s weights, on the model's device."""
+    from engine.weights import to_transformers
+
+    return to_transformers(model).to(model.device)
+
+
+def tensor_bytes(module: Any) -> int:
+    """Bytes of a torch module's parameters and buffers, shared storage counted once."""
+    seen: dict[int, int] = {}
+    for t in [*module.parameters(), *module.buffers()]:
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())

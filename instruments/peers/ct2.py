@@ -1,0 +1,259 @@
+"""Peers ct2_*: CTranslate2 converted from the loaded weights, stepped through its own loop.
+
+Conversion: the weights go into a ``GPT2LMHeadModel`` (``engine.weights.to_transformers``); its
+config is saved to a temporary folder and CTranslate2's Transformers converter reads the model
+from memory, with a vocabulary built from the GPT-2 tokenizer we ship (tiktoken's byte-level
+tokens; numbered placeholders when it is unavailable or the vocabulary differs): nothing is
+downloaded. One folder per precision (``quantization`` = the peer's compute type), so the bytes
+of ``model.bin`` are the bytes of weights the engine holds. ``intra_threads`` = the run's
+threads. Batch size 1.
+
+Steps: CTranslate2's Python API has no KV cache to hold between calls, so the adapter keeps one
+of its generations paused: the generation's callback (run in CTranslate2's worker thread after
+every token) waits until ``step`` lets it go on. The held tokens are given as a static prompt
+(forwarded at once) plus the last one or two tokens as start tokens that the loop is constrained
+to follow; the loop then feeds its own greedy pick. ``step(token)`` when ``token`` is what the
+loop feeds next is one step of CTranslate2's decoding loop (the KV cache it keeps, the logits it
+returns with ``return_logits_vocab``), timed like any step. Another token (teacher forcing, the
+gate) starts a new generation from the held tokens: correct logits, at a prefill's cost.
+``seek(ids, t)`` starts one whose next step feeds ``ids[:, t]``, so the sweep's timed step is
+a true loop step at its context; the state after the static prompt is cached by CTranslate2
+(``cache_static_prompt``) so re-seeking the same context is cheap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from typing import Any
+
+import torch
+
+from engine.model import GPT
+from instruments.peers import PeerUnavailable
+from instruments.peers.built import Built, engine_for, folder_bytes, hf_copy, temp_folder
+
+IDLE_S = 60.0  # a paused generation nobody steps for this long is ended (frees the worker)
+EOS = "<|endoftext|>"
+
+
+def _byte_level() -> dict[int, str]:
+    """GPT-2's map from bytes to the printable characters its vocabulary file uses."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), ord("ÿ") + 1)]
+    out, extra = {b: chr(b) for b in keep}, 0
+    for b in range(256):
+        if b not in out:
+            out[b] = chr(256 + extra)
+            extra += 1
+    return out
+
+
+@functools.lru_cache(maxsize=2)
+def vocabulary(size: int) -> tuple[str, ...]:
+    """Token strings by id: GPT-2's own (from tiktoken) when the sizes agree, else '<id>'."""
+    try:
+        from engine.tokenizer import get_tokenizer
+
+        enc = get_tokenizer()
+        if enc.n_vocab == size:
+            table = _byte_level()
+            names = tuple("".join(table[b] for b in enc.decode_single_token_bytes(i))
+                          for i in range(size))
+            if len(set(names)) == size:
+                return names
+    except Exception:  # no tokenizer files: numbered names serve as well (ids are what we feed)
+        pass
+    return (*(f"<{i}>" for i in range(size - 1)), EOS)
+
+
+class _Vocab:
+    """The little of a tokenizer CTranslate2's GPT-2 loader reads."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+        self.bos_token = self.eos_token = self.unk_token = names[-1]
+
+    def get_vocab(self) -> dict[str, int]:
+        return {n: i for i, n in enumerate(self.names)}
+
+
+def _build(model: GPT, compute_type: str, threads: int) -> Built:
+    import ctranslate2
+    from ctranslate2.converters.transformers import TransformersConverter
+
+    hf = hf_copy(model).to("cpu").float()
+    names = vocabulary(model.config.vocab_size)
+
+    class FromMemory(TransformersConverter):
+        def load_model(self, model_class: Any, path: str, **kwargs: Any) -> Any:
+            return hf
+
+        def load_tokenizer(self, tokenizer_class: Any, path: str, **kwargs: Any) -> Any:
+            return _Vocab(names)
+
+    folder = temp_folder("ct2")
+    try:
+        hf.config.save_pretrained(folder)
+        out = FromMemory(str(folder)).convert(str(folder / "model"), quantization=compute_type,
+                                              force=True)
+        dev = model.device
+        gen = ctranslate2.Generator(out, device=dev.type, device_index=dev.index or 0,
+                                    compute_type=compute_type, intra_threads=threads)
+    except Exception as exc:
+        raise PeerUnavailable(f"CTranslate2 conversion failed: {type(exc).__name__}: "
+                              f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+                              ) from exc
+    built = Built(gen, 0.0, folder_bytes(folder / "model"), ctranslate2.__version__, folder)
+    built.state["names"] = names
+    built.state["close"] = lambda: _stop(built)
+    return built
+
+
+def _stop(built: Built) -> None:
+    stream = built.state.pop("stream", None)
+    if stream is not None:
+        stream.close()
+
+
+def _logits(storage: Any) -> torch.Tensor:
+    """A StorageView of logits as a (1, vocab) fp32 CPU tensor (copied: it dies after)."""
+    if getattr(storage, "device", "cpu") == "cuda":
+        return torch.as_tensor(storage, device="cuda").float().cpu().reshape(1, -1)
+    import numpy as np
+
+    return torch.from_numpy(np.array(storage, dtype=np.float32)).reshape(1, -1)
+
+
+class _Stream:
+    """One CTranslate2 generation, paused after each token until ``advance`` (see above)."""
+
+    def __init__(self, built: Built, held: list[int], ahead: int | None, max_length: int,
+                 cache_prompt: bool) -> None:
+        names = built.state["names"]
+        self._go, self._got = threading.Event(), threading.Event()
+        self.stopping = self.ended = False
+        self.next_token: int | None = None
+        self.logits: torch.Tensor | None = None
+        self.held = list(held)
+        start = held[-1:] + ([ahead] if ahead is not None else [])
+        static = [names[t] for t in held[:-1]] or None
+        self.result = built.handle.generate_batch(
+            [[names[t] for t in start]], static_prompt=static, cache_static_prompt=cache_prompt,
+            include_prompt_in_result=True, max_length=max_length, end_token=[],
+            return_logits_vocab=True, beam_size=1, sampling_topk=1, asynchronous=True,
+            callback=self._on_token)[0]
+        self._wait()  # the logits after the held tokens
+
+    def _on_token(self, step: Any) -> bool:  # CTranslate2's worker thread
+        self.logits = _logits(step.logits)
+        self.next_token = int(step.token_id)  # what the loop feeds next
+        self.ended = bool(step.is_last)
+        self._got.set()
+        if not self._go.wait(IDLE_S):
+            self.ended = True
+            return True
+        self._go.clear()
+        return self.stopping
+
+    def _wait(self) -> None:
+        while not self._got.wait(0.05):
+            if self.result.done():
+                self.ended = True
+                self.result.result()  # raises what went wrong
+                raise RuntimeError("CTranslate2's generation ended before its next token")
+        self._got.clear()
+
+    def advance(self) -> torch.Tensor:
+        """One step of the loop: feeds ``next_token``; the logits after it."""
+        assert self.next_token is not None
+        self.held.append(self.next_token)
+        self._go.set()
+        self._wait()
+        return self.logits  # type: ignore[return-value]
+
+    def close(self) -> None:
+        if not self.ended:
+            self.stopping = True
+            self._go.set()
+        with contextlib.suppress(Exception):  # ending it is all we wanted
+            self.result.result()
+        self.ended = True
+
+
+class CT2Decoder:
+    appends = False
+    logits = "last"
+    cache_kind = "ct2"
+
+    def __init__(self, model: GPT, *, batch_size: int = 1, capacity: int | None = None,
+                 threads: int | None = None, compute_type: str = "float32") -> None:
+        if batch_size != 1:
+            raise ValueError("CTranslate2 peers run at batch size 1 here (one paused "
+                             "generation per adapter)")
+        self.model, self.batch_size = model, batch_size
+        self.capacity = capacity or model.config.block_size
+        threads = threads or torch.get_num_threads()
+        self.built = engine_for(model, ("ct2", compute_type, threads),
+                                lambda: _build(model, compute_type, threads))
+        self.compile_s, self.extra_bytes, self.version = (self.built.compile_s,
+                                                          self.built.weight_bytes,
+                                                          self.built.version)
+        self.refills = 0  # steps that had to start a new generation (a token not its own)
+        self._stream: _Stream | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self._stream is None else len(self._stream.held)
+
+    def attended_keys(self, length: int) -> int:
+        return length
+
+    def _start(self, held: list[int], ahead: int | None = None, cache: bool = False) -> _Stream:
+        if len(held) + (ahead is not None) > self.model.config.block_size:
+            raise ValueError(f"context of {len(held) + 1} tokens is beyond the model's limit "
+                             f"of {self.model.config.block_size}")
+        _stop(self.built)  # one live generation per engine: its worker serves one at a time
+        room = self.model.config.block_size - len(held) + 2
+        self._stream = _Stream(self.built, held, ahead, room, cache)
+        self.built.state["stream"] = self._stream
+        return self._stream
+
+    def _live(self) -> _Stream | None:
+        s = self._stream
+        ok = s is not None and not s.ended and self.built.state.get("stream") is s
+        return s if ok else None
+
+    @torch.no_grad()
+    def prefill(self, ids: torch.Tensor) -> torch.Tensor:
+        return self._start(ids[0].tolist()).logits  # type: ignore[return-value]
+
+    @torch.no_grad()
+    def step(self, token: torch.Tensor) -> torch.Tensor:
+        assert self._stream is not None, "prefill first"
+        tok = int(token[0, 0])
+        live = self._live()
+        if live is not None and live.next_token == tok:
+            return live.advance()
+        self.refills += 1
+        return self._start([*self._stream.held, tok]).logits  # type: ignore[return-value]
+
+    @torch.no_grad()
+    def seek(self, ids: torch.Tensor, length: int) -> None:
+        """Hold ``ids[:, :length]`` with a paused generation whose next step feeds
+        ``ids[:, length]`` (when given): a new generation each time, from the cached state
+        after the static prompt."""
+        if not 1 <= length <= ids.size(1):
+            raise ValueError(f"seek length must be within 1..{ids.size(1)}, got {length}")
+        row = ids[0].tolist()
+        ahead = row[length] if length < len(row) else None
+        self._start(row[:length], ahead, cache=True)
+
+    def close(self) -> None:
+        if self._live() is not None:
+            _stop(self.built)
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
