@@ -16,8 +16,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from engine import modes
-from instruments.store import stats
 from instruments import lineup
+from instruments.store import stats
 
 UNCACHED_MODES = modes.UNCACHED
 DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")

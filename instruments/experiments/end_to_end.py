@@ -112,8 +112,8 @@ def summary(run: dict[str, Any]) -> list[str]:
 def measure(model: GPT, p: EndToEndParams, names: list[str], tr: Tracker) -> bool:
     """Time each mode in ``names`` (already gated); rows go to ``tr``. True if stopped."""
     from engine.loop import decode, random_prompt
-    from instruments.measure.energy import NOTHING, EnergyMeter
     from instruments.lineup import make_decoder
+    from instruments.measure.energy import NOTHING, EnergyMeter
     from instruments.measure.timing import CpuWatch, StepClock
 
     idx = random_prompt(model, p.batch_size, p.prompt_len, p.prompt_seed)
