@@ -7,6 +7,7 @@
   python -m instruments planner --distribution long-tailed --sequences 32 --block-tokens 16
   python -m instruments prediction --modes uncached,concat,prealloc_fused,fast --passes 3
   python -m instruments all      (hardware, latency with its end-to-end part, memory)
+  python -m instruments readme [--check]   (the README's and docs' generated blocks)
 Each command is an experiment of ``instruments.experiments`` (the older names sweep, e2e and
 predict still work); its flags, defaults and printed summary come from the experiment's own
 module. It runs in this process (its own process: nothing else runs beside the timed steps)
@@ -14,7 +15,9 @@ and saves the run it returns into
 --results-dir, printing a short summary. Bad input: one line on stderr, exit code 2. Ctrl-C
 stops after the current step and saves what was measured, marked partial (a second Ctrl-C
 aborts at once and still saves the rows streamed so far). HTML figures of saved runs:
-``python -m ui.plots``.
+``python -m ui.plots``. ``readme`` is no experiment: it loads no model and rewrites (or, with
+--check, compares) the blocks of README.md and docs/*.md made from the runs under docs/runs/
+(``instruments.store.readme``); exit 1 when a block differs, 2 when a run file cannot be read.
 """
 
 from __future__ import annotations
@@ -70,7 +73,42 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     for name in ALL:
         experiments.get(name).add_arguments(p)
+    p = sub.add_parser("readme", help="rewrite the blocks of README.md and docs/*.md made from "
+                       "the runs committed under docs/runs/")
+    p.add_argument("--check", action="store_true",
+                   help="change nothing; exit 1 naming each block that differs from its runs")
+    p.add_argument("--root", default=None, help="the checkout to read (default: this one)")
     return parser
+
+
+def readme(check_only: bool, root: str | None) -> int:
+    """``python -m instruments readme [--check]``: 0 when the blocks match (or were rewritten),
+    1 when --check finds a block that differs, 2 when a block cannot be made."""
+    from pathlib import Path
+
+    from instruments.store import readme as gen
+
+    where = Path(root) if root else results.REPO_ROOT
+    try:
+        if check_only:
+            stale = gen.check(where)
+            for line in stale:
+                print(f"instruments: {line}", file=sys.stderr)
+            if stale:
+                print("instruments: run `python -m instruments readme` and commit the result",
+                      file=sys.stderr)
+                return 1
+            print("every generated block matches its runs")
+            return 0
+        changed = gen.write(where)
+    except gen.ReadmeError as exc:
+        print(f"instruments: error: {exc}", file=sys.stderr)
+        return 2
+    for doc in changed:
+        print(f"rewrote {doc.relative_to(where) if doc.is_relative_to(where) else doc}")
+    if not changed:
+        print("every generated block already matches its runs")
+    return 0
 
 
 # ---------------------------------------------------------------------------------- running
@@ -185,7 +223,10 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         args.argv = argv
         if args.command is None:
-            raise CliError(f"choose a command: {', '.join([*experiments.EXPERIMENTS, 'all'])}")
+            raise CliError(f"choose a command: "
+                           f"{', '.join([*experiments.EXPERIMENTS, 'all', 'readme'])}")
+        if args.command == "readme":
+            return readme(args.check, args.root)
         if args.threads:
             import torch
 

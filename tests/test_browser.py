@@ -168,8 +168,8 @@ def test_pages_in_chromium(server: tuple[str, Path], tmp_path: Path) -> None:
 
         go_to(page, "Results")
         # peaks, generation, sweep, attribution, prediction, memory, planner + its sweep,
-        # correctness
-        page.wait_for_selector('text=/Saved runs \\(9\\)/', timeout=30_000)
+        # correctness, and the 4 example runs shipped in docs/runs/examples/
+        page.wait_for_selector('text=/Saved runs \\(13\\)/', timeout=30_000)
         assert page.locator(".js-plotly-plot").count() == 1
         shot(page, "results", tmp_path)
         browser.close()
