@@ -143,7 +143,7 @@ def test_the_device_checks_length_follows_its_script(copy: Path) -> None:
     assert readme.check(copy) == ["README.md: block 'gpu-check-length' differs from what "
                                   "scripts/gpu_check.sh gives"]
     readme.write(copy)
-    assert "(120 s and 420 s), so it takes at most 9 minutes" in (copy / "README.md").read_text()
+    assert "(120 s and 420 s): it runs for at most 9 minutes" in (copy / "README.md").read_text()
 
 
 # ----------------------------------------------------------- makers waiting for their runs

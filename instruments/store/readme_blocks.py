@@ -344,5 +344,5 @@ def gpu_check_length(runs: list[Run], root: Path) -> str:
         raise ReadmeError(f"{rel(path, root)}: no `timeout N` limit found")
     total = sum(limits)
     return (f"`make gpu-check` (`scripts/gpu_check.sh`) stops each of its {len(limits)} stages at "
-            f"a time limit ({' s and '.join(str(s) for s in limits)} s), so it takes at most "
-            f"{total / 60:.3g} minutes and the interpreter's start.")
+            f"a time limit ({' s and '.join(str(s) for s in limits)} s): it runs for at most "
+            f"{total / 60:.3g} minutes, plus starting the interpreter.")
