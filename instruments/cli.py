@@ -10,6 +10,7 @@
   python -m instruments all      (hardware, latency with its end-to-end part, memory)
   python -m instruments export RUN --format jsonl|csv|md [--table NAME] [--out FILE]
   python -m instruments compare OLD NEW [--noise-floor 0.02]   (exit 1: a point regressed)
+  python -m instruments readme [--check]   (the README's and docs' generated blocks)
 Each command is an experiment of ``instruments.experiments`` (the older names sweep, e2e and
 predict still work); its flags, defaults and printed summary come from the experiment's own
 module. It runs in this process (its own process: nothing else runs beside the timed steps)
@@ -19,7 +20,10 @@ stops after the current step and saves what was measured, marked partial (a seco
 aborts at once and still saves the rows streamed so far). HTML figures of saved runs:
 ``python -m ui.plots``. ``export`` and ``compare`` are not experiments: they read saved runs
 (``instruments.store.exports`` / ``instruments.store.compare``; RUN, OLD and NEW are run files,
-or run ids / file names in --results-dir), load no model and measure nothing.
+or run ids / file names in --results-dir), load no model and measure nothing. ``readme``
+rewrites (or, with --check, compares) the blocks of README.md and docs/*.md made from the runs
+under docs/runs/ (``instruments.store.readme``); exit 1 when a block differs, 2 when a run file
+cannot be read.
 """
 
 from __future__ import annotations
@@ -80,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # ------------------------------------------------------------- store commands (no model)
-STORE_COMMANDS = ("export", "compare")
+STORE_COMMANDS = ("export", "compare", "readme")
 
 
 def _store_parsers(sub: Any) -> None:
@@ -102,11 +106,19 @@ def _store_parsers(sub: Any) -> None:
                    help="the least drift between runs called noise, a share (0.05 = 5%%; "
                    f"default {DEFAULT_FLOOR:g})")
     p.add_argument("--results-dir", default="results")
+    p = sub.add_parser("readme", help="rewrite the blocks of README.md and docs/*.md made from "
+                       "the runs committed under docs/runs/")
+    p.add_argument("--check", action="store_true",
+                   help="change nothing; exit 1 naming each block that differs from its runs")
+    p.add_argument("--root", default=None, help="the checkout to read (default: this one)")
 
 
 def store_command(args: argparse.Namespace) -> int:
-    """Run ``export`` or ``compare``; 1 when compare finds a regression."""
+    """Run ``export``, ``compare`` or ``readme``; 1 when compare finds a regression."""
     from instruments.store import compare, exports
+
+    if args.command == "readme":
+        return readme(args.check, args.root)
 
     try:
         if args.command == "export":
@@ -125,6 +137,36 @@ def store_command(args: argparse.Namespace) -> int:
         raise CliError(str(exc).splitlines()[0]) from exc
     print(compare.markdown(got))
     return 1 if got.regressions else 0
+
+
+def readme(check_only: bool, root: str | None) -> int:
+    """``python -m instruments readme [--check]``: 0 when the blocks match (or were rewritten),
+    1 when --check finds a block that differs, 2 when a block cannot be made."""
+    from pathlib import Path
+
+    from instruments.store import readme as gen
+
+    where = Path(root) if root else results.REPO_ROOT
+    try:
+        if check_only:
+            stale = gen.check(where)
+            for line in stale:
+                print(f"instruments: {line}", file=sys.stderr)
+            if stale:
+                print("instruments: run `python -m instruments readme` and commit the result",
+                      file=sys.stderr)
+                return 1
+            print("every generated block matches its runs")
+            return 0
+        changed = gen.write(where)
+    except gen.ReadmeError as exc:
+        print(f"instruments: error: {exc}", file=sys.stderr)
+        return 2
+    for doc in changed:
+        print(f"rewrote {doc.relative_to(where) if doc.is_relative_to(where) else doc}")
+    if not changed:
+        print("every generated block already matches its runs")
+    return 0
 
 
 # ---------------------------------------------------------------------------------- running

@@ -25,9 +25,9 @@ from ui.state import results_dir
 REFERENCE = "write-up's A40 (published)"
 
 folder = results_dir()
-header.page("Results", f"Every run saved in `{folder}` (and the shipped examples in its "
-            "examples/ folder): every experiment from the app and from the command line, from "
-            "this machine or copied from others.")
+header.page("Results", f"Every run saved in `{folder}` (and the shipped examples in "
+            "docs/runs/examples/): every experiment from the app and from the command line, "
+            "from this machine or copied from others.")
 loaded = saved_runs()
 runs = list(reversed(loaded.runs))  # newest first
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One GPU check, at most ~5 minutes on one GPU, with nothing but a preinstalled torch (2.11 or
+# One GPU check, at most 6 minutes on one GPU (the two `timeout`s below; the README's sentence
+# is generated from them), with nothing but a preinstalled torch (2.11 or
 # newer), transformers, pandas, psutil, tiktoken and pytest -- no network, no dashboard packages:
 #   1. the CUDA-gated tests (pytest -m cuda; test files that need streamlit/plotly are not
 #      collected where those are missing), capped at 120 s;

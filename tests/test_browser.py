@@ -199,8 +199,8 @@ def test_pages_in_chromium(server: tuple[str, Path], tmp_path: Path) -> None:
         save_run(slowed(first, "concat", 2.0), results)
         go_to(page, "Results")
         # peaks, generation, sweep, peers, attribution, prediction, memory, planner + its
-        # sweep, correctness, the slowed copy
-        page.wait_for_selector('text=/Saved runs \\(11\\)/', timeout=30_000)
+        # sweep, correctness, the slowed copy, and the 4 example runs in docs/runs/examples/
+        page.wait_for_selector('text=/Saved runs \\(15\\)/', timeout=30_000)
         page.wait_for_selector("text=/point\\(s\\) regressed beyond their noise/",
                                timeout=30_000)
         page.wait_for_selector(".js-plotly-plot >> nth=1", timeout=30_000)  # drawn lazily

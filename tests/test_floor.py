@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from engine import GPT, GPTConfig, make_decoder
+from instruments.costmodel import costs
 from instruments.experiments import get
-from instruments.experiments.attribution import AttributionParams, attribute_step
+from instruments.experiments.attribution import AttributionParams, attribute_step, with_floors
 from instruments.experiments.precision import PrecisionParams
 from instruments.experiments.scope import ScopeParams
 from instruments.experiments.staircase import SHAPES, StaircaseParams, default_ts
@@ -67,20 +68,38 @@ def test_attribution_adds_up_within_its_error(mode: str) -> None:
             if abs(row["ops_ms"] + row["python_ms"] - row["step_ms"]) \
                     <= row["profile_tolerance_ms"]:
                 break
-    parts = row["floor_part_ms"] + row["excess_ms"] + row["idle_ms"]
-    assert parts == pytest.approx(row["step_ms"], rel=1e-9)  # the chart's stack is the step
+    # The profiler's operators and host time account for the plainly timed step.
     assert abs(row["ops_ms"] + row["python_ms"] - row["step_ms"]) <= row["profile_tolerance_ms"]
     assert row["ops_per_step"] >= row["top_ops_per_step"] > 10
     assert row["kernels_per_step"] is None and row["device_ms"] is None  # a CPU run
-    assert row["floor_ms"] == max(row["byte_floor_ms"], row["flop_floor_ms"]) > 0
-    assert row["above_floor_ms"] == pytest.approx(row["step_ms"] - row["floor_ms"])
+    # The floors are charged for the step that ran: 48 tokens in view, the mode's own logits.
+    cached = mode != "uncached_last"
+    assert row["flops"] == costs.step_flops(CFG, 48, cached=cached, last_only=True)
+    assert row["bytes"] == costs.step_bytes(CFG, "float32", 48, cached=cached, last_only=True)
     # The step's own spread is the interquartile range of its samples, not the tolerance.
     q = statistics.quantiles(row["samples_ms"], n=4)
     assert row["spread_ms"] == pytest.approx(q[2] - q[0])
-    # The attributed share: floor + host time, the rest is unexplained kernel time.
-    explained = (row["floor_part_ms"] + row["idle_ms"]) / row["step_ms"]
-    assert row["explained_share"] == pytest.approx(explained) and 0 < explained <= 1
-    assert row["step_ms"] * (1 - row["explained_share"]) == pytest.approx(row["excess_ms"])
+    assert 0 < row["explained_share"] <= 1
+
+
+def test_floors_and_parts_from_known_rates() -> None:
+    """Round numbers at PEAKS' rates: 2e9 FLOPs at 0.05 TFLOP/s take 40 ms, 5e8 B at 5 GB/s
+    100 ms. A 150 ms step busy for 120 ms: 100 ms of floor, 20 ms above it, 30 ms idle."""
+    row = {"step_ms": 150.0, "busy_ms": 120.0, "flops": 2e9, "bytes": 5e8}
+    r = with_floors(row, PEAKS)
+    assert (r["flop_floor_ms"], r["byte_floor_ms"]) == (pytest.approx(40), pytest.approx(100))
+    assert r["floor_ms"] == pytest.approx(100) and r["bound"] == "memory"
+    assert r["floor_part_ms"] == pytest.approx(100) and r["excess_ms"] == pytest.approx(20)
+    assert r["above_floor_ms"] == pytest.approx(50) and not r["floor_above_step"]
+    assert r["explained_share"] == pytest.approx(130 / 150)
+    # Busy for less than the floor: the floor's part is what the device was busy, nothing above.
+    short = with_floors({**row, "busy_ms": 60.0}, PEAKS)
+    assert short["floor_part_ms"] == pytest.approx(60) and short["excess_ms"] == 0
+    assert short["explained_share"] == pytest.approx(1.0)
+    # 1e10 FLOPs: a 200 ms compute floor, above the 150 ms step -- flagged, not hidden.
+    big = with_floors({**row, "flops": 1e10}, PEAKS)
+    assert big["bound"] == "compute" and big["floor_ms"] == pytest.approx(200)
+    assert big["floor_above_step"] and big["above_floor_ms"] == pytest.approx(-50)
 
 
 def test_attribution_rows_progress_and_stop() -> None:
@@ -266,7 +285,6 @@ def test_a_floor_above_the_step_remeasures_the_peaks_and_flags_what_stays(monkey
 
 def test_static_shape_modes_are_charged_for_the_whole_cache() -> None:
     from engine.compiled import CudaGraphDecoder
-    from instruments.costmodel import costs
 
     dec = CudaGraphDecoder(tiny(), capacity=128, capture=False)
     assert dec.attended_keys(10) == 128 and make_decoder(tiny(), "concat").attended_keys(10) == 10

@@ -73,13 +73,15 @@ def test_paged_cache_bytes() -> None:
 
 def test_int8_error_is_measured_nonzero_and_bounded_on_gpt2(gpt2: GPT) -> None:
     """On gpt2 with random weights: int8 keys/values move the logits (it is not exact), by
-    under 5% of the largest logit (the registered tolerance; 0.7% measured at 300 tokens)."""
+    about half a percent of the largest logit (0.52% measured by this gate, batch 2); the mode's
+    registered tolerance, 5%, is its contract with the gate and stays as it is."""
     gate = Gate(private_view(gpt2), batch=2)
     check = gate.check("int8_kv")
     assert check.passed, check.detail
     scale = gate.reference()["scale"]
     assert check.tolerance == pytest.approx(MODES["int8_kv"].tolerance * scale)
-    assert 1e-4 * scale < check.max_diff < MODES["int8_kv"].tolerance * scale
+    # near the 0.52% measured: an error twice as large fails here, long before the 5% would
+    assert 0.003 * scale < check.max_diff < 0.01 * scale, check.max_diff / scale
     # fp16 storage is much closer than int8, and still not the fp32 values themselves
     idx = random_prompt(64, batch=1, vocab=50257)
     errors = {}

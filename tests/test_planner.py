@@ -92,7 +92,7 @@ def test_planner_on_gpt2_allocates_exactly_its_formulas() -> None:
     for row in storages.values():
         assert row["measured_bytes_per_token"] == row["bytes_per_token"]
     assert storages["float32"]["rel_error"] < 1e-5
-    assert 1e-4 < storages["int8"]["rel_error"] < 0.05  # lossy, and bounded (0.3% measured)
+    assert 2e-3 < storages["int8"]["rel_error"] < 5e-3  # lossy, near the 0.32% measured
     assert storages["float16"]["rel_error"] < storages["int8"]["rel_error"]
     heads = tables["kv_heads"]
     assert [h["kv_heads"] for h in heads] == [12, 6, 4, 3, 2, 1]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from instruments.measure import sampler, timing
@@ -85,9 +87,12 @@ def test_invalid_counts_are_rejected_with_what_is_allowed(kwargs, message):
     assert calls == []  # validation happens before anything runs
 
 
-def test_real_clock_on_cpu_gives_positive_samples():
-    result = time_call(lambda: sum(range(1000)), warmup=1, repeats=3)
-    assert len(result.samples_ms) == 3 and all(s >= 0 for s in result.samples_ms)
+def test_real_clock_times_the_call_in_milliseconds():
+    # A 5 ms sleep takes at least 5 ms: a sample in seconds (0.005), or a clock read that does
+    # not bracket the call, comes out below; the generous ceiling only catches a wrong unit.
+    result = time_call(lambda: time.sleep(0.005), warmup=1, repeats=3)
+    assert len(result.samples_ms) == 3
+    assert all(5.0 <= s < 1000.0 for s in result.samples_ms), result.samples_ms
 
 
 def test_step_clock_times_each_call_and_skips_the_first():

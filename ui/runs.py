@@ -1,10 +1,10 @@
 """Saved runs for the pages: listing them, picking a sweep, offering downloads. Torch-free.
 
 Runs are written by ``instruments.process.client`` when a job ends (the same schema-1 files the CLI
-writes); pages read them here: ``saved_runs()`` (results/ and the shipped examples),
-``pick_sweep_run`` (this session's last sweep, any saved one, or the write-up's A40 figures),
-``latency_frame`` (a sweep's rows with formula FLOPs/bytes filled where absent) and
-``download_buttons``.
+writes); pages read them here: ``saved_runs()`` (results/ and the shipped examples,
+docs/runs/examples/), ``pick_sweep_run`` (this session's last sweep, any saved one, or the
+write-up's A40 figures), ``latency_frame`` (a sweep's rows with formula FLOPs/bytes filled where
+absent) and ``download_buttons``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,13 @@ from engine.config import GPTConfig
 from instruments.costmodel import costs
 from instruments.store import exports
 from instruments.store.frames import run_label
-from instruments.store.results import LoadResult, ResultsError, load_runs, reference_run
+from instruments.store.results import (
+    EXAMPLES_PATH,
+    LoadResult,
+    ResultsError,
+    load_runs,
+    reference_run,
+)
 from ui.state import results_dir
 
 
@@ -113,17 +119,14 @@ def pick_sweep_run(key: str) -> dict[str, Any] | None:
 
 
 def saved_runs() -> LoadResult:
-    """Runs saved in results/ plus the shipped examples in results/examples/, oldest first.
+    """Runs saved in results/ plus the shipped examples (docs/runs/examples/), oldest first.
 
     The published A40 figures (results/reference/) are not listed here: pages offer them apart.
     """
-    folder = results_dir()
-    loaded = load_runs(folder)
-    examples = folder / "examples"
-    if examples.is_dir():
-        more = load_runs(examples)
-        loaded.runs.extend(more.runs)
-        loaded.skipped.extend(more.skipped)
+    loaded = load_runs(results_dir())
+    more = load_runs(EXAMPLES_PATH)  # a missing folder is an empty result
+    loaded.runs.extend(more.runs)
+    loaded.skipped.extend(more.skipped)
     loaded.runs.sort(key=lambda run: str(run.get("created_utc", "")))
     return loaded
 

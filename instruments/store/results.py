@@ -42,6 +42,10 @@ META_FIELDS = (
 MAX_FILE_BYTES = 256 * 2**20  # a results file is kilobytes; anything huge is not one of ours
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REFERENCE_PATH = REPO_ROOT / "results" / "reference" / "seed_a40.json"
+# Committed runs behind the published numbers (instruments.store.readme); examples/ is one CLI
+# `all` run, which the Results page lists beside the user's own runs.
+RUNS_PATH = REPO_ROOT / "docs" / "runs"
+EXAMPLES_PATH = RUNS_PATH / "examples"
 _KIND_RE = re.compile(r"^[a-z0-9_]{1,40}$")
 
 
