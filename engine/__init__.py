@@ -1,9 +1,11 @@
 """KV Cache Lab's engine: a from-scratch GPT-2 with its KV caches, and the one decode loop.
 
-A plain library: the model, the caches, weights loading, the tokenizer, the decode modes and the
-loop that runs them. It measures nothing and imports nothing of ``instruments`` or the UI.
-The public names below are loaded on first use, so that the torch-free modules (``config``,
-``modes``, ``dtypes``, ``tokenizer``) can be imported without importing torch.
+A plain library: the model, the caches, the causal-mask variants, weights loading, the
+tokenizer, the decode modes, the one decode step of modes 6-9, the loop that runs them, and
+``ModelState`` (everything built on one model besides its weights). It measures nothing and
+imports nothing of ``instruments`` or the UI. The public names below are loaded on first use,
+so that the torch-free modules (``config``, ``modes``, ``dtypes``, ``tokenizer``) can be
+imported without importing torch.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ _EXPORTS = {
     "PRESETS": "config", "GPTConfig": "config",
     "Decoder": "decoders", "make_decoder": "decoders",
     "Generation": "loop", "Step": "loop", "decode": "loop", "generate": "loop",
-    "ConcatKVCache": "kv_cache", "PreallocKVCache": "kv_cache",
+    "ConcatKVCache": "kv_cache", "PreallocKVCache": "kv_cache", "make_cache": "kv_cache",
+    "make_attention": "attention",
     "GPT": "model",
-    "WeightsError": "weights", "load_model": "weights",
+    "ModelState": "state", "Provenance": "state",
+    "WeightsError": "weights", "load": "weights",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -1,29 +1,31 @@
-"""Modes 6 (CUDA graph) and 7/9 (torch.compile): steps with static shapes or a read-only cache.
+"""Modes 6 (CUDA graph) and 7/9 (torch.compile): the one decode step, captured or compiled.
 
 Contract: ``CudaGraphDecoder`` and ``CompiledDecoder`` are ``Decoder``s (``prefill(idx) -> (B,
 vocab)``, ``step(token) -> (B, vocab)``) that give mode 1's greedy tokens in fp32.
 ``decoder.compile_s`` is the one-off cost (graph capture, or compilation) and is never inside a
-timed step. Both need steps whose shapes do not change with the position, because
-``GPT.forward`` passes positions as Python ints (a new graph per token):
+timed step. Both run ``engine.step.decode_step`` over the model's own modules, with a position
+that is a tensor, because ``GPT.forward`` takes positions as Python ints (a new graph per
+token); they differ only in how the step meets the KV cache:
 
-- ``graph_step`` (mode 6) takes the position as a tensor, writes the new K/V row into the
-  preallocated buffers with ``index_copy_`` and attends over the whole capacity under a mask
-  computed from that tensor. Captured once per decoder, replayed every step.
-- ``read_only_step`` (modes 7 and 9) only *reads* the cache and returns the new K/V rows; the
-  caller writes them in place. Compiling a step that writes the cache either recompiles per
-  position or copies the whole cache every step (measured, see the notes). On a CPU the cache is
-  passed as a view of the filled length (one dynamic-shape graph); on a GPU as the full capacity
-  with a mask (static shapes, so ``reduce-overhead`` can replay it as a CUDA graph).
+- mode 6 (``graph_step``): ``attend_static`` writes the new K/V row into the preallocated
+  buffers with ``index_copy_`` and attends over the whole capacity under a mask computed from
+  the position. Captured once per decoder, replayed every step.
+- modes 7 and 9 (``_ReadOnlyStep``): ``attend_read_only`` only *reads* the cache and returns the
+  new K/V rows; the caller writes them in place. Compiling a step that writes the cache either
+  recompiles per position or copies the whole cache every step (measured, see the notes). On a
+  CPU the cache is passed as a view of the filled length (one dynamic-shape graph); on a GPU as
+  the full capacity with a mask (static shapes, so ``reduce-overhead`` can replay it as a CUDA
+  graph).
 
-Compiled steps are built once per (model, variant, batch size) and kept on the model, with a
-static cache of ``block_size`` tokens that every decoder of that key shares (one live sequence
-per key: a new prefill takes the buffers over; an older decoder then refuses to step).
+Compiled steps are built once per (model, variant, batch size) and kept in the model's
+``engine.state.ModelState``, with a static cache of ``block_size`` tokens that every decoder of
+that key shares (one live sequence per key: a new prefill takes the buffers over; an older
+decoder then refuses to step).
 """
 
 from __future__ import annotations
 
 import importlib
-import math
 import time
 import weakref
 from collections.abc import Callable
@@ -31,81 +33,26 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from .decoders import Decoder
-from .kv_cache import PreallocKVCache
+from .kv_cache import PreallocKVCache, make_cache
 from .model import GPT
+from .state import ModelState
+from .step import attend_read_only, attend_static, decode_step, model_weights
 
 VARIANTS = ("compiled", "fast_compiled", "eager")  # "eager": the same step, not compiled (tests)
 
 
-# ------------------------------------------------------------------------- the step functions
-def graph_step(
-    model: GPT, k_buf: torch.Tensor, v_buf: torch.Tensor, token: torch.Tensor, pos: torch.Tensor
-) -> torch.Tensor:
-    """Logits (B, vocab) for ``token`` (B, 1) at position ``pos`` (a (1,) long tensor).
-
-    Writes the new K/V row of every layer into ``k_buf``/``v_buf`` (L, B, nh, T_max, hs) and
-    attends over all T_max slots, masking those after ``pos``: every shape is fixed.
-    """
-    cfg, tr = model.config, model.transformer
-    batch, n_embd, nh = token.size(0), cfg.n_embd, cfg.n_head
-    hs = n_embd // nh
-    t_max = k_buf.size(3)
-    allowed = (torch.arange(t_max, device=pos.device) <= pos).view(1, 1, 1, t_max)
-    x = tr.wte(token[:, 0]) + tr.wpe(pos)  # (B, C)
-    for i, blk in enumerate(tr.h):
-        q, k, v = blk.attn.c_attn(blk.ln_1(x)).view(batch, 3, nh, hs).unbind(1)  # (B, nh, hs)
-        k_buf[i].index_copy_(2, pos, k.unsqueeze(2))
-        v_buf[i].index_copy_(2, pos, v.unsqueeze(2))
-        y = F.scaled_dot_product_attention(q.unsqueeze(2), k_buf[i], v_buf[i], attn_mask=allowed)
-        x = x + blk.attn.c_proj(y.reshape(batch, n_embd))
-        x = x + blk.mlp(blk.ln_2(x))
-    return model.lm_head(tr.ln_f(x))
-
-
-def read_only_step(
-    model: GPT, token: torch.Tensor, k_past: torch.Tensor, v_past: torch.Tensor,
-    pos: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(logits (B, vocab), new keys, new values (L, B, nh, hs)); the cache is only read.
-
-    ``k_past``/``v_past`` are (L, B, nh, P, hs). With ``pos`` None all P rows are the past and
-    the new token sits at position P; otherwise rows >= ``pos`` are masked out (static shapes).
-    Attention over past + new key is one softmax over the concatenated scores: the same sum as
-    attending over a cache that already holds the new row.
-    """
-    cfg, tr = model.config, model.transformer
-    batch, n_embd, nh = token.size(0), cfg.n_embd, cfg.n_head
-    hs = n_embd // nh
-    p_len = k_past.size(3)
-    scale = 1.0 / math.sqrt(hs)
-    if pos is None:
-        x = tr.wte(token[:, 0]) + tr.wpe.weight[p_len]
-        masked = None
-    else:
-        x = tr.wte(token[:, 0]) + tr.wpe(pos)
-        masked = torch.arange(p_len, device=pos.device) >= pos  # (P,) True = not yet written
-    new_k, new_v = [], []
-    for i, blk in enumerate(tr.h):
-        q, k, v = blk.attn.c_attn(blk.ln_1(x)).view(batch, 3, nh, hs).unbind(1)  # (B, nh, hs)
-        new_k.append(k)
-        new_v.append(v)
-        q4 = q.unsqueeze(2)  # (B, nh, 1, hs)
-        s_past = (q4 @ k_past[i].transpose(-1, -2)) * scale  # (B, nh, 1, P)
-        if masked is not None:
-            s_past = s_past.masked_fill(masked, float("-inf"))
-        s_new = (q4 * k.unsqueeze(2)).sum(-1, keepdim=True) * scale  # (B, nh, 1, 1)
-        w = torch.softmax(torch.cat([s_past, s_new], dim=-1), dim=-1)
-        y = w[..., :p_len] @ v_past[i] + w[..., p_len:] * v.unsqueeze(2)  # (B, nh, 1, hs)
-        x = x + blk.attn.c_proj(y.reshape(batch, n_embd))
-        x = x + blk.mlp(blk.ln_2(x))
-    return model.lm_head(tr.ln_f(x)), torch.stack(new_k), torch.stack(new_v)
+def graph_step(model: GPT, k_buf: torch.Tensor, v_buf: torch.Tensor, token: torch.Tensor,
+               pos: torch.Tensor) -> torch.Tensor:
+    """Mode 6's step: logits (B, vocab) for ``token`` (B, 1) at ``pos`` (a (1,) long tensor),
+    its K/V rows written into ``k_buf``/``v_buf`` (L, B, nh, T_max, hs); every shape fixed."""
+    return decode_step(model_weights(model), token, pos, attend_static(k_buf, v_buf, pos))
 
 
 class _ReadOnlyStep(nn.Module):
-    """``read_only_step`` as a module, so torch.compile sees the weights as parameters."""
+    """Modes 7/9's step as a module, so torch.compile sees the weights as parameters:
+    (logits (B, vocab), new keys, new values (L, B, nh, hs)); the cache is only read."""
 
     def __init__(self, model: GPT) -> None:
         super().__init__()
@@ -113,7 +60,13 @@ class _ReadOnlyStep(nn.Module):
 
     def forward(self, token: torch.Tensor, k_past: torch.Tensor, v_past: torch.Tensor,
                 pos: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
-        return read_only_step(self.model, token, k_past, v_past, pos)
+        new_k: list[torch.Tensor] = []
+        new_v: list[torch.Tensor] = []
+        attend = attend_read_only(k_past, v_past, pos, new_k, new_v)
+        # pos None: every row given is the past, so the new token sits right after them
+        at = k_past.size(3) if pos is None else pos
+        logits = decode_step(model_weights(self.model), token, at, attend)
+        return logits, torch.stack(new_k), torch.stack(new_v)
 
 
 def linear_weight_bytes(model: GPT) -> int:
@@ -202,13 +155,10 @@ class _Runner:
         return logits
 
 
-def _runner(model: GPT, variant: str, batch_size: int) -> _Runner:
-    # Kept on the model (not in a WeakKeyDictionary: the runner references the model).
-    runners: dict[tuple[str, int], _Runner] = model.__dict__.setdefault("_compiled_runners", {})
-    key = (variant, batch_size)
-    if key not in runners:
-        runners[key] = _Runner(model, variant, batch_size)
-    return runners[key]
+def _runner(state: ModelState, variant: str, batch_size: int) -> _Runner:
+    """The compiled step of ``variant`` at ``batch_size``, built once per model state."""
+    return state.cached(("compiled", variant, batch_size),
+                        lambda: _Runner(state.model, variant, batch_size))
 
 
 class CompiledDecoder(Decoder):
@@ -220,18 +170,18 @@ class CompiledDecoder(Decoder):
         # On a GPU the step is static-shaped: it attends over the whole cache under a mask.
         return self.runner.k_buf.size(3) if self.runner.static else length
 
-    def __init__(self, model: GPT, *, batch_size: int = 1, capacity: int | None = None,
-                 variant: str = "compiled") -> None:
+    def __init__(self, model: GPT | ModelState, *, batch_size: int = 1,
+                 capacity: int | None = None, variant: str = "compiled") -> None:
         super().__init__(model, batch_size=batch_size, capacity=capacity,
                          cache_kind="prealloc", mask="none", logits="last")
         self.variant = variant
-        self.runner = _runner(model, variant, batch_size)
+        self.runner = _runner(self.state, variant, batch_size)
         self.runner.warm(2, batch_size)  # compile now, outside any timed step
         self.compile_s = self.runner.compile_s
         if variant == "fast_compiled":
             # Freezing keeps packed copies of the Linear weights inside the compiled graph
             # (~494 MB for gpt2 in fp32, measured): an estimate, torch does not report it.
-            self.extra_bytes = linear_weight_bytes(model)
+            self.extra_bytes = linear_weight_bytes(self.model)
 
     @torch.no_grad()
     def prefill(self, idx: torch.Tensor) -> torch.Tensor:
@@ -241,7 +191,7 @@ class CompiledDecoder(Decoder):
         self._start_seq(idx)
         self.cache = _cache_over(self.runner.k_buf, self.runner.v_buf)
         self.runner.owner = weakref.ref(self)  # weak: the model must not keep decoders alive
-        out, _ = self.model(idx, self.cache, logits="last", mask="none")
+        out, _ = self.model(idx, self.cache, logits="last")
         if idx.size(1) == 1:  # the first step sees one cached token: its own graph on a CPU
             self.runner.warm(1, idx.size(0))
             self.compile_s = self.runner.compile_s
@@ -288,15 +238,15 @@ class CudaGraphDecoder(Decoder):
     def attended_keys(self, length: int) -> int:
         return self.capacity  # every slot of the cache, masked: the shapes never change
 
-    def __init__(self, model: GPT, *, batch_size: int = 1, capacity: int | None = None,
-                 capture: bool = True) -> None:
+    def __init__(self, model: GPT | ModelState, *, batch_size: int = 1,
+                 capacity: int | None = None, capture: bool = True) -> None:
         super().__init__(model, batch_size=batch_size, capacity=capacity,
                          cache_kind="prealloc", mask="none", logits="last")
-        dev = model.device
+        dev = self.model.device
         self.capture = capture and dev.type == "cuda"
         if capture and not self.capture:
             raise ValueError("CUDA graphs need a CUDA GPU; the model is on " + str(dev))
-        self.cache = model.make_cache("prealloc", batch_size, self.capacity)
+        self.cache = make_cache("prealloc", self.model, batch_size, self.capacity)
         self.static_token = torch.zeros(batch_size, 1, dtype=torch.long, device=dev)
         self.static_pos = torch.zeros(1, dtype=torch.long, device=dev)
         self.graph: Any = None
@@ -327,7 +277,7 @@ class CudaGraphDecoder(Decoder):
                              f"{self.static_token.size(0)}, got {idx.size(0)} sequences")
         self._start_seq(idx)
         self.cache.crop(0)  # re-use the captured buffers: prefill overwrites rows 0..T-1
-        out, _ = self.model(idx, self.cache, logits="last", mask="none")
+        out, _ = self.model(idx, self.cache, logits="last")
         return out[:, -1, :]
 
     @torch.no_grad()

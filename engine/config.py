@@ -1,8 +1,9 @@
 """Model shapes: `GPTConfig` and the four GPT-2 presets.
 
-A config describes shapes only (plus which causal-mask variant the attention uses); it holds
-no weights and no device. `GPTConfig.from_name("gpt2")` returns the 124M shape; "tiny" (2 layers,
-width 64, 128 tokens, GPT-2's vocabulary) is the test shape that tests and smoke runs use.
+A config describes shapes only (plus the causal-mask variant a decoder uses when its mode names
+none); it holds no weights and no device. `GPTConfig.from_name("gpt2")` returns the 124M shape;
+"tiny" (2 layers, width 64, 128 tokens, GPT-2's vocabulary) is the test shape that tests and
+smoke runs use.
 Torch-free: the dashboard's server process reads shapes without importing torch.
 """
 
@@ -10,20 +11,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-# How causality is enforced in attention. The memory page shows what each one costs:
-#   "seed"        one fp32 block_size x block_size buffer registered in every layer (the write-up's)
+# How causality is enforced in attention (``engine.attention``). The memory page shows what
+# each one costs:
+#   "seed"        one fp32 block_size x block_size buffer for every layer (the write-up's)
 #   "shared_bool" a single bool buffer shared by all layers
 #   "none"        no stored mask: scaled_dot_product_attention applies causality itself
 MASK_KINDS = ("none", "shared_bool", "seed")
-# The write-up's silent bugs, switched on through ``GPT.bugs`` (the correctness lab shows which
-# check catches which): new keys before the cached ones, positions restarted at 0, mask slice
-# not offset by the cached length.
-BUG_KINDS = ("cache_order", "positions", "mask_offset")
-BUG_DESCRIPTIONS = {
-    "cache_order": "new keys/values concatenated before the cached ones (torch.cat([new, old]))",
-    "positions": "decode positions restarted at 0 instead of continuing after the cache",
-    "mask_offset": "causal-mask slice not offset by the cached length",
-}
 
 PRESETS: dict[str, dict[str, int]] = {
     "gpt2": dict(n_layer=12, n_head=12, n_embd=768),  # 124M

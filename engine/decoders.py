@@ -6,9 +6,12 @@
                         or extend, whichever is cheapest from what it holds (set-up, untimed)
 Uncached modes keep the whole sequence and re-run it every step; cached modes keep a KV cache.
 This base class is modes 1-5, 10 and 11 (eager PyTorch through ``GPT.forward`` with a cache
-kind, a mask variant and a logits choice); modes 6-9 subclass it in ``engine.compiled`` and
-``engine.fast``.
-``make_decoder(model, name)`` builds any mode of ``engine.modes.MODES``.
+kind, a causal-mask variant and a logits choice); modes 6-9 subclass it in ``engine.compiled``
+and ``engine.fast``.
+``make_decoder(model, name)`` builds any mode of ``engine.modes.MODES``. ``model`` is a ``GPT``
+or its ``engine.state.ModelState``: what a decoder builds on the model (mask buffers, packed
+copies, compiled steps) is kept there, shared by every decoder of that model
+(``decoder.state``).
 
 Decoders whose steps go through ``GPT.forward`` (``appends = True``: modes 1-5, 10, 11) also
 take several tokens at once, ``decoder.append(tokens) -> (B, T, vocab)``, the path a multi-token
@@ -27,7 +30,9 @@ import importlib
 import torch
 
 from . import modes
+from .kv_cache import make_cache
 from .model import GPT
+from .state import ModelState
 
 
 class Decoder:
@@ -37,7 +42,7 @@ class Decoder:
 
     def __init__(
         self,
-        model: GPT,
+        model: GPT | ModelState,
         *,
         batch_size: int = 1,
         capacity: int | None = None,
@@ -45,11 +50,13 @@ class Decoder:
         mask: str | None = "none",
         logits: str = "last",
     ) -> None:
-        self.model = model
+        self.state = ModelState.of(model)
+        self.model = self.state.model
         self.batch_size = batch_size
-        self.capacity = capacity or model.config.block_size
+        self.capacity = capacity or self.model.config.block_size
         self.cache_kind = cache_kind
         self.mask = mask  # None: the model's own variant (its config's)
+        self.attention = self.state.attention(mask)  # engine.attention, buffers shared
         self.logits = logits
         self.cache = None
         self.seq: torch.Tensor | None = None
@@ -89,19 +96,21 @@ class Decoder:
     def prefill(self, idx: torch.Tensor) -> torch.Tensor:
         self._start_seq(idx)
         if self.cache_kind is None:
-            out, _ = self.model(idx, use_cache=False, logits=self.logits, mask=self.mask)
+            out, _ = self.model(idx, use_cache=False, logits=self.logits,
+                                attention=self.attention)
         else:
-            self.cache = self.model.make_cache(self.cache_kind, idx.size(0), self.capacity)
-            out, _ = self.model(idx, self.cache, logits="last", mask=self.mask)
+            self.cache = make_cache(self.cache_kind, self.model, idx.size(0), self.capacity)
+            out, _ = self.model(idx, self.cache, logits="last", attention=self.attention)
         return out[:, -1, :]
 
     @torch.no_grad()
     def step(self, token: torch.Tensor) -> torch.Tensor:
         self._push(token)
         if self.cache_kind is None:
-            out, _ = self.model(self.seq, use_cache=False, logits=self.logits, mask=self.mask)
+            out, _ = self.model(self.seq, use_cache=False, logits=self.logits,
+                                attention=self.attention)
         else:
-            out, _ = self.model(token, self.cache, logits="last", mask=self.mask)
+            out, _ = self.model(token, self.cache, logits="last", attention=self.attention)
         return out[:, -1, :]
 
 
@@ -137,7 +146,7 @@ class Decoder:
         for i in range(tokens.size(1)):
             self._push(tokens[:, i : i + 1])
         if self.cache is not None:
-            self.model(tokens, self.cache, logits="last", mask=self.mask)
+            self.model(tokens, self.cache, logits="last", attention=self.attention)
 
     def attended_keys(self, length: int) -> int:
         """Keys a step at sequence length ``length`` attends to (its FLOPs and bytes follow)."""
@@ -151,15 +160,16 @@ class Decoder:
         for i in range(tokens.size(1)):
             self._push(tokens[:, i : i + 1])
         if self.cache_kind is None:
-            out, _ = self.model(self.seq, use_cache=False, logits="all", mask=self.mask)
+            out, _ = self.model(self.seq, use_cache=False, logits="all", attention=self.attention)
             return out[:, -tokens.size(1) :, :]
-        out, _ = self.model(tokens, self.cache, logits="all", mask=self.mask)
+        out, _ = self.model(tokens, self.cache, logits="all", attention=self.attention)
         return out
 
 
-def make_decoder(model: GPT, name: str, **kwargs: object) -> Decoder:
+def make_decoder(model: GPT | ModelState, name: str, **kwargs: object) -> Decoder:
     """A decoder of mode ``name`` for ``model`` (ValueError if the mode cannot run there)."""
-    ok, why = modes.available(name, str(model.device))
+    device = (model.model if isinstance(model, ModelState) else model).device
+    ok, why = modes.available(name, str(device))
     if not ok:
         raise ValueError(f"mode {name!r} cannot run here: {why}")
     spec = modes.MODES[name]

@@ -13,13 +13,18 @@ chunk per core, ``(chunks, in, out/chunks)``: one ``baddbmm`` then runs the chun
 cores, each streaming its own contiguous slab. The output projection gets the same treatment
 (a transposed, padded copy of ``wte``). Each output is still one full dot product over ``in``,
 so results differ from ``F.linear`` by float32 rounding only. With one thread, ``chunks=1``
-falls back to ``torch.addmm`` on the ``[in, out]`` copy. Attention is SDPA on 4-D views of a
-preallocated cache, with no mask: the new token may see every cached key.
+falls back to ``torch.addmm`` on the ``[in, out]`` copy. ``PackedLinear.__call__`` is the one
+place that multiplies by the packed weights. The step itself is ``engine.step.decode_step``
+(the one modes 6, 7 and 9 run too) over these copies, with ``attend_filled``: SDPA on 4-D views
+of a preallocated cache, with no mask, the new token seeing every cached key.
+
+The copies are built once per model (and chunk count) and kept in its ``engine.state.
+ModelState``; an in-place write to a parameter makes them stale, and they are built again.
 """
 
 from __future__ import annotations
 
-import weakref
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +32,8 @@ import torch.nn.functional as F
 
 from .decoders import Decoder
 from .model import GPT
+from .state import ModelState
+from .step import StepWeights, attend_filled, decode_step
 
 MAX_CHUNKS = 8  # beyond this the per-chunk slabs get too thin to stream well
 
@@ -66,6 +73,7 @@ class PackedLinear:
         return cls(w3, bias, out_f, chunks)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, in) @ the packed weight (+ bias) -> (B, out): every packed product is here."""
         if self.chunks == 1:
             if self.bias is None:
                 return torch.mm(x, self.weight)
@@ -85,14 +93,10 @@ class PackedLinear:
         return self.weight.numel() * self.weight.element_size() + extra
 
 
-@dataclass
-class FastLayer:
-    ln_1: tuple[torch.Tensor, torch.Tensor]
-    qkv: PackedLinear
-    proj: PackedLinear
-    ln_2: tuple[torch.Tensor, torch.Tensor]
-    fc: PackedLinear
-    fc_proj: PackedLinear
+def _layer_norm(ln: torch.nn.LayerNorm) -> functools.partial[torch.Tensor]:
+    """``ln`` as a plain ``F.layer_norm`` call over its (detached) weight and bias."""
+    return functools.partial(F.layer_norm, normalized_shape=ln.normalized_shape,
+                             weight=ln.weight.detach(), bias=ln.bias.detach(), eps=ln.eps)
 
 
 class FastWeights:
@@ -102,30 +106,22 @@ class FastWeights:
         self.chunks = chunks
         self.version = _weights_version(model)
         tr = model.transformer
-        self.layers = [
-            FastLayer(
-                ln_1=(blk.ln_1.weight.detach(), blk.ln_1.bias.detach()),
-                qkv=PackedLinear.from_out_in(blk.attn.c_attn.weight, blk.attn.c_attn.bias, chunks),
-                proj=PackedLinear.from_out_in(blk.attn.c_proj.weight, blk.attn.c_proj.bias, chunks),
-                ln_2=(blk.ln_2.weight.detach(), blk.ln_2.bias.detach()),
-                fc=PackedLinear.from_out_in(blk.mlp.c_fc.weight, blk.mlp.c_fc.bias, chunks),
-                fc_proj=PackedLinear.from_out_in(blk.mlp.c_proj.weight, blk.mlp.c_proj.bias,
-                                                 chunks),
-            )
-            for blk in tr.h
-        ]
-        self.ln_f = (tr.ln_f.weight.detach(), tr.ln_f.bias.detach())
+
+        def packed(lin: torch.nn.Linear) -> PackedLinear:
+            return PackedLinear.from_out_in(lin.weight, lin.bias, chunks)
+
+        self.linears = [(packed(b.attn.c_attn), packed(b.attn.c_proj), packed(b.mlp.c_fc),
+                         packed(b.mlp.c_proj)) for b in tr.h]
         self.head = PackedLinear.from_out_in(model.lm_head.weight, None, chunks)
-        self.wte = tr.wte.weight.detach()
-        self.wpe = tr.wpe.weight.detach()
+        layers = [(_layer_norm(b.ln_1), qkv, proj, _layer_norm(b.ln_2), fc, fc_proj)
+                  for b, (qkv, proj, fc, fc_proj) in zip(tr.h, self.linears, strict=True)]
+        self.step = StepWeights(tr.wte.weight.detach(), tr.wpe.weight.detach(), layers,
+                                _layer_norm(tr.ln_f), self.head, model.config.n_head)
 
     @property
     def extra_bytes(self) -> int:
         """Memory of the copies (weights transposed/split, padded head, copied biases)."""
-        total = self.head.nbytes()
-        for layer in self.layers:
-            total += sum(p.nbytes() for p in (layer.qkv, layer.proj, layer.fc, layer.fc_proj))
-        return total
+        return self.head.nbytes() + sum(p.nbytes() for layer in self.linears for p in layer)
 
 
 def _weights_version(model: GPT) -> tuple[int, ...]:
@@ -133,64 +129,30 @@ def _weights_version(model: GPT) -> tuple[int, ...]:
     return tuple(p._version for p in model.parameters())
 
 
-_PACKED: weakref.WeakKeyDictionary[GPT, dict[int, FastWeights]] = weakref.WeakKeyDictionary()
-
-
 @torch.no_grad()
-def fast_weights(model: GPT, chunks: int | None = None) -> FastWeights:
-    """Packed copies for ``model``, cached while the model lives and its weights are unchanged."""
-    n = default_chunks(model.device) if chunks is None else max(1, int(chunks))
-    per_model = _PACKED.setdefault(model, {})
-    packed = per_model.get(n)
-    if packed is None or packed.version != _weights_version(model):
-        per_model.clear()  # one packing per model at a time: they are as big as the weights
-        packed = per_model[n] = FastWeights(model, n)
-    return packed
-
-
-@torch.no_grad()
-def fast_decode_step(
-    w: FastWeights, cfg_n_head: int, k_buf: torch.Tensor, v_buf: torch.Tensor,
-    token: torch.Tensor, pos: int,
-) -> torch.Tensor:
-    """Logits (B, vocab) for ``token`` (B, 1) at position ``pos``; writes its K/V row in place.
-
-    ``k_buf``/``v_buf`` are a ``PreallocKVCache``'s (L, B, nh, T_max, hs) buffers holding
-    positions 0..pos-1.
-    """
-    batch = token.size(0)
-    n_embd = w.wte.size(1)
-    hs = n_embd // cfg_n_head
-    eps = 1e-5
-    x = w.wte[token[:, 0]] + w.wpe[pos]  # (B, C)
-    for i, layer in enumerate(w.layers):
-        h = F.layer_norm(x, (n_embd,), layer.ln_1[0], layer.ln_1[1], eps)
-        qkv = layer.qkv(h).view(batch, 3, cfg_n_head, hs)  # q | k | v, heads side by side
-        k_buf[i, :, :, pos] = qkv[:, 1]
-        v_buf[i, :, :, pos] = qkv[:, 2]
-        q = qkv[:, 0].unsqueeze(2)  # (B, nh, 1, hs): SDPA's fused kernels need 4-D
-        y = F.scaled_dot_product_attention(
-            q, k_buf[i, :, :, : pos + 1], v_buf[i, :, :, : pos + 1]
-        )  # one new token sees every key, itself included: no mask
-        x = x + layer.proj(y.reshape(batch, n_embd))
-        h = F.layer_norm(x, (n_embd,), layer.ln_2[0], layer.ln_2[1], eps)
-        x = x + layer.fc_proj(F.gelu(layer.fc(h), approximate="tanh"))
-    x = F.layer_norm(x, (n_embd,), w.ln_f[0], w.ln_f[1], eps)
-    return w.head(x)
+def fast_weights(model: GPT | ModelState, chunks: int | None = None) -> FastWeights:
+    """Packed copies of the model's weights, kept in its state while they are current (one
+    packing per model at a time: each is as big as the weights)."""
+    state = ModelState.of(model)
+    n = default_chunks(state.model.device) if chunks is None else max(1, int(chunks))
+    return state.cached(("packed",), lambda: FastWeights(state.model, n),
+                        keep=lambda w: w.chunks == n
+                        and w.version == _weights_version(state.model))
 
 
 class FastDecoder(Decoder):
-    """Prefill through ``GPT.forward`` into a preallocated cache, then ``fast_decode_step``."""
+    """Prefill through ``GPT.forward`` into a preallocated cache, then ``decode_step`` over the
+    packed copies."""
 
     appends = False  # its step is its own, not GPT.forward
 
     def __init__(
-        self, model: GPT, *, batch_size: int = 1, capacity: int | None = None,
+        self, model: GPT | ModelState, *, batch_size: int = 1, capacity: int | None = None,
         chunks: int | None = None,
     ) -> None:
         super().__init__(model, batch_size=batch_size, capacity=capacity,
                          cache_kind="prealloc", mask="none", logits="last")
-        self.weights = fast_weights(model, chunks)
+        self.weights = fast_weights(self.state, chunks)
         self.extra_bytes = self.weights.extra_bytes
 
     @torch.no_grad()
@@ -202,8 +164,8 @@ class FastDecoder(Decoder):
             raise ValueError(
                 f"KV cache holds at most {cache.capacity} tokens; this step would need {pos + 1}"
             )
-        logits = fast_decode_step(self.weights, self.model.config.n_head, cache.k_buf,
-                                  cache.v_buf, token, pos)
+        logits = decode_step(self.weights.step, token, pos,
+                             attend_filled(cache.k_buf, cache.v_buf, pos))
         cache.advance(1)
         self._push(token)
         return logits

@@ -1,8 +1,9 @@
 """The two KV caches: a concatenating one (as in the write-up) and a preallocated one.
 
-(``engine.kv_variants`` adds a paged and a quantized one behind the same API; the cache kinds
-"paged", "kv_int8", "kv_float16" and "kv_bfloat16" of ``GPT.make_cache``.) All expose
-the same small interface the attention layers use:
+(``engine.kv_variants`` adds a paged and a quantized one behind the same API.)
+``make_cache(kind, model, batch_size, capacity)`` builds any kind of ``CACHE_KINDS`` sized for a
+model's shapes, on its device and in its dtype. All expose the same small interface the
+attention layers use:
   ``cache.length``              tokens already cached (positions 0..length-1)
   ``cache.update(layer, k, v)`` store the new keys/values (B, nh, T_new, hs) after the old ones
                                  and return all keys/values so far, old first
@@ -13,7 +14,11 @@ Time runs along dim 2 in both, oldest first: the mask slice and the positions de
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
+
+from .config import GPTConfig
 
 # cache kind -> storage dtype of the quantized cache (engine.kv_variants.QuantizedKVCache)
 QUANTIZED_KINDS = {"kv_int8": "int8", "kv_float16": "float16", "kv_bfloat16": "bfloat16"}
@@ -25,13 +30,11 @@ class ConcatKVCache:
 
     kind = "concat"
 
-    def __init__(self, n_layer: int, *, new_first: bool = False) -> None:
+    def __init__(self, n_layer: int) -> None:
         self.n_layer = n_layer
         self.k: list[torch.Tensor | None] = [None] * n_layer
         self.v: list[torch.Tensor | None] = [None] * n_layer
         self.length = 0
-        # new_first reproduces the write-up's first (wrong) version: new keys before old ones.
-        self.new_first = new_first
 
     def update(
         self, layer: int, k: torch.Tensor, v: torch.Tensor
@@ -42,10 +45,7 @@ class ConcatKVCache:
             # projection output (q included) would stay alive until the next step.
             k, v = k.contiguous(), v.contiguous()
         else:
-            if self.new_first:
-                k, v = torch.cat([k, old_k], dim=2), torch.cat([v, old_v], dim=2)
-            else:
-                k, v = torch.cat([old_k, k], dim=2), torch.cat([old_v, v], dim=2)
+            k, v = torch.cat([old_k, k], dim=2), torch.cat([old_v, v], dim=2)
         self.k[layer], self.v[layer] = k, v
         return k, v
 
@@ -129,3 +129,35 @@ class PreallocKVCache:
 
 
 KVCache = ConcatKVCache | PreallocKVCache
+
+
+class Shaped(Protocol):
+    """What a cache is sized from: a model's shapes, device and dtype (a ``GPT``)."""
+
+    @property
+    def config(self) -> GPTConfig: ...
+    @property
+    def device(self) -> torch.device: ...
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+
+def make_cache(kind: str, model: Shaped, batch_size: int = 1,
+               capacity: int | None = None) -> KVCache:
+    """An empty cache of ``kind`` for ``batch_size`` sequences of ``model``; ``capacity`` tokens
+    (default: the model's limit) for the kinds sized once (all but "concat")."""
+    cfg = model.config
+    cap = cfg.block_size if capacity is None else capacity
+    shape = (cfg.n_layer, batch_size, cfg.n_head, cap, cfg.head_dim)
+    if kind == "concat":
+        return ConcatKVCache(cfg.n_layer)
+    if kind == "prealloc":
+        return PreallocKVCache(*shape, device=model.device, dtype=model.dtype)
+    if kind == "paged" or kind in QUANTIZED_KINDS:
+        from .kv_variants import PagedKVCache, QuantizedKVCache  # noqa: PLC0415 (rarely used)
+
+        if kind == "paged":
+            return PagedKVCache(*shape, device=model.device, dtype=model.dtype)
+        return QuantizedKVCache(*shape, storage=QUANTIZED_KINDS[kind], device=model.device,
+                                dtype=model.dtype)
+    raise ValueError(f"unknown cache kind {kind!r}; allowed: {', '.join(CACHE_KINDS)}")

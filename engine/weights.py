@@ -1,10 +1,11 @@
 """Getting weights into our GPT: OpenAI's through ``transformers``, a local folder, or random.
 
-``load_model(name, weights=..., device=..., dtype=...)`` is the one entry point. ``weights`` is
-"random" (seeded, real shapes), "pretrained" (hub id = the preset name, or ``hub_id``), "auto"
-(pretrained if it can be had quickly, else random and ``model.weights_fallback`` says why), or a
-path to a local checkpoint folder. Checkpoints are read as safetensors only: never unpickled.
-Failures raise ``WeightsError`` with a message that says what to do.
+``load(name, weights=..., device=..., dtype=...) -> ModelState`` is the one entry point: the
+model, and where its weights came from (``state.provenance``: a label, and for "auto" why it
+fell back). ``weights`` is "random" (seeded, real shapes), "pretrained" (hub id = the preset
+name, or ``hub_id``), "auto" (pretrained if it can be had quickly, else random), or a path to a
+local checkpoint folder. Checkpoints are read as safetensors only: never unpickled. Failures
+raise ``WeightsError`` with a message that says what to do.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch.nn as nn
 from . import dtypes
 from .config import PRESETS, TEST_PRESETS, GPTConfig
 from .model import GPT
+from .state import ModelState, Provenance
 
 WEIGHT_CHOICES = ("auto", "pretrained", "random")
 # transformers' GPT-2 uses Conv1D, whose weight is stored [in, out]: the transpose of nn.Linear.
@@ -101,7 +103,7 @@ def _from_pretrained(source: str, *, local_only: bool) -> nn.Module:
             from exc
 
 
-def load_model(
+def load(
     name: str = "gpt2",
     weights: str = "auto",
     *,
@@ -110,12 +112,9 @@ def load_model(
     mask: str = "none",
     seed: int = 0,
     hub_id: str | None = None,
-) -> GPT:
-    """Build the model ``name`` with the asked-for weights on ``device`` in ``dtype``.
-
-    The returned model has ``weights_label`` (shown everywhere the model is) and
-    ``weights_fallback`` (None, or why "auto" fell back to random weights).
-    """
+) -> ModelState:
+    """The model ``name`` with the asked-for weights on ``device`` in ``dtype``, in a state
+    whose ``provenance`` says where the weights came from (shown everywhere the model is)."""
     torch_dtype = dtypes.to_torch(dtype)
     is_path = weights not in WEIGHT_CHOICES
     if not is_path and name not in PRESETS and name not in TEST_PRESETS:
@@ -130,10 +129,11 @@ def load_model(
         # cache to change the tokens.
         model = GPT.random(GPTConfig.from_name(name, mask=mask), seed=seed, device=device,
                            dtype=torch_dtype, std=0.2)
-        model.weights_label = f"random (seed {seed}, test shape)"
+        label = f"random (seed {seed}, test shape)"
     elif weights == "random":
         model = GPT.random(GPTConfig.from_name(name, mask=mask), seed=seed, device=device,
                            dtype=torch_dtype)
+        label = f"random (seed {seed})"
     elif is_path:
         folder = Path(weights).expanduser()
         if not folder.is_dir():
@@ -150,7 +150,7 @@ def load_model(
             )
         hf = _from_pretrained(str(folder), local_only=True)
         model = gpt_from_transformers(hf, mask=mask, device=device, dtype=torch_dtype)
-        model.weights_label = f"local checkpoint ({folder.name})"
+        label = f"local checkpoint ({folder.name})"
     else:
         source = hub_id or name
         try:
@@ -172,11 +172,11 @@ def load_model(
             fallback = f"pretrained weights for {source!r} unavailable ({exc})"
             model = GPT.random(GPTConfig.from_name(name, mask=mask), seed=seed, device=device,
                                dtype=torch_dtype)
+            label = f"random (seed {seed})"
         else:
             model = gpt_from_transformers(hf, mask=mask, device=device, dtype=torch_dtype)
-            model.weights_label = f"pretrained ({source})"
-    model.weights_fallback = fallback  # type: ignore[assignment]
-    return model.eval().requires_grad_(False)
+            label = f"pretrained ({source})"
+    return ModelState(model.eval().requires_grad_(False), Provenance(label, fallback))
 
 
 def to_transformers(model: GPT) -> nn.Module:

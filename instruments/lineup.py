@@ -93,6 +93,7 @@ def make_decoder(model: Any, name: str, **kwargs: Any) -> Any:
     """A decoder of mode ``name``, or the adapter of peer ``name`` (ValueError / PeerUnavailable
     when it cannot run here)."""
     if is_peer(name):
+        model = getattr(model, "model", model)  # an engine.state.ModelState: its GPT
         return peers.make(model, name, batch_size=int(kwargs.get("batch_size", 1)),
                           capacity=kwargs.get("capacity"), threads=kwargs.get("threads"))
     from engine.decoders import make_decoder as make_mode

@@ -1,7 +1,10 @@
 """The spine every experiment shares: what is measured on, how progress flows, what is saved.
 
   ModelSpec      which model a request names (preset, weights, device, dtype, seed); torch-free
-  Loaded         a model loaded in the measuring process, with its spec and facts
+  Loaded         a model loaded in the measuring process, with its spec and facts, and all that
+                 is kept for it: its ``engine.state.ModelState`` (packed copies, compiled steps,
+                 mask buffers, the weights' provenance) and ``memo`` (what experiments keep
+                 between runs); the measuring process drops all of it with the model
   Event          the one progress type: points done / total, a message, the time left, and
                  optionally one row of one table (rows, generated tokens and progress alike)
   Tracker        what an experiment uses to emit events, count work for the time left, poll
@@ -27,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 from instruments.store import results
 
 if TYPE_CHECKING:
-
     from engine.model import GPT
+    from engine.state import ModelState
 
 
 @dataclass(frozen=True)
@@ -48,22 +51,37 @@ class ModelSpec:
 
 @dataclass
 class Loaded:
+    """A model as the measuring process holds it; replaced, with everything below, when a
+    request names another model."""
+
     model: GPT
     spec: ModelSpec
     info: dict[str, Any] = field(default_factory=dict)  # weights label, fallback, shapes
+    state: ModelState | None = None  # the model's state (found or made from it when not given)
+    # what experiments keep for this model between runs (e.g. the step prediction's
+    # calibrations), by a key of their own
+    memo: dict[Any, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from engine.state import ModelState
+
+        self.state = ModelState.of(self.state or self.model)
+        if self.state.model is not self.model:
+            raise ValueError("Loaded.state holds another model than Loaded.model")
 
 
 def load(spec: ModelSpec) -> Loaded:
     """The model a spec names, in eval mode, and what the pages need to know about it."""
-    from engine.weights import load_model
+    from engine.weights import load as load_weights
 
-    model = load_model(spec.name, weights=spec.weights, device=spec.device, dtype=spec.dtype,
-                       seed=spec.seed)
-    info = {"weights_label": model.weights_label,
-            "weights_fallback": getattr(model, "weights_fallback", None),
+    state = load_weights(spec.name, weights=spec.weights, device=spec.device, dtype=spec.dtype,
+                         seed=spec.seed)
+    model = state.model
+    info = {"weights_label": state.provenance.label,
+            "weights_fallback": state.provenance.fallback,
             "config": model.config.to_dict(), "params": model.num_params(),
             "device": str(model.device), "dtype": spec.dtype}
-    return Loaded(model, spec, info)
+    return Loaded(model, spec, info, state)
 
 
 @dataclass

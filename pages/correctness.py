@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from engine.config import BUG_DESCRIPTIONS, BUG_KINDS
 from engine.tokenizer import TokenizerError, encode, text_or_ids
+from instruments.checks import BUG_DESCRIPTIONS, BUG_KINDS
 from instruments.experiments import to_dict
 from instruments.experiments.correctness import CorrectnessParams
 from instruments.process.client import Job

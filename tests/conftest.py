@@ -74,4 +74,4 @@ def loaded_model(model: GPT, name: str = "tiny") -> Loaded:
     """A model as the measuring process holds it (what every experiment's run takes)."""
     dtype = str(model.dtype).removeprefix("torch.")
     return Loaded(model, ModelSpec(name, "random", str(model.device), dtype),
-                  {"weights_label": model.weights_label})
+                  {"weights_label": "random (test model)"})

@@ -278,14 +278,27 @@ def test_planner_allocates_what_its_formula_says_and_saves(results: Path) -> Non
 
 
 def test_bug_switch_never_touches_the_shared_model() -> None:
-    from instruments.checks.correctness import inject_bug, private_view
+    import torch
+
+    from instruments.checks.bugs import inject_bug, private_view
     from tests.conftest import small_model
 
     shared = small_model()
+    idx = torch.randint(0, 512, (1, 12), generator=torch.Generator().manual_seed(0))
+
+    def step_logits(model: object) -> torch.Tensor:  # a decode step after a cached prefill
+        with torch.no_grad():
+            _, cache = model(idx[:, :8])
+            return model(idx[:, 8:], cache)[0]
+
+    before = step_logits(shared)
     view = private_view(shared)
-    with inject_bug(view, "positions"):
-        assert view.bugs == {"positions"} and shared.bugs == frozenset()
-        assert view.lm_head.weight is shared.lm_head.weight  # no copy of the weights
+    for bug in ("cache_order", "positions", "mask_offset"):
+        with inject_bug(view, bug):
+            assert not torch.allclose(step_logits(view), before)  # the bug is on in the view
+            assert torch.equal(step_logits(shared), before)  # and nowhere else
+    assert torch.equal(step_logits(view), before)  # off again after the block
+    assert view.lm_head.weight is shared.lm_head.weight  # no copy of the weights
 
 
 def test_closed_tab_stops_a_job(monkeypatch: pytest.MonkeyPatch) -> None:

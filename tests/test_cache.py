@@ -10,9 +10,11 @@ import pytest
 import torch
 
 from engine import generate
+from engine.attention import make_attention
 from engine.config import MASK_KINDS
-from engine.kv_cache import CACHE_KINDS, QUANTIZED_KINDS
-from instruments.checks.correctness import cached_equals_uncached, inject_bug, multi_token_append
+from engine.kv_cache import CACHE_KINDS, QUANTIZED_KINDS, make_cache
+from instruments.checks.bugs import inject_bug
+from instruments.checks.correctness import cached_equals_uncached, multi_token_append
 
 from .conftest import random_prompt, small_model
 
@@ -39,12 +41,13 @@ def test_cached_equals_uncached_200_tokens(mask: str, cache_kind: str, batch: in
 @pytest.mark.parametrize("n_new", [1, 2, 3, 7])
 def test_multi_token_append_matches_full_forward(mask: str, cache_kind: str, n_new: int) -> None:
     model = small_model(mask)
+    attn = make_attention(mask, model.config, model.device)
     idx = random_prompt(40, batch=2)
     k = 30
-    full, _ = model(idx[:, : k + n_new], use_cache=False)
-    cache = model.make_cache(cache_kind, 2)
-    _, cache = model(idx[:, :k], cache)
-    got, cache = model(idx[:, k : k + n_new], cache)
+    full, _ = model(idx[:, : k + n_new], use_cache=False, attention=attn)
+    cache = make_cache(cache_kind, model, 2)
+    _, cache = model(idx[:, :k], cache, attention=attn)
+    got, cache = model(idx[:, k : k + n_new], cache, attention=attn)
     assert cache.length == k + n_new
     assert got.shape == (2, n_new, 512)
     torch.testing.assert_close(got, full[:, k : k + n_new], atol=1e-5, rtol=0)
@@ -61,7 +64,7 @@ def test_default_forward_returns_cache_that_continues(model) -> None:
 
 def test_crop_reuses_prefill(model) -> None:
     idx = random_prompt(20)
-    cache = model.make_cache("concat", 1)
+    cache = make_cache("concat", model, 1)
     model(idx[:, :10], cache)
     first, _ = model(idx[:, 10:13], cache)
     cache.crop(10)

@@ -246,7 +246,7 @@ def test_gpu_check_dry_run_on_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 
 def test_scope_and_precision_gate_their_modes_first() -> None:
-    from instruments.checks.correctness import inject_bug
+    from instruments.checks.bugs import inject_bug
 
     model = tiny()
     with inject_bug(model, "positions"):

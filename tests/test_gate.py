@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from engine import GPT, GPTConfig
-from instruments.checks.correctness import inject_bug, private_view
+from instruments.checks.bugs import inject_bug, private_view
 from instruments.checks.gate import Gate
 
 pytestmark = pytest.mark.timeout(600)

@@ -11,9 +11,10 @@ import torch
 
 from engine import GPT, GPTConfig, make_decoder
 from engine.config import MASK_KINDS
+from engine.kv_cache import make_cache
 from engine.kv_variants import PagedKVCache, QuantizedKVCache
 from engine.modes import MODES
-from instruments.checks.correctness import private_view
+from instruments.checks.bugs import private_view
 from instruments.checks.gate import Gate
 
 from .conftest import random_prompt, small_model
@@ -45,7 +46,7 @@ def test_paged_cache_holds_the_same_values_as_the_preallocated_one() -> None:
     model = small_model()
     idx = random_prompt(40, batch=2)
     want, _ = model(idx, use_cache=False, logits="all")
-    cache = model.make_cache("paged", 2, 64)
+    cache = make_cache("paged", model, 2, 64)
     got = [model(idx[:, :5], cache, logits="all")[0]]
     assert cache.allocated == 1  # 5 tokens: one 16-token block per sequence
     got += [model(idx[:, i : i + 1], cache, logits="last")[0] for i in range(5, 40)]
@@ -89,7 +90,7 @@ def test_int8_error_is_measured_nonzero_and_bounded_on_gpt2(gpt2: GPT) -> None:
         ref, _ = gpt2(idx, use_cache=False, logits="all")
     for kind in ("prealloc", "kv_float16", "kv_int8"):
         with torch.no_grad():
-            out, _ = gpt2(idx, gpt2.make_cache(kind, 1, 64), logits="all")
+            out, _ = gpt2(idx, make_cache(kind, gpt2, 1, 64), logits="all")
         errors[kind] = float((out - ref).abs().max())
     assert errors["prealloc"] < errors["kv_float16"] < errors["kv_int8"]
 

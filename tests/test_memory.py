@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from engine.config import GPTConfig
+from engine.decoders import make_decoder
 from engine.model import GPT
+from engine.state import ModelState
 from instruments.costmodel import costs
 from instruments.costmodel.costs import breakdown_formula, crossover_grid, peak_memory_estimate
 from instruments.measure.memory import (
@@ -38,7 +40,12 @@ def test_model_memory(tiny: GPT) -> None:
     assert mm["weights_bytes"] == 4 * n_params == mm["weights_formula_bytes"]
     assert mm["mask_bytes_by_kind"] == {"seed": 2 * 128 * 128 * 4, "shared_bool": 128 * 128,
                                         "none": 0}
-    assert mm["mask_bytes"] == tiny.mask_nbytes()
+    assert mm["mask_bytes"] == 0  # no mode has run: nothing built
+    state = ModelState.of(tiny)  # while a state holds the model, what it built counts
+    state.attention("seed")
+    assert model_memory(tiny)["mask_bytes"] == 2 * 128 * 128 * 4
+    del state
+    assert model_memory(tiny)["mask_bytes"] == 0  # gone with the state
 
 
 @pytest.mark.parametrize("fill", ["prefill", "decode"])
@@ -124,13 +131,14 @@ def test_peak_estimate_and_fits() -> None:
 
 
 def test_mask_rows_count_what_the_measured_path_used_and_leave_the_model_alone() -> None:
-    model = GPT.random(TINY, seed=0)  # its own variant: "none", no buffers
-    assert model.mask_nbytes() == 0
+    state = ModelState(GPT.random(TINY, seed=0))  # its own variant: "none", no buffers
+    model = state.model
+    assert state.mask_nbytes() == 0
     seed = {r["component"]: r for r in memory_breakdown(model, 1, 16, mask="seed")}
     assert seed["causal-mask buffers"]["bytes"] == 2 * 128 * 128 * 4
-    assert model.mask_nbytes() == 0  # measuring built them and freed them again
-    model(torch.zeros(1, 4, dtype=torch.long), use_cache=False, mask="seed")  # mode 1 runs
-    assert model.mask_nbytes() == 2 * 128 * 128 * 4
+    assert state.mask_nbytes() == 0  # measuring built them and freed them again
+    make_decoder(model, "uncached").prefill(torch.zeros(1, 4, dtype=torch.long))  # mode 1 runs
+    assert state.mask_nbytes() == 2 * 128 * 128 * 4
     none = {r["component"]: r for r in memory_breakdown(model, 1, 16, mask="none")}
     assert none["causal-mask buffers"]["bytes"] == 0  # not the buffers mode 1 left behind
-    assert model.mask_nbytes("seed") == 2 * 128 * 128 * 4  # and those are still there
+    assert state.mask_nbytes("seed") == 2 * 128 * 128 * 4  # and those are still there

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import GPT, GPTConfig, WeightsError, generate, load_model
-from engine.weights import gpt_from_transformers
+from engine import GPT, GPTConfig, WeightsError, generate
+from engine.attention import make_attention
+from engine.weights import gpt_from_transformers, load
 from instruments.checks.correctness import logits_vs_transformers
 
 from .conftest import random_prompt, small_model
@@ -67,9 +68,10 @@ def test_load_local_checkpoint_folder(tmp_path) -> None:
     hf = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=64, n_positions=128,
                                     vocab_size=300)).eval()
     hf.save_pretrained(tmp_path)
-    model = load_model("gpt2", weights=str(tmp_path))
+    state = load("gpt2", weights=str(tmp_path))
+    model = state.model
     assert model.config.n_layer == 2 and model.config.block_size == 128
-    assert "local checkpoint" in model.weights_label
+    assert "local checkpoint" in state.provenance.label
     idx = torch.randint(0, 300, (1, 20))
     with torch.no_grad():
         torch.testing.assert_close(model(idx, use_cache=False)[0], hf(idx).logits,
@@ -79,32 +81,32 @@ def test_load_local_checkpoint_folder(tmp_path) -> None:
 def test_local_folder_that_is_not_a_checkpoint(tmp_path) -> None:
     (tmp_path / "notes.txt").write_text("hello")
     with pytest.raises(WeightsError, match="not a checkpoint folder"):
-        load_model("gpt2", weights=str(tmp_path))
+        load("gpt2", weights=str(tmp_path))
     with pytest.raises(WeightsError, match="is not a folder"):
-        load_model("gpt2", weights=str(tmp_path / "missing"))
+        load("gpt2", weights=str(tmp_path / "missing"))
 
 
 def test_pickled_checkpoint_is_refused(tmp_path) -> None:
     (tmp_path / "config.json").write_text("{}")
     torch.save({"x": torch.zeros(1)}, tmp_path / "pytorch_model.bin")
     with pytest.raises(WeightsError, match="safetensors"):
-        load_model("gpt2", weights=str(tmp_path))
+        load("gpt2", weights=str(tmp_path))
 
 
 def test_pretrained_unavailable_offline(monkeypatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", "/nonexistent-hf-home")
     with pytest.raises(WeightsError, match="could not be loaded.*random weights"):
-        load_model("gpt2", weights="pretrained", hub_id="no-such-org/no-such-model")
-    model = load_model("gpt2", weights="auto", hub_id="no-such-org/no-such-model")
-    assert model.weights_label.startswith("random")
-    assert model.weights_fallback and "unavailable" in model.weights_fallback
+        load("gpt2", weights="pretrained", hub_id="no-such-org/no-such-model")
+    loaded = load("gpt2", weights="auto", hub_id="no-such-org/no-such-model").provenance
+    assert loaded.label.startswith("random")
+    assert loaded.fallback and "unavailable" in loaded.fallback
 
 
 def test_random_weights_are_seeded_and_labelled() -> None:
-    a = load_model("gpt2", weights="random", seed=5)
-    b = load_model("gpt2", weights="random", seed=5)
-    assert a.weights_label == "random (seed 5)"
+    a, b = load("gpt2", weights="random", seed=5), load("gpt2", weights="random", seed=5)
+    assert a.provenance.label == "random (seed 5)" and a.provenance.fallback is None
+    a, b = a.model, b.model
     assert torch.equal(a.transformer.h[3].mlp.c_fc.weight, b.transformer.h[3].mlp.c_fc.weight)
     assert a.num_params() == 124_439_808
 
@@ -127,12 +129,11 @@ def test_bad_input_raises_value_errors(model) -> None:
         model(torch.zeros(1, 7, dtype=torch.long), cache)
 
 
-def test_mask_variants_cost_and_switch() -> None:
+def test_mask_variants_cost_and_hold_nothing_in_the_model() -> None:
     m = small_model("seed")
-    assert m.mask_nbytes() == 2 * 256 * 256 * 4
-    m.set_mask("shared_bool")
-    assert m.mask_nbytes() == 256 * 256
-    m.set_mask("none")
-    assert m.mask_nbytes() == 0
+    cost = {kind: make_attention(kind, m.config, m.device).nbytes()
+            for kind in ("seed", "shared_bool", "none")}
+    assert cost == {"seed": 2 * 256 * 256 * 4, "shared_bool": 256 * 256, "none": 0}
+    assert not list(m.buffers())  # the write-up's buffers belong to the variant, not the model
     with pytest.raises(ValueError, match="allowed"):
-        m.set_mask("triangle")
+        make_attention("triangle", m.config, m.device)

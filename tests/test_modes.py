@@ -10,7 +10,7 @@ import torch
 
 from engine import decode, make_decoder, modes
 from engine.modes import MODES
-from instruments.checks.correctness import inject_bug
+from instruments.checks.bugs import inject_bug
 from instruments.checks.gate import Gate
 
 from .conftest import random_prompt, small_model

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from engine import GPT, GPTConfig
+from engine.kv_cache import make_cache
 from engine.kv_variants import PagedKVCache
 from instruments.costmodel import kv_plan
 from instruments.experiments import EXPERIMENTS
@@ -27,7 +28,7 @@ def test_bytes_per_token_at_gpt2_shapes_match_the_caches() -> None:
     small = GPTConfig(n_layer=2, n_head=4, n_embd=64, block_size=32, vocab_size=64)
     model = GPT.random(small)
     for kind, storage in (("prealloc", None), ("kv_int8", "int8"), ("kv_float16", "float16")):
-        cache = model.make_cache(kind, 3, 32)
+        cache = make_cache(kind, model, 3, 32)
         assert cache.nbytes() == 3 * 32 * kv_plan.kv_bytes_per_token(small, "float32", storage)
 
 

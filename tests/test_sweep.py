@@ -9,7 +9,7 @@ from engine import Decoder
 from engine.config import GPTConfig
 from engine.model import GPT
 from engine.modes import MODES, ModeSpec
-from instruments.checks.correctness import inject_bug
+from instruments.checks.bugs import inject_bug
 from instruments.costmodel import costs
 from instruments.experiments import get
 from instruments.experiments.end_to_end import EndToEndParams

@@ -1,23 +1,22 @@
-"""Correctness checks that must pass before any timing is trusted, and the bug switch.
+"""Correctness checks that must pass before any timing is trusted.
 
-Each check returns a ``CheckResult`` (passed, a one-line detail, the measured number). The bug
-switch ``inject_bug(model, kind)`` turns on one of the write-up's silent bugs for the duration of
-a ``with`` block, so the correctness lab can show which check catches which bug; it is thrown on
-a ``private_view`` of the loaded model, never on the model other requests use.
+Each check returns a ``CheckResult`` (passed, a one-line detail, the measured number). Each runs
+the model as it is configured (its own causal-mask variant), so that with one of the write-up's
+silent bugs switched on (``instruments.checks.bugs``) the correctness lab can show which check
+catches which bug.
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from engine.config import BUG_KINDS
+from engine.kv_cache import make_cache
 from engine.loop import as_prompt_tensor, first_difference, generate
 from engine.model import GPT
+from engine.state import ModelState
 from instruments.checks.gate import tolerance
 
 
@@ -28,31 +27,6 @@ class CheckResult:
     detail: str
     value: float | None = None  # e.g. the max abs logit difference
     first_diff: int | None = None
-
-
-def private_view(model: GPT) -> GPT:
-    """A GPT object of its own that shares the (read-only) weights of ``model``.
-
-    ``copy.copy`` of an nn.Module copies its attribute dict, not its parameters: switches set on
-    the view (``bugs``) stay on the view, while requests using the loaded model see none of
-    them. It costs no memory, unlike a deepcopy (500 MB for gpt2), and keeps the real weights.
-    """
-    view = copy.copy(model)
-    view.bugs = frozenset()
-    return view
-
-
-@contextlib.contextmanager
-def inject_bug(model: GPT, kind: str | None) -> Iterator[GPT]:
-    """Run the block with one silent bug switched on (None: no bug)."""
-    if kind is not None and kind not in BUG_KINDS:
-        raise ValueError(f"unknown bug {kind!r}; allowed: {', '.join(BUG_KINDS)}")
-    saved = model.bugs
-    model.bugs = frozenset() if kind is None else frozenset({kind})
-    try:
-        yield model
-    finally:
-        model.bugs = saved
 
 
 def allowed(model: GPT, reference: torch.Tensor) -> float:
@@ -69,7 +43,7 @@ def logits_vs_transformers(
     from engine.weights import to_transformers
 
     idx = as_prompt_tensor(prompt_ids, model)
-    ours, _ = model(idx, use_cache=False)
+    ours, _ = model(idx, use_cache=False, attention=ModelState.of(model).attention())
     hf = to_transformers(model)
     ref = hf(idx.cpu()).logits
     tol = allowed(model, ref) if tol is None else tol
@@ -121,13 +95,14 @@ def multi_token_append(
     need = prefill + max(append_sizes)
     if idx.size(1) < need:
         raise ValueError(f"the prompt needs at least {need} tokens for this check")
-    full, _ = model(idx[:, :need], use_cache=False)
+    attention = ModelState.of(model).attention()  # the model's own variant
+    full, _ = model(idx[:, :need], use_cache=False, attention=attention)
     tol = allowed(model, full) if tol is None else tol
     worst = 0.0
     for n in append_sizes:
-        cache = model.make_cache(cache_kind, idx.size(0), need)
-        model(idx[:, :prefill], cache)
-        got, _ = model(idx[:, prefill : prefill + n], cache)
+        cache = make_cache(cache_kind, model, idx.size(0), need)
+        model(idx[:, :prefill], cache, attention=attention)
+        got, _ = model(idx[:, prefill : prefill + n], cache, attention=attention)
         want = full[:, prefill : prefill + n]
         worst = max(worst, float((got - want).abs().max()))
     ok = worst <= tol

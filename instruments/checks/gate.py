@@ -25,6 +25,7 @@ import torch
 from engine import dtypes
 from engine.loop import decode, random_prompt
 from engine.model import GPT
+from engine.state import ModelState
 from instruments import lineup
 from instruments.lineup import make_decoder
 
@@ -51,13 +52,13 @@ def tolerance(dtype: Any) -> float:
     return TOLERANCE[dtypes.canonical(dtype)]
 
 
-def greedy(model: GPT, name: str, prompt: torch.Tensor, n: int) -> torch.Tensor:
+def greedy(model: GPT | ModelState, name: str, prompt: torch.Tensor, n: int) -> torch.Tensor:
     """``n`` greedy tokens (B, n) of mode ``name`` after ``prompt``."""
     dec = make_decoder(model, name, batch_size=prompt.size(0), capacity=prompt.size(1) + n)
     return decode(dec, prompt, n).tokens
 
 
-def _forced(model: GPT, name: str, tokens: torch.Tensor, start: int) -> torch.Tensor:
+def _forced(model: ModelState, name: str, tokens: torch.Tensor, start: int) -> torch.Tensor:
     """Logits (steps, B, vocab) of ``tokens`` (B, T) fed in after a ``start``-token prefill."""
     dec = make_decoder(model, name, batch_size=tokens.size(0), capacity=tokens.size(1))
     n = tokens.size(1) - start + 1
@@ -65,7 +66,7 @@ def _forced(model: GPT, name: str, tokens: torch.Tensor, start: int) -> torch.Te
     return torch.stack(gen.logits)
 
 
-def _appended(model: GPT, name: str, tokens: torch.Tensor) -> torch.Tensor | None:
+def _appended(model: ModelState, name: str, tokens: torch.Tensor) -> torch.Tensor | None:
     """Logits (B, APPENDED, vocab) of the last tokens appended at once, or None if the mode
     takes one token per step. Done after a short prefill: a wrong order of the keys then moves
     the attention the most (a few keys out of a handful, not out of hundreds)."""
@@ -77,10 +78,15 @@ def _appended(model: GPT, name: str, tokens: torch.Tensor) -> torch.Tensor | Non
 
 
 class Gate:
-    """Mode 1's reference logits on fixed random tokens, computed once, and checks against it."""
+    """Mode 1's reference logits on fixed random tokens, computed once, and checks against it.
 
-    def __init__(self, model: GPT, batch: int = 1, seed: int = 0, steps: int = 8) -> None:
-        self.model = model
+    The gate holds the model's state while it lives, so what a check builds (a compiled step,
+    packed copies) is there for the decoders that are timed after it."""
+
+    def __init__(self, model: GPT | ModelState, batch: int = 1, seed: int = 0,
+                 steps: int = 8) -> None:
+        self.state = ModelState.of(model)
+        self.model = model = self.state.model
         block = model.config.block_size
         self.steps = steps
         self.short = min(8, block - steps)
@@ -91,9 +97,9 @@ class Gate:
 
     def _stages(self, name: str) -> dict[str, torch.Tensor | None]:
         short = self.tokens[:, : self.short + self.steps - 1]
-        return {f"{self.short} tokens": _forced(self.model, name, short, self.short),
-                f"{self.long} tokens": _forced(self.model, name, self.tokens, self.long),
-                "3 appended at once": _appended(self.model, name,
+        return {f"{self.short} tokens": _forced(self.state, name, short, self.short),
+                f"{self.long} tokens": _forced(self.state, name, self.tokens, self.long),
+                "3 appended at once": _appended(self.state, name,
                                                 self.tokens[:, : self.short + APPENDED])}
 
     def reference(self) -> dict[str, Any]:
@@ -102,7 +108,7 @@ class Gate:
             scale = max(float(v.abs().max()) for v in stages.values() if v is not None)
             prompt = self.tokens[:, : self.short]
             self._ref = {"stages": stages, "tol": self.tol_share * scale, "scale": scale,
-                         "greedy": greedy(self.model, "uncached", prompt, 16)}
+                         "greedy": greedy(self.state, "uncached", prompt, 16)}
         return self._ref
 
     def check(self, name: str) -> ModeCheck:
@@ -139,7 +145,7 @@ class Gate:
                          f"at {checked}; greedy tokens: {tokens}", worst, tol, tokens)
 
     def _tokens(self, name: str, want: torch.Tensor) -> str:
-        got = greedy(self.model, name, self.tokens[:, : self.short], want.size(1))
+        got = greedy(self.state, name, self.tokens[:, : self.short], want.size(1))
         if torch.equal(want, got):
             if int(want[0].unique().numel()) <= 2:
                 return (f"inconclusive: mode 1's {want.size(1)} greedy tokens repeat "

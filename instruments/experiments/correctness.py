@@ -2,8 +2,9 @@
 
 ``run(loaded, CorrectnessParams, progress, should_stop)`` -> run with tables ``checks`` (one row
 per bug setting x check: passed, detail, value; a check that could not run says so) and
-``tokens`` (the greedy text each way, concatenating cache). The bugs are switched on a
-``private_view`` of the loaded model, so nothing here changes the model other requests use.
+``tokens`` (the greedy text each way, concatenating cache). The bugs
+(``instruments.checks.bugs``) are switched on in a ``private_view`` of the loaded model -- its
+own modules over the same weights -- so nothing here changes the model other requests use.
 """
 
 from __future__ import annotations
@@ -11,16 +12,12 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from engine.config import BUG_KINDS, GPTConfig
-from instruments.experiments.inputs import (
-    whole,
-)
+from engine.config import GPTConfig
+from instruments.checks import BUG_KINDS
+from instruments.experiments.inputs import whole
 from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, no_grad, record
-
-if TYPE_CHECKING:
-    pass
 
 
 @dataclass
@@ -84,12 +81,11 @@ def _check(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[bool | No
 def run(loaded: Loaded, params: CorrectnessParams, progress: ProgressFn | None = None,
         should_stop: StopFn | None = None) -> dict[str, Any]:
     from engine.loop import generate
+    from instruments.checks.bugs import inject_bug, private_view
     from instruments.checks.correctness import (
         cached_equals_uncached,
-        inject_bug,
         logits_vs_transformers,
         multi_token_append,
-        private_view,
     )
 
     params.check(loaded.model.config, str(loaded.model.device))

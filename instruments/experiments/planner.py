@@ -132,6 +132,7 @@ def _cap_bytes(p: PlannerParams, device: torch.device, budget: int | None) -> in
 
 def _fit_rows(model: GPT, p: PlannerParams, budget: int | None, cap: int,
               tr: Tracker) -> None:
+    from engine.kv_cache import make_cache
     from instruments.measure import memory
 
     cfg, dev = model.config, model.device
@@ -148,21 +149,22 @@ def _fit_rows(model: GPT, p: PlannerParams, budget: int | None, cap: int,
             row.update(fits=None, error=f"one sequence needs {bpt * t / MIB:,.0f} MiB, over "
                        f"the {cap / MIB:,.0f} MiB allowed per allocation")
         else:
-            row.update(memory.allocation(dev, lambda b=batch, t=t: model.make_cache(
-                "prealloc", b, t)))
+            row.update(memory.allocation(dev, lambda b=batch, t=t: make_cache(
+                "prealloc", model, b, t)))
         tr.work += 1
         tr.row("fit", row, f"{t} tokens: {fit if fit is not None else '?'} sequences fit by "
                f"formula; allocated {batch}")
 
 
 def _layout(model: GPT, layout: str, lengths: list[int], block_tokens: int) -> Any:
+    from engine.kv_cache import make_cache
     from engine.kv_variants import PagedKVCache
 
     cfg = model.config
     if layout == "contiguous":
-        return model.make_cache("prealloc", len(lengths), cfg.block_size)
+        return make_cache("prealloc", model, len(lengths), cfg.block_size)
     if layout == "exact":
-        return [model.make_cache("prealloc", 1, n) for n in lengths]
+        return [make_cache("prealloc", model, 1, n) for n in lengths]
     blocks = kv_plan.reserved_tokens("paged", lengths, cfg.block_size, block_tokens)
     cache = PagedKVCache(cfg.n_layer, len(lengths), cfg.n_head, cfg.block_size, cfg.head_dim,
                          block_tokens=block_tokens, pool_blocks=blocks // block_tokens,
@@ -195,13 +197,13 @@ def _reference(model: GPT, tokens: torch.Tensor, free: int | None) -> tuple[torc
     import torch
 
     if model.dtype == torch.float32:
-        return model(tokens, use_cache=False, logits="all", mask="none")[0].float(), "the model"
+        return model(tokens, use_cache=False, logits="all")[0].float(), "the model"
     need = costs.weight_bytes(model.config, torch.float32)
     if free is not None and need > kv_plan.HEADROOM * free:
         raise MemoryError(f"an fp32 copy of the weights needs {need / MIB:,.0f} MiB")
     ref = copy.deepcopy(model).float()
     try:
-        return ref(tokens, use_cache=False, logits="all", mask="none")[0], "an fp32 copy"
+        return ref(tokens, use_cache=False, logits="all")[0], "an fp32 copy"
     finally:
         del ref
 

@@ -176,5 +176,4 @@ def _converted(model: GPT, dtype: torch.dtype) -> GPT:
 
     out = GPT.empty(model.config, model.device, dtype)
     out.load_state_dict(model.state_dict())  # copies and casts; the head stays tied to wte
-    out.weights_label = model.weights_label
     return out.eval()

@@ -1,8 +1,9 @@
 """Predicted against measured step time, per mode and context (kind "step_prediction").
 
 ``run(loaded, PredictionParams, progress, should_stop)`` -> run with tables
-  calibration  the parts timed alone (``instruments.measure.calibration``; kept in this process per
-               model, batch and thread count, and reused unless ``recalibrate``)
+  calibration  the parts timed alone (``instruments.measure.calibration``; kept with the loaded
+               model (``loaded.memo``) per batch and thread count, and reused unless
+               ``recalibrate``)
   latency, checks  the modes measured by the latency sweep itself (gated first, cached steps
                by cropping the cache), so measured numbers are the sweep's numbers; cached
                modes in ``passes`` passes with their samples pooled (``pooled``)
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
 @dataclass
 class PredictionParams:
     """Calibrate the parts of a step on this device, then measure each mode and predict it
-    (``instruments.costmodel.predict``). The calibration is kept in the measuring process and reused
+    (``instruments.costmodel.predict``). The calibration is kept with the loaded model and reused
     unless ``recalibrate``."""
     modes: list[str]
     contexts: list[int]
@@ -93,14 +94,11 @@ def summary(run: dict[str, Any]) -> list[str]:
     return [r["sentence"] for r in run["tables"].get("verdicts", [])]
 
 
-# (model spec, batch, threads) -> calibration rows, for this measuring process's lifetime
-_CALIBRATIONS: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
-
-
-def _key(loaded: Loaded, batch: int) -> tuple[Any, ...]:
+def _key(batch: int) -> tuple[Any, ...]:
+    """Where this model's calibration rows are kept (``loaded.memo``: dropped with the model)."""
     import torch
 
-    return (loaded.spec, id(loaded.model), batch, torch.get_num_threads())
+    return ("step_prediction calibration", batch, torch.get_num_threads())
 
 
 @no_grad
@@ -113,8 +111,8 @@ def run(loaded: Loaded, params: PredictionParams, progress: ProgressFn | None = 
     model = loaded.model
     params.check(model.config, str(model.device))
     contexts = sorted(set(params.contexts))
-    key = _key(loaded, params.batch_size)
-    have = [] if params.recalibrate else list(_CALIBRATIONS.get(key, []))
+    key = _key(params.batch_size)
+    have = [] if params.recalibrate else list(loaded.memo.get(key, []))
     done = {(r["part"], r["variant"], r["x"]) for r in have}
     todo = [p for p in calibration.plan(params.modes, params.batch_size, contexts[-1])
             if p not in done]
@@ -133,9 +131,9 @@ def run(loaded: Loaded, params: PredictionParams, progress: ProgressFn | None = 
         new = calibration.calibrate(model, params.modes, params.batch_size, contexts[-1],
                                     params.calibration_repeats, tick, skip=done)
         have += new
-        _CALIBRATIONS[key] = have
+        loaded.memo[key] = have
     else:
-        notes.append("calibration reused from earlier in this measuring process")
+        notes.append("calibration reused from an earlier run on this loaded model")
     calibration_s = time.perf_counter() - start_s
     for r in have:  # streamed, so a page can predict each point as it is measured
         tr.emit(f"calibrated {r['part']} {r['variant']} at {r['x']}", table="calibration",

@@ -158,6 +158,7 @@ def run(loaded: Loaded, params: StaircaseParams, progress: ProgressFn | None = N
     model = loaded.model
     cfg, dev, tdtype = model.config, model.device, model.dtype
     params.check(cfg, str(dev))
+    seed_mask = loaded.state.attention("seed")  # mode 1's attention, as the forward below runs
     ts = sorted(set(params.ts or default_ts(cfg.block_size, dev)))
     min_sample_ms = 2.0 if dev.type == "cuda" else 0.0
     weights = _weights(model)
@@ -199,7 +200,8 @@ def run(loaded: Loaded, params: StaircaseParams, progress: ProgressFn | None = N
         if params.include_forward and i % params.forward_every == 0:
             idx = ids[:, :t]
             total["forward_ms"], _, _ = _time(
-                lambda idx=idx: model(idx, use_cache=False, logits="all", mask="seed"), dev,
+                lambda idx=idx: model(idx, use_cache=False, logits="all",
+                                     attention=seed_mask), dev,
                 1, params.repeats, min_sample_ms)
         tr.work += 1
         tr.row("totals", total, f"T = {t}: {total['total_ms']:.2f} ms of matmuls")

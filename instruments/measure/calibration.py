@@ -31,7 +31,6 @@ taken again.
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from collections.abc import Callable
@@ -41,10 +40,13 @@ import torch
 import torch.nn.functional as F
 
 from engine import modes
+from engine.attention import Attention
 from engine.config import GPTConfig
 from engine.fast import fast_weights
+from engine.kv_cache import make_cache
 from engine.loop import random_prompt
 from engine.model import GPT
+from engine.state import ModelState
 from instruments.costmodel import predict
 from instruments.measure.sampler import Sampler
 
@@ -118,6 +120,7 @@ class _Parts:
 
     def __init__(self, model: GPT, batch: int, cold: bool) -> None:
         self.model, self.batch, self.cold = model, batch, cold
+        self.state = ModelState.of(model)  # held while timing: its packing and masks are reused
         self.cfg, self.dev, self.dtype = model.config, model.device, model.dtype
         gen = torch.Generator().manual_seed(0)
         self._randn = lambda *shape: torch.randn(*shape, generator=gen).to(self.dev, self.dtype)
@@ -127,9 +130,9 @@ class _Parts:
         d = self.cfg.n_embd
         if layout == "packed":  # mode 8 multiplies (B, C) rows
             x, x4 = self._randn(rows, d), self._randn(rows, 4 * d)
-            w = fast_weights(self.model)
-            ordered = [c for lay in w.layers for c in ((lay.qkv, x), (lay.proj, x), (lay.fc, x),
-                                                        (lay.fc_proj, x4))]
+            w = fast_weights(self.state)
+            ordered = [c for qkv, proj, fc, fc_proj in w.linears
+                       for c in ((qkv, x), (proj, x), (fc, x), (fc_proj, x4))]
             return lambda: [f(a) for f, a in ordered]
         # GPT.forward's Linears see (B, T, C): measured here 5% slower than (B*T, C) at one row
         x, x4 = self._randn(1, rows, d), self._randn(1, rows, 4 * d)
@@ -141,27 +144,15 @@ class _Parts:
 
     def head(self, layout: str, rows: int) -> Callable[[], Any]:
         if layout == "packed":
-            packed, x = fast_weights(self.model).head, self._randn(rows, self.cfg.n_embd)
+            packed, x = fast_weights(self.state).head, self._randn(rows, self.cfg.n_embd)
             return lambda: packed(x)
         w, x = self.model.lm_head.weight, self._randn(1, rows, self.cfg.n_embd)
         return lambda: F.linear(x, w)
 
     # -- attention -------------------------------------------------------------------------
-    def _core(self, core: str) -> Callable[..., torch.Tensor]:
-        hs = self.cfg.head_dim
-        if core == "fused":
-            return lambda q, k, v, off: F.scaled_dot_product_attention(q, k, v)
-        block = self.cfg.block_size
-        mask = torch.tril(torch.ones(block, block, device=self.dev)).view(1, 1, block, block)
-
-        def seed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, off: int) -> torch.Tensor:
-            # The model's explicit path (engine.model.CausalSelfAttention, mask "seed").
-            T, S = q.size(2), k.size(2)
-            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
-            att = att.masked_fill(mask[:, :, off:off + T, :S] == 0, float("-inf"))
-            return F.softmax(att, dim=-1) @ v
-
-        return seed
+    def _core(self, core: str) -> Attention:
+        """The model's own attention: "fused" (no stored mask) or the write-up's "seed"."""
+        return self.state.attention({"fused": "none", "seed": "seed"}[core])
 
     def attention(self, variant: str, context: int) -> Callable[[], float | None]:
         """One new token into a cache of ``context - 1`` tokens, attended over ``context``.
@@ -179,7 +170,7 @@ class _Parts:
         core = self._core(core_name)
         cfg, B = self.cfg, self.batch
         nh, hs = cfg.n_head, cfg.head_dim
-        cache = self.model.make_cache(kind, B, capacity=max(context, 1))
+        cache = make_cache(kind, self.model, B, capacity=max(context, 1))
         if context > 1:
             for layer in range(cfg.n_layer):
                 cache.update(layer, self._randn(B, nh, context - 1, hs),
@@ -197,7 +188,7 @@ class _Parts:
                     flush.sum()
                 start = time.perf_counter()
                 k, v = cache.update(layer, k1, v1)
-                core(q, k, v, context - 1)
+                core(q, k, v, layer, context - 1)
                 total_s += time.perf_counter() - start
             cache.crop(context - 1)  # back to where it was (cheap; the hollow run pays it too)
             return total_s * 1e3 if self.dev.type == "cpu" else None
@@ -208,7 +199,7 @@ class _Parts:
         B, nh, hs = self.batch, self.cfg.n_head, self.cfg.head_dim
         q, k, v = (self._randn(B, nh, t, hs) for _ in range(3))
         core = self._core("seed")
-        return lambda: [core(q, k, v, 0) for _ in range(self.cfg.n_layer)]
+        return lambda: [core(q, k, v, layer, 0) for layer in range(self.cfg.n_layer)]
 
     # -- the rest ----------------------------------------------------------------------------
     def small(self, rows: int) -> Callable[[], Any]:

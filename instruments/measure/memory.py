@@ -17,8 +17,11 @@ from typing import Any
 
 import torch
 
+from engine.attention import Attention
+from engine.kv_cache import make_cache
 from engine.loop import random_prompt
 from engine.model import GPT
+from engine.state import ModelState
 from instruments.costmodel import costs
 
 MIB = 2**20
@@ -93,12 +96,13 @@ def weights_bytes(model: GPT) -> int:
 
 
 def model_memory(model: GPT) -> dict[str, Any]:
-    """Weights (measured tensors and formula) and causal-mask buffers (held now, and per kind)."""
+    """Weights (measured tensors and formula) and causal-mask buffers (held now by the model's
+    state, for the modes that ran, and per kind)."""
     cfg = model.config
     return {
         "weights_bytes": weights_bytes(model),
         "weights_formula_bytes": costs.weight_bytes(cfg, model.dtype),
-        "mask_bytes": model.mask_nbytes(),
+        "mask_bytes": ModelState.of(model).mask_nbytes(),
         "mask_bytes_by_kind": {k: costs.mask_bytes(cfg, k) for k in costs.MASK_BYTE_KINDS},
     }
 
@@ -146,7 +150,7 @@ def _warm_up(model: GPT, batch_size: int = 1, tokens: int = 2) -> None:
     """One forward at the largest shape to come: CPU kernels keep scratch sized by the biggest
     problem seen, and CUDA allocates the cuBLAS workspace on the first matmul."""
     idx = torch.zeros(batch_size, tokens, dtype=torch.long, device=model.device)
-    model(idx, model.make_cache("prealloc", batch_size, tokens), logits="last")
+    model(idx, make_cache("prealloc", model, batch_size, tokens), logits="last")
 
 
 def storage_bytes(tensors: Sequence[torch.Tensor]) -> int:
@@ -224,14 +228,14 @@ def measure_kv_memory(model: GPT, contexts: Sequence[int], batch_size: int = 1,
 
     if fill == "prefill":
         for t in points:
-            cache = model.make_cache(cache_kind, batch_size, t)
+            cache = make_cache(cache_kind, model, batch_size, t)
             out, _ = model(idx[:, :t], cache, logits="last")
             del out  # only the cache should stay alive when the counters are read
             record(cache, t)
             del cache
             _sync_and_collect(device)
         return rows
-    cache = model.make_cache(cache_kind, batch_size, points[-1])
+    cache = make_cache(cache_kind, model, batch_size, points[-1])
     out, _ = model(idx[:, : points[0]], cache, logits="last")
     del out
     record(cache, points[0])
@@ -254,40 +258,40 @@ def memory_breakdown(model: GPT, batch_size: int, context_len: int,
     the model's own) and reads tensors and counters; the last row is what the device holds
     beyond the listed parts (CUDA: reserved - allocated; CPU: RSS minus everything above).
     Only that variant's mask buffers are counted -- not others an earlier mode built -- and
-    buffers built here for it are freed afterwards: measuring leaves the model as it found it.
-    The formula bar is ``instruments.costmodel.costs.breakdown_formula``.
+    buffers built here for it are freed afterwards: measuring leaves the model's state as it
+    found it. The formula bar is ``instruments.costmodel.costs.breakdown_formula``.
     """
+    state = ModelState.of(model)
     mask = mask or model.config.mask
-    built_here = mask != "none" and model.mask_nbytes(mask) == 0
+    built_here = not state.holds_attention(mask)
     try:
-        return _measured_breakdown(model, batch_size, context_len, cache_kind, mask)
+        return _measured_breakdown(model, batch_size, context_len, cache_kind,
+                                   state.attention(mask))
     finally:
         if built_here:
-            model.release_mask(mask)
+            state.drop(("attention", mask))
             _sync_and_collect(model.device)
 
 
 def _measured_breakdown(model: GPT, batch_size: int, context_len: int, cache_kind: str,
-                        mask: str) -> list[dict]:
+                        attention: Attention) -> list[dict]:
     cfg, device, dtype = model.config, model.device, model.dtype
-    if mask != "none":
-        model._ensure_mask(mask)  # modes 1-4 build the write-up's fp32 buffers on first use
     kv_formula = costs.kv_bytes(cfg, dtype, batch_size, context_len)
     rows = [
         {"component": "weights", "bytes": weights_bytes(model), "source": "measured",
          "note": "parameters, tied embedding counted once"},
-        {"component": "causal-mask buffers", "bytes": model.mask_nbytes(mask),
-         "source": "measured", "note": f"{mask} variant, as the measured path uses it; per "
-         f"kind: { {k: costs.mask_bytes(cfg, k) for k in costs.MASK_BYTE_KINDS} }"},
+        {"component": "causal-mask buffers", "bytes": attention.nbytes(),
+         "source": "measured", "note": f"{attention.kind} variant, as the measured path uses "
+         f"it; per kind: { {k: costs.mask_bytes(cfg, k) for k in costs.MASK_BYTE_KINDS} }"},
     ]
     ws_bytes, ws_how = cublas_workspace(device)
     _warm_up(model, batch_size, context_len)
     _sync_and_collect(device, full=True)
-    cache = model.make_cache(cache_kind, batch_size, context_len)
+    cache = make_cache(cache_kind, model, batch_size, context_len)
     idx = random_prompt(model, batch_size, context_len)
     if _is_cuda(device):
         torch.cuda.reset_peak_memory_stats(device)
-    logits, _ = model(idx, cache, logits="last", mask=mask)
+    logits, _ = model(idx, cache, logits="last", attention=attention)
     del logits
     snap = _snapshot(device)
     rows.append({"component": "KV cache", "bytes": storage_bytes(cache.tensors()),

@@ -79,7 +79,13 @@ class Worker:
         return self.loaded
 
     def release(self) -> None:
-        """Drop the model and everything built on it (packed copies, compiled steps)."""
+        """Drop the model and everything kept for it: its state (packed copies, compiled steps,
+        mask buffers) and the experiments' memo -- emptied first, so that nothing still
+        referring to the state (a decoder in a traceback) keeps that memory."""
+        if self.loaded is not None:
+            assert self.loaded.state is not None
+            self.loaded.state.clear()
+            self.loaded.memo.clear()
         self.loaded = None
         free_memory(self.device)
 

@@ -1,0 +1,111 @@
+"""How causality is enforced in attention: the variants a forward is given (``engine.config``'s
+``MASK_KINDS``).
+
+Every variant is called the same way, once per layer:
+
+  attend(q, k, v, layer, offset) -> y
+      q (B, nh, T, hs) the new tokens' queries; k, v (B, nh, S, hs) every key/value so far,
+      oldest first; ``offset`` the tokens cached before q's first (query i sits at position
+      offset + i, so it may see keys 0..offset + i); y (B, nh, T, hs)
+
+  "none"         ``FUSED``: ``scaled_dot_product_attention``, causality from the shapes, no
+                 stored mask (the default of ``GPT.forward``)
+  "shared_bool"  ``SharedBoolMask``: one bool block_size x block_size triangle for all layers
+  "seed"         ``ExplicitMask``: the write-up's -- explicit scores, masked by an fp32 triangle
+                 registered once per layer (nanoGPT's path without flash attention); gpt2's
+                 twelve copies are the write-up's 48 MiB, which the Memory page measures
+
+``make_attention(kind, cfg, device)`` builds one; ``attention.nbytes()`` is what its buffers
+hold. The buffers belong to whoever holds the variant (``engine.state.ModelState`` keeps one
+per kind for its model, so every decoder of modes 1-4 shares one set), never to the model.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
+
+from .config import MASK_KINDS, GPTConfig
+
+
+class FusedAttention:
+    """"none": the fused kernel, told about causality by the shapes alone."""
+
+    kind = "none"
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
+                 offset: int) -> torch.Tensor:
+        T, S = q.size(2), k.size(2)
+        if T == 1 and offset == S - 1:
+            # One new token may see every key, itself included: no mask at all.
+            return F.scaled_dot_product_attention(q, k, v)
+        if T == S or offset == 0:
+            # Prefill. (With the write-up's mask-offset bug this is also what a new token
+            # wrongly gets: is_causal aligns the triangle to the top-left, an offset of 0.)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        # Several new tokens after a cache: the triangle aligned to the bottom-right.
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(T, S))
+
+    def nbytes(self) -> int:
+        return 0
+
+
+FUSED = FusedAttention()
+
+
+class SharedBoolMask:
+    """"shared_bool": one bool triangle, sliced at the offset, shared by every layer."""
+
+    kind = "shared_bool"
+
+    def __init__(self, cfg: GPTConfig, device: torch.device | str) -> None:
+        ones = torch.ones(cfg.block_size, cfg.block_size, dtype=torch.bool, device=device)
+        self.mask = torch.tril(ones)
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
+                 offset: int) -> torch.Tensor:
+        m = self.mask[offset : offset + q.size(2), : k.size(2)]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+    def nbytes(self) -> int:
+        return self.mask.numel() * self.mask.element_size()
+
+
+class ExplicitMask:
+    """"seed": the write-up's attention -- explicit scores, an fp32 triangle per layer."""
+
+    kind = "seed"
+
+    def __init__(self, cfg: GPTConfig, device: torch.device | str) -> None:
+        n = cfg.block_size
+        # One identical triangle per layer, as the write-up registered them (its 48 MiB).
+        self.bias = [torch.tril(torch.ones(n, n, device=device)).view(1, 1, n, n)
+                     for _ in range(cfg.n_layer)]
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
+                 offset: int) -> torch.Tensor:
+        T, S = q.size(2), k.size(2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))  # (B, nh, T, S)
+        m = self.bias[layer][:, :, offset : offset + T, :S]
+        att = att.masked_fill(m == 0, float("-inf"))
+        return F.softmax(att, dim=-1) @ v  # (B, nh, T, hs)
+
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self.bias)
+
+
+Attention = FusedAttention | SharedBoolMask | ExplicitMask
+
+
+def make_attention(kind: str, cfg: GPTConfig, device: torch.device | str) -> Attention:
+    """The variant ``kind`` for a model of shape ``cfg`` on ``device`` (buffers built now)."""
+    if kind == "none":
+        return FUSED
+    if kind == "shared_bool":
+        return SharedBoolMask(cfg, device)
+    if kind == "seed":
+        return ExplicitMask(cfg, device)
+    raise ValueError(f"unknown mask kind {kind!r}; allowed: {', '.join(MASK_KINDS)}")

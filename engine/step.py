@@ -1,0 +1,126 @@
+"""The decode step of modes 6-9, written once: one new token per sequence through every layer.
+
+  decode_step(weights, token, pos, attend) -> logits (B, vocab)
+      token (B, 1); pos its position: an int, or a (1,) long tensor when the shapes must not
+      change with the position (a captured or compiled step)
+
+What differs between the modes is passed in, never re-written:
+  weights  ``StepWeights``: the embeddings, and per layer the callables a block is made of --
+           the model's own modules (``model_weights``: modes 6, 7, 9) or mode 8's packed copies
+           (``engine.fast``)
+  attend   ``attend(layer, q, k, v) -> y`` with q, k, v (B, nh, hs) the new token's, y
+           (B, nh, [1,] hs); it owns the KV cache:
+             ``attend_filled``     writes the new row at int ``pos``, attends over rows 0..pos
+                                   (mode 8: no mask needed)
+             ``attend_static``     writes it at tensor ``pos``, attends over every slot of the
+                                   cache under a mask computed from ``pos`` (mode 6: static)
+             ``attend_read_only``  only reads the cache and keeps the new rows for the caller
+                                   to write (modes 7 and 9: a compiled step that writes the
+                                   cache recompiles per position or copies the whole cache)
+
+This is ``GPT.forward``'s arithmetic for one token, without its Python per call: the same
+embeddings, layer norms, fused q|k|v projection, GELU and residual adds, the attention
+computed from the same keys (``tests/test_fast.py`` holds every mode to mode 1's tokens).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from .model import GPT
+
+Fn = Callable[[torch.Tensor], torch.Tensor]
+Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class StepWeights(NamedTuple):
+    wte: torch.Tensor  # (vocab, C) token embeddings
+    wpe: torch.Tensor  # (block_size, C) position embeddings
+    layers: Sequence[tuple[Fn, Fn, Fn, Fn, Fn, Fn]]  # ln_1, c_attn, c_proj, ln_2, c_fc, mlp proj
+    ln_f: Fn
+    head: Fn  # the output projection onto the vocabulary
+    n_head: int
+
+
+def model_weights(model: GPT) -> StepWeights:
+    """The model's own modules as a step's weights (built inside a compiled step, so the
+    compiler reaches every module from the model it was given, as a forward would)."""
+    tr = model.transformer
+    layers = [(b.ln_1, b.attn.c_attn, b.attn.c_proj, b.ln_2, b.mlp.c_fc, b.mlp.c_proj)
+              for b in tr.h]
+    return StepWeights(tr.wte.weight, tr.wpe.weight, layers, tr.ln_f, model.lm_head,
+                       model.config.n_head)
+
+
+def decode_step(w: StepWeights, token: torch.Tensor, pos: int | torch.Tensor,
+                attend: Attend) -> torch.Tensor:
+    """Logits (B, vocab) for ``token`` (B, 1) at position ``pos``; see the module docstring."""
+    batch, n_embd = token.size(0), w.wte.size(1)
+    nh = w.n_head
+    hs = n_embd // nh
+    x = w.wte[token[:, 0]] + w.wpe[pos]  # (B, C)
+    for i, (ln_1, c_attn, c_proj, ln_2, c_fc, mlp_proj) in enumerate(w.layers):
+        q, k, v = c_attn(ln_1(x)).view(batch, 3, nh, hs).unbind(1)  # (B, nh, hs) each
+        y = attend(i, q, k, v)
+        x = x + c_proj(y.reshape(batch, n_embd))  # heads side by side again
+        x = x + mlp_proj(F.gelu(c_fc(ln_2(x)), approximate="tanh"))
+    return w.head(w.ln_f(x))
+
+
+def attend_filled(k_buf: torch.Tensor, v_buf: torch.Tensor, pos: int) -> Attend:
+    """Write the new K/V row at ``pos`` of the (L, B, nh, T_max, hs) buffers, then attend over
+    rows 0..pos: one new token sees every key, itself included, so no mask."""
+
+    def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        k_buf[i, :, :, pos] = k
+        v_buf[i, :, :, pos] = v
+        # SDPA's fused kernels need 4-D: (B, nh, 1, hs) against (B, nh, pos + 1, hs)
+        return F.scaled_dot_product_attention(
+            q.unsqueeze(2), k_buf[i, :, :, : pos + 1], v_buf[i, :, :, : pos + 1])
+
+    return attend
+
+
+def attend_static(k_buf: torch.Tensor, v_buf: torch.Tensor, pos: torch.Tensor) -> Attend:
+    """Write the new K/V row at ``pos`` (a (1,) tensor) and attend over all T_max slots,
+    masking those after ``pos``: every shape is fixed, whatever the position."""
+    t_max = k_buf.size(3)
+    allowed = (torch.arange(t_max, device=pos.device) <= pos).view(1, 1, 1, t_max)
+
+    def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        k_buf[i].index_copy_(2, pos, k.unsqueeze(2))
+        v_buf[i].index_copy_(2, pos, v.unsqueeze(2))
+        return F.scaled_dot_product_attention(q.unsqueeze(2), k_buf[i], v_buf[i],
+                                              attn_mask=allowed)
+
+    return attend
+
+
+def attend_read_only(k_past: torch.Tensor, v_past: torch.Tensor, pos: torch.Tensor | None,
+                     new_k: list[torch.Tensor], new_v: list[torch.Tensor]) -> Attend:
+    """Attend over the cache without writing it; the new rows are appended to ``new_k`` and
+    ``new_v`` for the caller to write. ``k_past``/``v_past`` (L, B, nh, P, hs): with ``pos``
+    None all P rows are the past; otherwise rows >= ``pos`` are masked out (static shapes).
+    Past and new key share one softmax over the concatenated scores: the same sum as attending
+    over a cache that already holds the new row."""
+    p_len = k_past.size(3)
+    scale = 1.0 / math.sqrt(k_past.size(4))
+    masked = None if pos is None else torch.arange(p_len, device=pos.device) >= pos
+
+    def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        new_k.append(k)
+        new_v.append(v)
+        q4 = q.unsqueeze(2)  # (B, nh, 1, hs)
+        s_past = (q4 @ k_past[i].transpose(-1, -2)) * scale  # (B, nh, 1, P)
+        if masked is not None:
+            s_past = s_past.masked_fill(masked, float("-inf"))
+        s_new = (q4 * k.unsqueeze(2)).sum(-1, keepdim=True) * scale  # (B, nh, 1, 1)
+        att = torch.softmax(torch.cat([s_past, s_new], dim=-1), dim=-1)
+        return att[..., :p_len] @ v_past[i] + att[..., p_len:] * v.unsqueeze(2)  # (B, nh, 1, hs)
+
+    return attend

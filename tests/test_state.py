@@ -1,0 +1,62 @@
+"""What is built on a model lives in its ``ModelState``, never on the model, and goes with it:
+decoders given the bare model share the live state's packed copies and compiled steps; the
+measuring process drops all of it (and the experiments' memo) when another model is asked for."""
+
+from __future__ import annotations
+
+import gc
+import io
+import weakref
+
+from engine import make_decoder
+from engine.compiled import CompiledDecoder
+from engine.state import ModelState
+from instruments.spine import ModelSpec
+
+from .conftest import random_prompt, small_model
+
+
+def test_running_every_eager_mode_leaves_nothing_on_the_model() -> None:
+    model = small_model()
+    before = set(vars(model))
+    for mode in ("uncached", "concat", "prealloc", "prealloc_fused", "fast", "paged"):
+        dec = make_decoder(model, mode)
+        dec.step(dec.prefill(random_prompt(8)).argmax(-1, keepdim=True))
+    CompiledDecoder(model, variant="eager").prefill(random_prompt(8))
+    assert set(vars(model)) == before  # no runner, packing or mask hidden in the model
+    assert not list(model.buffers())  # the write-up's mask buffers are the state's
+    assert dec.state.mask_nbytes("seed") > 0  # modes 1-4 built them there, once
+
+
+def test_decoders_of_a_bare_model_share_its_live_state() -> None:
+    model = small_model()
+    state = ModelState(model)
+    fast = make_decoder(model, "fast")
+    assert fast.state is state and ModelState.of(model) is state
+    assert make_decoder(model, "fast").weights is fast.weights
+    a = CompiledDecoder(model, variant="eager")
+    assert CompiledDecoder(state, variant="eager").runner is a.runner
+    packed = weakref.ref(fast.weights)
+    del fast, a, state
+    gc.collect()
+    assert packed() is None  # nothing but the state kept the copies alive
+
+
+def test_the_measuring_process_drops_everything_built_on_the_old_model() -> None:
+    from engine.fast import fast_weights
+    from instruments.process.worker import Channel, Worker
+
+    worker = Worker("cpu", Channel(io.StringIO()))
+    old = worker.ensure(ModelSpec("tiny", seed=1))
+    packed = weakref.ref(fast_weights(old.model))  # given the bare model, as experiments are
+    seed = weakref.ref(old.state.attention("seed"))
+    old.memo["calibration"] = ["rows"]
+    model = weakref.ref(old.model)
+    assert worker.ensure(ModelSpec("tiny", seed=1)) is old  # the same model: all of it kept
+    assert packed() is not None
+    new = worker.ensure(ModelSpec("tiny", seed=2))
+    assert new.memo == {} and old.memo == {}
+    del old
+    gc.collect()
+    assert packed() is None and seed() is None and model() is None
+    assert new.state.mask_nbytes() == 0
