@@ -4,14 +4,20 @@ Contract: ``start(key, experiment, params, what)`` sends a request for the sideb
 its device's measuring process (``instruments.process.client.submit``: queued behind other sessions'
 runs, saved to ``results_dir()`` when it ends) and keeps the ``Job`` in
 ``st.session_state[key]``. ``section(key, draw, empty=...)`` then shows, while the job runs, an
-auto-refreshing fragment -- queue position or progress, time left, Stop, and ``draw(job)`` (the
-live chart) -- and, once it has ended, how it ended, ``draw(job)`` and the downloads.
+auto-refreshing fragment -- queue position or progress, time left, Stop -- every ``REFRESH_S``
+and, beside it, ``draw(job)`` (the live chart) every ``LIVE_CHART_S``; once it has ended, how
+it ended, ``draw(job)`` and the downloads. The chart redraws less often than the progress line
+because a redraw costs the server and the browser CPU beside the measurement (memory bandwidth
+and cache are shared even when the cores are not); ``scripts/bench_redraw.py`` measures that
+cost per redraw, and ``docs/sweep.md`` how the rate was chosen (``$KVLAB_LIVE_CHART_S``
+overrides it; 0 draws the chart only when the job has ended).
 ``rows(job, table)`` is a table of the final run, or the rows streamed so far. The page itself
 holds no orchestration and measures nothing.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +29,10 @@ from instruments.process.client import Job
 from ui.runs import download_buttons
 from ui.state import current_choice, results_dir, session_alive, session_id
 
-REFRESH_S = 1.0
+REFRESH_S = 1.0  # the progress line, the time left and Stop
+LIVE_CHART_DEFAULT_S = 5.0
+_env_s = os.environ.get("KVLAB_LIVE_CHART_S", "")
+LIVE_CHART_S = float(_env_s) if _env_s.replace(".", "", 1).isdigit() else LIVE_CHART_DEFAULT_S
 
 
 def start(key: str, experiment: str, params: dict[str, Any], what: str,
@@ -74,12 +83,17 @@ def progress_text(job: Job) -> str:
 
 
 @st.fragment(run_every=REFRESH_S)
-def live_panel(key: str, draw: Callable[[Job], None]) -> None:
-    """Progress, Stop and the live chart; reruns the page once when the job has finished."""
+def live_panel(key: str) -> None:
+    """Progress and Stop; reruns the page once when the job has finished, and once when its
+    first row arrives (so the first point is on the chart without waiting for its redraw)."""
     job = get(key)
     if job is None:
         return
-    if job.finished:
+    seen = f"{key}_rows_seen_{job.id}"
+    first = any(job.tables.values()) and not st.session_state.get(seen)
+    if first:
+        st.session_state[seen] = True
+    if job.finished or first:
         st.rerun()
     left, right = st.columns([5, 1], vertical_alignment="center")
     left.progress(job.fraction(), text=progress_text(job))
@@ -87,7 +101,18 @@ def live_panel(key: str, draw: Callable[[Job], None]) -> None:
                  disabled=job.stop_event.is_set(), width="stretch",
                  help="Stop after the current step (or leave the queue); what was measured is "
                  "kept and saved.")
-    draw(job)
+
+
+@st.fragment(run_every=LIVE_CHART_S or None)
+def live_chart(key: str, draw: Callable[[Job], None]) -> None:
+    """The live chart, redrawn every ``LIVE_CHART_S`` (never while running when it is 0)."""
+    job = get(key)
+    if job is None or job.finished:
+        return
+    if LIVE_CHART_S:
+        draw(job)
+    else:
+        st.caption("The chart is drawn when the run ends.")
 
 
 def finished_banner(job: Job) -> None:
@@ -116,7 +141,8 @@ def section(key: str, draw: Callable[[Job], None], *, empty: str, table: str | N
     if job is None:
         st.info(empty)
     elif not job.finished:
-        live_panel(key, draw)
+        live_panel(key)
+        live_chart(key, draw)
     else:
         finished_banner(job)
         draw(job)
