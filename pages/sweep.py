@@ -171,8 +171,9 @@ def _draw(j: Job) -> None:
     st.plotly_chart(fig, width="stretch")
     st.caption("Median time per token (line) and each timed sample (faint points), measured in "
                "a process of its own: nothing this page draws runs beside a timed step. Grey "
-               "crosses: samples another process disturbed (hover for why), set aside and taken "
-               "again." + (f" Dashed: {calibrated}" if calibrated else ""))
+               "crosses: samples another process disturbed (hover for why) that were out of line "
+               "with their point, set aside and taken again."
+               + (f" Dashed: {calibrated}" if calibrated else ""))
     if not j.finished:
         return
     said = floor_sentence(df, ((j.run or {}).get("meta") or {}).get("peaks", {}).get("measured"))

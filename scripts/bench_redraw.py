@@ -1,19 +1,22 @@
 #!/usr/bin/env python
 """What the live chart costs the machine it measures on: CPU seconds per redraw, server + browser.
 
-    python scripts/bench_redraw.py                    # gpt2, rates 1, 2, 5 s and none (~6 min)
-    python scripts/bench_redraw.py --model tiny --window-s 5   # smoke run
+    python scripts/bench_redraw.py                    # gpt2, five settings (~8 min)
+    python scripts/bench_redraw.py --model tiny --window-s 5 --configs 1:0,1:1   # smoke run
 
-For each redraw period (``$KVLAB_LIVE_CHART_S``; 0: no live chart) it starts a fresh
+For each setting "progress:chart" -- the seconds between progress refreshes once points are
+coming (``$KVLAB_REFRESH_S``) and between live-chart redraws (``$KVLAB_LIVE_CHART_S``; 0: no
+live chart) -- it starts a fresh
 ``streamlit run app.py``, opens the Latency sweep page in headless Chromium, presses Run with
 every default and, once the first point is in, counts for ``--window-s`` seconds the CPU time
 (user + system) of the Streamlit server and of every Chromium process -- everything this script
 started except the measuring process, which is what is being protected. Per-process counters
 (psutil) are exact whatever else the machine runs; the cgroup counter the quiet watch reads
 (``instruments.measure.timing``) is printed beside them, minus the measuring process and this
-script, and includes every other process on the machine. It prints, per period, the share of one
-core the page used and, against the run without a live chart, the CPU per redraw. The page is
-not polled during the window (a user's browser only draws).
+script, and includes every other process on the machine. It prints, per setting, the share of one
+core the page used and, against the setting with the same progress period and no live chart,
+the CPU per chart redraw; the settings without a chart give the CPU per progress refresh. The
+page is not polled during the window (a user's browser only draws).
 """
 
 from __future__ import annotations
@@ -63,11 +66,12 @@ def groups() -> dict[str, list[psutil.Process]]:
     return out
 
 
-def one_rate(rate_s: float, args: argparse.Namespace) -> dict[str, float]:
+def one_setting(progress_s: float, chart_s: float, args: argparse.Namespace
+                ) -> dict[str, float]:
     from playwright.sync_api import sync_playwright
 
     folder = Path(tempfile.mkdtemp(prefix="kvlab-redraw-"))
-    env = {"KVLAB_LIVE_CHART_S": str(rate_s)}
+    env = {"KVLAB_REFRESH_S": str(progress_s), "KVLAB_LIVE_CHART_S": str(chart_s)}
     with streamlit_server(folder, tiny=args.model == "tiny", env=env) as (url, _), \
             sync_playwright() as pw:
         page = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS).new_page(
@@ -104,23 +108,26 @@ def one_rate(rate_s: float, args: argparse.Namespace) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="gpt2")
-    ap.add_argument("--rates", default="0,1,2,5", help="redraw periods in s (0: no live chart)")
+    ap.add_argument("--configs", default="1:0,1:1,3:0,3:9,5:0",
+                    help="progress:chart periods in s, comma-separated (chart 0: no live chart)")
     ap.add_argument("--window-s", type=float, default=30.0)
     args = ap.parse_args(argv)
     os.environ.setdefault("KVLAB_THREADS", "1")  # as on the 2-core machine: one core left over
-    rows = {float(r): one_rate(float(r), args) for r in args.rates.split(",")}
-    base = rows.get(0.0)
-    print("| redraw every | window (s) | server CPU (ms/s) | browser CPU (ms/s) | page: share of "
-          "one core | CPU per redraw (ms) | cgroup others (ms/s) |")
-    print("|---|---|---|---|---|---|---|")
-    for rate, r in rows.items():
-        per_s = (r["server_s"] + r["browser_s"]) / r["wall_s"]
-        per_redraw = "" if base is None or rate == 0 else (
-            f"{(per_s - (base['server_s'] + base['browser_s']) / base['wall_s']) * rate * 1e3:.0f}")
-        print(f"| {'never (at the end)' if rate == 0 else f'{rate:g} s'} | {r['wall_s']:.0f} | "
+    settings = [tuple(float(x) for x in c.split(":")) for c in args.configs.split(",")]
+    share: dict[tuple[float, float], float] = {}
+    print("| progress every (s) | chart every (s) | window (s) | server CPU (ms/s) | browser CPU "
+          "(ms/s) | page: share of one core | CPU per chart redraw (ms) | cgroup others (ms/s) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for progress_s, chart_s in settings:
+        r = one_setting(progress_s, chart_s, args)
+        share[progress_s, chart_s] = (r["server_s"] + r["browser_s"]) / r["wall_s"]
+        base = share.get((progress_s, 0.0))
+        per_redraw = "" if base is None or chart_s == 0 else (
+            f"{(share[progress_s, chart_s] - base) * chart_s * 1e3:.0f}")
+        print(f"| {progress_s:g} | {chart_s:g} | {r['wall_s']:.0f} | "
               f"{r['server_s'] / r['wall_s'] * 1e3:.0f} | {r['browser_s'] / r['wall_s'] * 1e3:.0f} "
-              f"| {per_s:.1%} | {per_redraw} | {r['cgroup_others_s'] / r['wall_s'] * 1e3:.0f} |",
-              flush=True)
+              f"| {share[progress_s, chart_s]:.1%} | {per_redraw} | "
+              f"{r['cgroup_others_s'] / r['wall_s'] * 1e3:.0f} |", flush=True)
     return 0
 
 

@@ -4,8 +4,9 @@
   latency   one row per mode x context: latency_ms (median), samples_ms (every timed sample),
             spread_ms (max - min), min_ms, flops/bytes from instruments.costmodel.costs and the
             rates
-  checks    the gate's verdict per mode (``instruments.checks.gate``: logits against mode 1; a
-            mode that fails it is not timed, and a note says so)
+  checks    the gate's verdict per mode (``latency_gate``: logits against mode 1, the short
+            context before the first point, the long one after the first context; a mode that
+            fails is not timed, or has its points withheld, and a note says so)
   summary   the write-up's Table 1 at 10/100/500/1000 tokens
   end_to_end, cumulative   with ``e2e_new_tokens`` > 0: a whole generation per mode
 The work runs context by context, every mode at a context before the next context, so the
@@ -13,20 +14,14 @@ chart fills evenly from the left. Uncached modes: one full forward of a t-token 
 sample. Cached modes (method "crop"): the decoder seeks to t - 1 tokens (its cache filled
 once, growing with the contexts, and cropped back) before each timed step at t -- no generation
 up to t. The samples of a point are the ``Sampler``'s (``instruments.measure.sampler``): at
-least ``min_repeats``, more while they disagree by more than ``spread``, at most ``repeats``; on
-a CPU a sample the watch flags is judged by its effect: set aside and taken again (``retakes``)
-when it is out of line with the point's other samples or its prediction, kept otherwise, and
-retakes with their quiet-waits use at most ``retake_share`` of the sweep's elapsed time. The row
-keeps what was set aside and why (``set_aside_ms``, ``set_aside_why``), counts the flagged samples
-it kept in line (``flagged_consistent``) and out of line (``disturbed_kept``), its ``retake_s``,
-and what ended the point (``confirmed_by``: "samples", "prediction" or None); meta.retakes sums
-them. ``predicted_ms`` (per mode and context, from a calibration of this machine) with the
-prediction's measured ``prediction_error`` lets a first sample that lands within that error
-stand alone. The gate runs in two halves: the short context before the first point, the long
-one once the first context is timed; a mode that fails the long half has its points withheld
-(dropped, with a note). Method "generate" times cached modes the write-up's way
-(``latency_generate``). ``should_stop()`` is polled between samples; a stopped run keeps its
-rows, marked partial.
+least ``min_repeats``, more while they disagree by more than ``spread``, at most ``repeats`` (a
+prediction within its measured error stands in for one); a sample the CPU watch flags is retaken
+only when out of line, within a budget (``LatencyParams``). The row keeps what was set aside and
+why (``set_aside_ms``, ``set_aside_why``), counts flagged samples kept in line
+(``flagged_consistent``) and out of line (``disturbed_kept``), its ``retake_s`` and what ended the
+point (``confirmed_by``: "samples", "prediction" or None); meta.retakes sums them. Method
+"generate" times cached modes the write-up's way (``latency_generate``). ``should_stop()`` is
+polled between samples; a stopped run keeps its rows, marked partial.
 """
 
 from __future__ import annotations
@@ -188,7 +183,11 @@ def from_args(args: argparse.Namespace, block_size: int) -> LatencyParams:
 
 
 def summary(run: dict[str, Any]) -> list[str]:
-    return [format_summary(run["tables"].get("summary", [])), *end_to_end.summary(run)]
+    q = run["meta"].get("retakes") or {}
+    said = [f"flagged samples: {q['retaken']} retaken, {q['flagged_consistent']} kept in line, "
+            f"{q['disturbed_kept']} kept out of line; {q['retake_s']:.1f} s on retakes; "
+            f"{q['confirmed_by_prediction']} point(s) confirmed by the prediction"] if q else []
+    return [format_summary(run["tables"].get("summary", [])), *said, *end_to_end.summary(run)]
 
 
 def row(model: GPT, mode: str, t: int, batch: int, samples_ms: list[float], phase: str,
