@@ -46,13 +46,18 @@ E2E_BUDGET_S = 25.0
 
 
 def _params(new: int) -> LatencyParams:
-    """The sweep the widgets describe (ValueError when the contexts cannot be read)."""
+    """The sweep the widgets describe (ValueError when the contexts cannot be read), with the
+    predicted steps of the newest calibration of this machine when one exists."""
     contexts = parse_contexts(custom, block) if preset == CUSTOM else preset_contexts(preset,
                                                                                        block)
+    steps, errors, _ = predicted.sweep_predictions(
+        choice.model, device_name, choice.dtype, client.measuring_threads(), int(batch),
+        list(picked), contexts)
     return LatencyParams(contexts, list(picked), int(batch), int(warmup), int(repeats),
                          warmup_steps=spec0.warmup_steps, e2e_new_tokens=new,
                          e2e_prompt_len=int(prompt_len),
-                         retakes=spec0.retakes if retake else 0)
+                         retakes=spec0.retakes if retake else 0,
+                         predicted_ms=steps or None, prediction_error=errors or None)
 
 
 def _planned() -> LatencyParams | None:
@@ -92,11 +97,14 @@ with st.expander("What to measure", expanded=job is None):
                     help="Also time one whole generation per mode (Figure 3).")
     retake = c6.toggle("Retake disturbed samples", True, key="sweep_retake", disabled=not cpu,
                        help=f"On a CPU: a sample during which another process (a browser tab, "
-                       f"a build) used the CPU, or took this one's core, is set aside (a grey "
-                       f"cross on the chart) and taken again once the machine is quiet, up to "
-                       f"{spec0.retakes} times per point.")
-    prior = last_sweep_like(choice.model, str(device_facts(choice.device).get("name")),
-                            choice.dtype, client.measuring_threads(), int(batch))
+                       f"a build) used the CPU, or took this one's core, and that is out of line "
+                       f"with the point's other samples (or its prediction), is set aside (a "
+                       f"grey cross on the chart) and taken again once the machine is quiet, up "
+                       f"to {spec0.retakes} times per point and {spec0.retake_share:.0%} of the "
+                       "sweep's time. One in line is kept.")
+    device_name = str(device_facts(choice.device).get("name"))
+    prior = last_sweep_like(choice.model, device_name, choice.dtype, client.measuring_threads(),
+                            int(batch))
     fitted = estimate.from_run(prior) if prior else None
     prompt_len, new_tokens = 8, 0
     if e2e:
@@ -120,6 +128,12 @@ with st.expander("What to measure", expanded=job is None):
     elif planned is not None:
         st.caption(f"No estimate yet: the first sweep of {choice.model} on this device measures "
                    "what its steps cost; later ones are estimated from it.")
+    if planned is not None and planned.prediction_error:
+        st.caption("Predicted steps from this machine's calibration (Floor lab, Predicted "
+                   "step): a point whose first sample lands within the prediction's measured "
+                   "error (" + ", ".join(f"{m} {e:.0%}" for m, e in
+                                         planned.prediction_error.items())
+                   + ") takes no second sample.")
     run_clicked = st.button("Run sweep", type="primary", disabled=busy, icon=RUN_ICON)
 
 
@@ -157,8 +171,9 @@ def _draw(j: Job) -> None:
     st.plotly_chart(fig, width="stretch")
     st.caption("Median time per token (line) and each timed sample (faint points), measured in "
                "a process of its own: nothing this page draws runs beside a timed step. Grey "
-               "crosses: samples another process disturbed (hover for why), set aside and taken "
-               "again." + (f" Dashed: {calibrated}" if calibrated else ""))
+               "crosses: samples another process disturbed (hover for why) that were out of line "
+               "with their point, set aside and taken again."
+               + (f" Dashed: {calibrated}" if calibrated else ""))
     if not j.finished:
         return
     said = floor_sentence(df, ((j.run or {}).get("meta") or {}).get("peaks", {}).get("measured"))

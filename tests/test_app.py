@@ -355,6 +355,15 @@ def test_floor_lab_predicts_the_step_and_saves(results: Path) -> None:
     at.button[0].click().run()
     sweep = wait_job(at, "sweep_job")
     assert sweep.state == "done", sweep.error
+    # The sweep was handed the predicted steps of the modes the calibration met its goal for,
+    # and each row says what confirmed it.
+    within = {v["mode"]: v["worst_share"] for v in job.run["tables"]["verdicts"] if v["within"]}
+    assert (sweep.params["prediction_error"] or {}) == within
+    assert set(sweep.params["predicted_ms"] or {}) == set(within)
+    assert {r["confirmed_by"] for r in sweep.run["tables"]["latency"]} <= {
+        "samples", "prediction", None}
+    assert all(("predicted_ms" in r) == (r["mode"] in within)
+               for r in sweep.run["tables"]["latency"])
     said = [c.value for c in at.caption if "Dashed: the step predicted" in c.value]
     assert len(said) == 1, [c.value for c in at.caption]
     names = [t.get("name") for t in json.loads(charts(at)[0].proto.spec)["data"]]

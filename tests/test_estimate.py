@@ -59,3 +59,36 @@ def test_an_estimate_from_a_saved_run() -> None:
     fits, fixed = estimate.from_run(run)
     assert fixed == 15.5 and set(fits) == {"uncached", "concat"}
     assert estimate.from_run({"meta": {}, "tables": {}}) is None
+
+
+# A forward whose time per token grows with the context, as on these CPUs (gpt2 measured here:
+# 137 ms at 8 tokens, 330 at 73, 6 s at 1,000), and a cached step that barely grows.
+SHAPES = {
+    "convex, as measured": (lambda t: 120 + 3.0 * t + 0.003 * t * t, lambda t: 55 + 0.01 * t),
+    "linear in FLOPs": (lambda t: 40 + 2 * estimate.cost_of(CFG, "float32", "uncached", t) / 1e9,
+                        lambda t: 45.0),
+}
+
+
+def true_end_to_end_s(uncached, cached, prompt: int, new: int) -> float:
+    """What the end-to-end part runs, per mode: call 0 the prompt's forward, call k a step at
+    prompt + k (a forward of it, uncached); then the first 8 calls again as the warm-up."""
+    calls = {"uncached": [uncached(prompt + k) for k in range(new)],
+             "concat": [uncached(prompt)] + [cached(prompt + k) for k in range(1, new)]}
+    return sum(sum(c) + sum(c[:8]) for c in calls.values()) / 1e3
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("budget_s", [10.0, 25.0, 60.0])
+def test_the_chosen_end_to_end_length_lands_within_20_percent(shape: str, budget_s: float
+                                                              ) -> None:
+    uncached, cached = SHAPES[shape]
+    contexts = LatencyParams.defaults("cpu", CFG.block_size).contexts  # the default sweep's
+    rows = [{"mode": "uncached", "context_len": t, "latency_ms": uncached(t), "phase": "forward"}
+            for t in contexts] + [{"mode": "concat", "context_len": t,
+                                   "latency_ms": cached(t), "phase": "decode"} for t in contexts]
+    fits = estimate.fit(rows, CFG, "float32")
+    p = LatencyParams(contexts, ["uncached", "concat"], e2e_prompt_len=8)
+    n = estimate.tokens_that_fit(p, CFG, "float32", fits, budget_s)
+    took_s = true_end_to_end_s(uncached, cached, 8, n)
+    assert abs(took_s - budget_s) <= 0.2 * budget_s, (n, took_s)

@@ -280,3 +280,36 @@ def test_the_write_ups_method_still_runs(tiny: Loaded) -> None:
         ("uncached", 4), ("uncached", 8), ("uncached", 16), ("concat", 4), ("concat", 8),
         ("concat", 16)]
     assert run["meta"]["method"] == "generate" and run["meta"]["timings"]["total_s"] > 0
+
+
+def test_a_mode_that_fails_the_long_gate_has_no_points_in_the_run(tiny: Loaded,
+                                                                 monkeypatch) -> None:
+    """The gate's short half runs before the first point, its long half after the first
+    context; a mode that fails the long half loses the points it had (here: concat's logits
+    are made wrong at the long context only)."""
+    from instruments.checks import gate
+
+    real, order = gate._forced, []
+
+    def forced(model, name, tokens, start):
+        logits = real(model, name, tokens, start)
+        if start > 8:  # the long context
+            order.append(("long gate", name))
+            return logits + 1.0 if name == "concat" else logits
+        return logits
+
+    def progress(e: Event) -> None:
+        if e.table == "latency":
+            order.append((e.row["mode"], e.row["context_len"]))
+            assert "· retakes" in e.message  # the progress line says what retakes cost
+
+    monkeypatch.setattr(gate, "_forced", forced)
+    run = sweep(tiny, LatencyParams([8, 16, 32], ["uncached", "concat"], repeats=1), progress)
+    assert order.index(("concat", 8)) < order.index(("long gate", "concat"))  # first point first
+    assert order.index(("long gate", "concat")) < order.index(("uncached", 16))
+    assert [(r["mode"], r["context_len"]) for r in run["tables"]["latency"]] == [
+        ("uncached", 8), ("uncached", 16), ("uncached", 32)]
+    check = {c["mode"]: c for c in run["tables"]["checks"]}["concat"]
+    assert not check["passed"] and "at 124 tokens" in check["detail"]
+    assert any("concat: its 1 point(s) withheld" in n for n in run["meta"]["notes"])
+    assert len(run["tables"]["checks"]) == 2  # one row per mode, the long half's replacing

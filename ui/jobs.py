@@ -4,14 +4,25 @@ Contract: ``start(key, experiment, params, what)`` sends a request for the sideb
 its device's measuring process (``instruments.process.client.submit``: queued behind other sessions'
 runs, saved to ``results_dir()`` when it ends) and keeps the ``Job`` in
 ``st.session_state[key]``. ``section(key, draw, empty=...)`` then shows, while the job runs, an
-auto-refreshing fragment -- queue position or progress, time left, Stop, and ``draw(job)`` (the
-live chart) -- and, once it has ended, how it ended, ``draw(job)`` and the downloads.
+auto-refreshing fragment -- queue position or progress, time left, Stop -- every
+``FIRST_REFRESH_S`` until the job's first row arrives, then every ``REFRESH_S`` with, beside it,
+``draw(job)`` (the live chart) every ``LIVE_CHART_S``; once it has ended, how it ended,
+``draw(job)`` and the downloads. Each refresh costs the server and the browser CPU beside the
+measurement (memory bandwidth and cache are shared even when the cores are not): measured with
+``scripts/bench_redraw.py`` on the 2-core machine, 0.2-0.3 s of CPU (server + browser) per
+progress refresh, about 0.3 s more per refresh while a chart is on the page, and about 1 s per
+chart redraw with new points; once points are being timed the page refreshes slowly enough to
+stay under the quiet watch's threshold (others using a quarter of a sample's length: about 17%
+of a core here); ``docs/sweep.md`` has the numbers. ``$KVLAB_REFRESH_S`` and
+``$KVLAB_LIVE_CHART_S`` override the two periods (a chart period of 0 draws the chart only when
+the job has ended).
 ``rows(job, table)`` is a table of the final run, or the rows streamed so far. The page itself
 holds no orchestration and measures nothing.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +34,15 @@ from instruments.process.client import Job
 from ui.runs import download_buttons
 from ui.state import current_choice, results_dir, session_alive, session_id
 
-REFRESH_S = 1.0
+
+def _period_s(name: str, default: float) -> float:
+    text = os.environ.get(name, "")
+    return float(text) if text.replace(".", "", 1).isdigit() else default
+
+
+FIRST_REFRESH_S = 1.0  # until the first row: the queue, the gate, the first samples
+REFRESH_S = _period_s("KVLAB_REFRESH_S", 5.0)  # then: the progress line, time left and Stop
+LIVE_CHART_S = _period_s("KVLAB_LIVE_CHART_S", 30.0)  # and the live chart (0: at the end only)
 
 
 def start(key: str, experiment: str, params: dict[str, Any], what: str,
@@ -73,13 +92,13 @@ def progress_text(job: Job) -> str:
             f"{eta}{where} · {job.message}")
 
 
-@st.fragment(run_every=REFRESH_S)
-def live_panel(key: str, draw: Callable[[Job], None]) -> None:
-    """Progress, Stop and the live chart; reruns the page once when the job has finished."""
+def _panel(key: str, waiting: bool) -> None:
+    """Progress and Stop; reruns the page when the job has finished, or (``waiting``) when its
+    first row has arrived: the page then draws it and refreshes slower."""
     job = get(key)
     if job is None:
         return
-    if job.finished:
+    if job.finished or (waiting and any(job.tables.values())):
         st.rerun()
     left, right = st.columns([5, 1], vertical_alignment="center")
     left.progress(job.fraction(), text=progress_text(job))
@@ -87,7 +106,30 @@ def live_panel(key: str, draw: Callable[[Job], None]) -> None:
                  disabled=job.stop_event.is_set(), width="stretch",
                  help="Stop after the current step (or leave the queue); what was measured is "
                  "kept and saved.")
-    draw(job)
+
+
+@st.fragment(run_every=FIRST_REFRESH_S)
+def first_panel(key: str) -> None:
+    """The panel until the job's first row."""
+    _panel(key, waiting=True)
+
+
+@st.fragment(run_every=REFRESH_S)
+def live_panel(key: str) -> None:
+    """The panel once rows are coming."""
+    _panel(key, waiting=False)
+
+
+@st.fragment(run_every=LIVE_CHART_S or None)
+def live_chart(key: str, draw: Callable[[Job], None]) -> None:
+    """The live chart, redrawn every ``LIVE_CHART_S`` (never while running when it is 0)."""
+    job = get(key)
+    if job is None or job.finished:
+        return
+    if LIVE_CHART_S:
+        draw(job)
+    else:
+        st.caption("The chart is drawn when the run ends.")
 
 
 def finished_banner(job: Job) -> None:
@@ -115,8 +157,11 @@ def section(key: str, draw: Callable[[Job], None], *, empty: str, table: str | N
     job = get(key)
     if job is None:
         st.info(empty)
+    elif not any(job.tables.values()) and not job.finished:
+        first_panel(key)
     elif not job.finished:
-        live_panel(key, draw)
+        live_panel(key)
+        live_chart(key, draw)
     else:
         finished_banner(job)
         draw(job)

@@ -2,7 +2,9 @@
 
 While the job runs, the calibration rows and the sweep's latency rows stream in and the
 prediction is computed here from them (``instruments.costmodel.predict``, torch-free); once the run
-is saved its own ``prediction`` table is drawn.
+is saved its own ``prediction`` table is drawn. The newest saved calibration of a model, device,
+dtype, threads and batch also draws the sweep's dashed line (``overlay``) and gives a sweep about
+to run its predicted steps and their measured error (``sweep_predictions``).
 """
 
 from __future__ import annotations
@@ -38,17 +40,48 @@ def points(job: Job) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _calibration(model: str, device_name: str, dtype: str, threads: int, batch: int
+                 ) -> tuple[predict.Calibration | None, str, dict]:
+    """The newest saved calibration run (the Floor lab's Predicted step) of these, its
+    lookup and when it was made; (None, "", {}) when there is none."""
+    cal_run = last_sweep_like(model, device_name, dtype, threads, batch, kind="step_prediction")
+    if cal_run is None:
+        return None, "", {}
+    cal = predict.Calibration((cal_run.get("tables") or {}).get("calibration") or [])
+    return cal, str(cal_run.get("created_utc", ""))[:16].replace("T", " "), cal_run
+
+
 def calibration_for(run: dict) -> tuple[predict.Calibration | None, str]:
     """The newest saved calibration of the same model, device, dtype, threads and batch as
     ``run`` (the Floor lab's Predicted step), and when it was made; None when there is none."""
     meta = run.get("meta") or {}
-    cal_run = last_sweep_like(str(meta.get("model")), str(meta.get("device_name")),
-                              str(meta.get("dtype")), int(meta.get("threads") or 0),
-                              int(meta.get("batch_size") or 1), kind="step_prediction")
-    if cal_run is None:
-        return None, ""
-    cal = predict.Calibration((cal_run.get("tables") or {}).get("calibration") or [])
-    return cal, str(cal_run.get("created_utc", ""))[:16].replace("T", " ")
+    cal, when, _ = _calibration(str(meta.get("model")), str(meta.get("device_name")),
+                                str(meta.get("dtype")), int(meta.get("threads") or 0),
+                                int(meta.get("batch_size") or 1))
+    return cal, when
+
+
+def sweep_predictions(model: str, device_name: str, dtype: str, threads: int, batch: int,
+                      modes: list[str], contexts: list[int]
+                      ) -> tuple[dict[str, dict[int, float]], dict[str, float], str]:
+    """For a sweep about to run: ({mode: {context: predicted ms}}, {mode: the prediction's
+    measured error}, when the calibration was made), from the newest saved calibration of the
+    same model, device, dtype, threads and batch. A mode is predicted only where that
+    calibration's own run found it within its goal; its error is the worst miss measured there
+    (``predict.verdicts``). Empty without a calibration: the sweep then takes two samples."""
+    cal, when, cal_run = _calibration(model, device_name, dtype, threads, batch)
+    if cal is None:
+        return {}, {}, ""
+    tables = cal_run.get("tables") or {}
+    verdicts = tables.get("verdicts") or predict.verdicts(tables.get("prediction") or [])
+    errors = {str(v["mode"]): float(v["worst_share"]) for v in verdicts
+              if v.get("within") and v["mode"] in modes and 0 < (v.get("worst_share") or 0) < 1}
+    predicted: dict[str, dict[int, float]] = {}
+    for mode in errors:
+        steps = {t: predict.predict_point(cal, mode, t, batch)["predicted_ms"] for t in contexts}
+        predicted[mode] = {t: float(ms) for t, ms in steps.items() if ms}
+    predicted = {m: steps for m, steps in predicted.items() if steps}
+    return predicted, {m: e for m, e in errors.items() if m in predicted}, when
 
 
 def predicted_for(run: dict, modes: list[str] | None = None) -> tuple[pd.DataFrame, str]:

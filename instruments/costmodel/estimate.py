@@ -1,16 +1,22 @@
 """How long a latency sweep will take, from steps already measured and the cost model. Torch-free.
 
-``fit(rows)`` fits, per mode, a step's time against its formula cost: an uncached forward as
-a + b x FLOPs, a cached step as a + b x bytes (``statistics.linear_regression`` over the row
-medians; one row: proportional). ``sweep_seconds(params, cfg, dtype, fits, overhead_s)`` then
-sums what a sweep will run: warm-up calls, the fewest samples per point, the cache a cached mode
-fills up to its longest context, the end-to-end part, and the fixed costs a run recorded (the
-gate, the peaks). ``from_run(run)`` takes all that from a saved sweep; the page shows the
-estimate before Run when a sweep of the same model, device, dtype and threads exists.
+``fit(rows)`` keeps, per mode, a step's measured median against its formula cost (FLOPs for an
+uncached forward, bytes for a cached step) and reads a cost between two measured ones on the
+straight line between them, below the cheapest at the cheapest's time, above the dearest in
+proportion to the cost (one row: proportional). Not one straight line through all of them: a
+forward's time per FLOP grows with the context on a CPU (gpt2 here: 137 ms at 8 tokens, 6 s at
+1,000), so a line fitted to every point crossed zero near 8 tokens, called the short forwards of
+an end-to-end part free, and chose 89 new tokens for 25 s that took 31 s.
+``sweep_seconds(params, cfg, dtype, fits, overhead_s)`` then sums what a sweep will run: warm-up
+calls, the fewest samples per point, the cache a cached mode fills up to its longest context,
+the end-to-end part (a cached mode's first call is the prompt's forward), and the fixed costs a
+run recorded (the gate, the peaks). ``from_run(run)`` takes all that from a saved sweep; the page
+shows the estimate before Run when a sweep of the same model, device, dtype and threads exists.
 """
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from dataclasses import dataclass
 from typing import Any
@@ -22,13 +28,21 @@ from instruments.costmodel import costs
 
 @dataclass(frozen=True)
 class Fit:
-    """ms = intercept + slope x cost (cost: FLOPs for uncached modes, bytes for cached ones)."""
+    """Measured (cost, ms) points of one mode, sorted by cost, one per cost (cost: FLOPs for
+    uncached modes, bytes for cached ones); ``ms(cost)`` reads between them."""
 
-    intercept_ms: float
-    slope_ms: float
+    points: tuple[tuple[float, float], ...]
 
     def ms(self, cost: float) -> float:
-        return max(0.0, self.intercept_ms + self.slope_ms * cost)
+        pts = self.points
+        if len(pts) == 1 or cost > pts[-1][0]:  # beyond what was measured: in proportion
+            x, y = pts[-1]
+            return y * cost / x if x > 0 else y
+        if cost <= pts[0][0]:  # a shorter step costs no more than the shortest measured
+            return pts[0][1]
+        i = bisect.bisect_left([x for x, _ in pts], cost)
+        (x0, y0), (x1, y1) = pts[i - 1], pts[i]
+        return y0 + (y1 - y0) * (cost - x0) / (x1 - x0)
 
 
 def cost_of(cfg: GPTConfig, dtype: Any, mode: str, t: int, batch: int = 1) -> float:
@@ -46,17 +60,15 @@ def fit(rows: list[dict[str, Any]], cfg: GPTConfig, dtype: Any) -> dict[str, Fit
     for mode in dict.fromkeys(r["mode"] for r in rows):
         if mode not in modes.MODES:
             continue
-        pts = [(cost_of(cfg, dtype, mode, int(r["context_len"]), int(r.get("batch_size") or 1)),
-                float(r["latency_ms"])) for r in rows
-               if r["mode"] == mode and r.get("phase") != "prefill"]
-        xs = [x for x, _ in pts]
-        if len(set(xs)) >= 2:
-            slope, intercept = statistics.linear_regression(xs, [y for _, y in pts])
-            if slope < 0:  # flat in practice (a cached step): its mean, whatever the cost
-                slope, intercept = 0.0, statistics.fmean(y for _, y in pts)
-            out[mode] = Fit(intercept, slope)
-        elif pts:
-            out[mode] = Fit(0.0, pts[0][1] / pts[0][0])
+        by_cost: dict[float, list[float]] = {}
+        for r in rows:
+            if r["mode"] == mode and r.get("phase") != "prefill":
+                cost = cost_of(cfg, dtype, mode, int(r["context_len"]),
+                               int(r.get("batch_size") or 1))
+                by_cost.setdefault(cost, []).append(float(r["latency_ms"]))
+        if by_cost:
+            out[mode] = Fit(tuple(sorted((x, statistics.fmean(ys))
+                                         for x, ys in by_cost.items())))
     return out
 
 
@@ -88,13 +100,17 @@ def sweep_seconds(params: Any, cfg: GPTConfig, dtype: Any, fits: dict[str, Fit],
 
 def end_to_end_seconds(params: Any, cfg: GPTConfig, dtype: Any,
                        fits: dict[str, Fit]) -> float:
-    """One generation of ``e2e_new_tokens`` per mode, plus its short warm-up generation."""
+    """One generation of ``e2e_new_tokens`` per mode, plus its short warm-up generation: call
+    k >= 1 at context p + k (an uncached mode's forward grows with it), call 0 the prompt's
+    forward (a cached mode's prefill: read off an uncached mode's fit when there is one)."""
     total = 0.0
-    p, n = params.e2e_prompt_len, params.e2e_new_tokens
+    p, n, b = params.e2e_prompt_len, params.e2e_new_tokens, params.batch_size
+    fill = fits.get("uncached") or fits.get("uncached_last")
     for mode in params.modes:
-        steps = [point_ms(fits, cfg, dtype, mode, p + k, params.batch_size) or 0.0
-                 for k in range(n)]
-        total += sum(steps) + sum(steps[:8])
+        steps = [point_ms(fits, cfg, dtype, mode, p + k, b) or 0.0 for k in range(n)]
+        if modes.MODES[mode].cached and fill is not None:
+            steps[0] = fill.ms(cost_of(cfg, dtype, "uncached_last", p, b))
+        total += sum(steps) + sum(steps[:8])  # the warm-up: the first 8 calls again
     return total / 1e3
 
 

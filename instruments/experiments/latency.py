@@ -7,8 +7,9 @@
             instruments.costmodel.costs and the rates, and once the peaks are measured (last)
             mbu / mfu against them and mbu_listed / mfu_listed against the datasheet
             (``instruments.experiments.utilization``)
-  checks    the gate's verdict per mode (``instruments.checks.gate``: logits against mode 1; a
-            mode that fails it is not timed, and a note says so)
+  checks    the gate's verdict per mode (``latency_gate``: logits against mode 1, the short
+            context before the first point, the long one after the first context; a mode that
+            fails is not timed, or has its points withheld, and a note says so)
   summary   the write-up's Table 1 at 10/100/500/1000 tokens
   end_to_end, cumulative   with ``e2e_new_tokens`` > 0: a whole generation per mode
 The work runs context by context, every mode at a context before the next context, so the
@@ -16,12 +17,14 @@ chart fills evenly from the left. Uncached modes: one full forward of a t-token 
 sample. Cached modes (method "crop"): the decoder seeks to t - 1 tokens (its cache filled
 once, growing with the contexts, and cropped back) before each timed step at t -- no generation
 up to t. The samples of a point are the ``Sampler``'s (``instruments.measure.sampler``): at
-least ``min_repeats``, more while they disagree by more than ``spread``, at most ``repeats``; on
-a CPU a disturbed sample is set aside and taken again (``retakes``); the row keeps what was set
-aside and why (``set_aside_ms``, ``set_aside_why``) and counts disturbed samples it had to keep
-(``disturbed_kept``). Method "generate" times cached modes the write-up's way
-(``latency_generate``). ``should_stop()`` is polled between samples; a stopped run keeps its
-rows, marked partial.
+least ``min_repeats``, more while they disagree by more than ``spread``, at most ``repeats`` (a
+prediction within its measured error stands in for one); a sample the CPU watch flags is retaken
+only when out of line, within a budget (``LatencyParams``). The row keeps what was set aside and
+why (``set_aside_ms``, ``set_aside_why``), counts flagged samples kept in line
+(``flagged_consistent``) and out of line (``disturbed_kept``), its ``retake_s`` and what ended the
+point (``confirmed_by``: "samples", "prediction" or None); meta.retakes sums them. Method
+"generate" times cached modes the write-up's way (``latency_generate``). ``should_stop()`` is
+polled between samples; a stopped run keeps its rows, marked partial.
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ if TYPE_CHECKING:
     import torch
 
     from engine.model import GPT
-    from instruments.measure.sampler import Sampler
+    from instruments.measure.sampler import RetakeBudget, Sampler
 
 
 @dataclass
@@ -73,8 +76,12 @@ class LatencyParams:
     ``spread`` (max - min over the median), up to ``repeats``. ``method`` "crop" fills each cached
     mode's cache once and crops it back to each context; "generate" is the write-up's way: one
     generation per repeat, read as it passes each context (``warmup_steps`` sizes its warm-up).
-    On a CPU, a sample during which another process used the CPU is set aside and taken again
-    once the machine is quiet, up to ``retakes`` times per point ("crop" only).
+    On a CPU, a sample during which another process used the CPU and that is out of line with
+    the point's other samples (or its prediction) is set aside and taken again once the machine
+    is quiet, up to ``retakes`` times per point ("crop" only), while retakes and waits stay
+    within ``retake_share`` of the elapsed sweep. ``predicted_ms`` ({mode: {context: ms}}) and
+    ``prediction_error`` ({mode: share}, the calibration's measured miss): a first sample within
+    that error of the prediction needs no second one.
     """
     contexts: list[int]
     modes: list[str]
@@ -90,6 +97,9 @@ class LatencyParams:
     spread: float = 0.10
     method: str = "crop"
     retakes: int = 3  # CPU: disturbed samples set aside and taken again, per point (0: keep all)
+    retake_share: float = 0.15  # retakes and quiet-waits: at most this share of the sweep
+    predicted_ms: dict[str, dict[int, float]] | None = None  # mode -> context -> predicted step
+    prediction_error: dict[str, float] | None = None  # mode -> the prediction's measured miss
 
     @classmethod
     def defaults(cls, device: str, block_size: int) -> LatencyParams:
@@ -113,8 +123,27 @@ class LatencyParams:
             raise ValueError(f"spread must be a share above 0 (0.1 = 10%), got {self.spread!r}")
         if self.warmup_steps is not None:
             whole("warmup steps", self.warmup_steps, 0)
+        if isinstance(self.retake_share, bool) or not 0 <= self.retake_share < 1:
+            raise ValueError("retake share must be a share of the sweep from 0 to below 1 "
+                             f"(0.15 = 15%), got {self.retake_share!r}")
+        for mode, table in (self.predicted_ms or {}).items():
+            if mode not in self.modes or any(isinstance(v, bool) or not isinstance(
+                    v, int | float) or v <= 0 for v in table.values()):
+                raise ValueError(f"predicted_ms must map a swept mode to positive ms per "
+                                 f"context, got {mode!r}")
+        if any(isinstance(e, bool) or not isinstance(e, int | float) or not 0 < e < 1
+               for e in (self.prediction_error or {}).values()):
+            raise ValueError("prediction_error must be a share between 0 and 1 (0.1 = 10%) "
+                             "per mode")
         if self.e2e_new_tokens:
             self.end_to_end().check(cfg, device)
+
+    def prediction(self, mode: str, t: int) -> tuple[float | None, float | None]:
+        """(predicted ms, its measured error) of ``mode`` at ``t``; (None, None) if none."""
+        table = (self.predicted_ms or {}).get(mode) or {}
+        ms = table.get(t, table.get(str(t)))  # type: ignore[call-overload]  # JSON keys
+        error = (self.prediction_error or {}).get(mode)
+        return (float(ms), float(error)) if ms is not None and error is not None else (None, None)
 
     def end_to_end(self) -> end_to_end.EndToEndParams:
         """The end-to-end part's own params."""
@@ -141,7 +170,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-peaks", action="store_true", help="do not measure the device's peaks")
     p.add_argument("--retakes", type=int, default=3,
                    help="CPU: samples per point set aside and taken again when another process "
-                   "used the CPU during them (0 keeps every sample)")
+                   "used the CPU during them and they were out of line (0 keeps every sample)")
+    p.add_argument("--retake-share", type=float, default=0.15,
+                   help="CPU: retakes and their waits for quiet use at most this share of the "
+                   "sweep's elapsed time (default 0.15)")
     end_to_end.add_arguments(p, own_modes=False)
 
 
@@ -152,11 +184,16 @@ def from_args(args: argparse.Namespace, block_size: int) -> LatencyParams:
         args.warmup, args.repeats if args.repeats is not None else base.repeats, args.seed,
         args.warmup_steps if args.warmup_steps is not None else base.warmup_steps,
         e2e_new_tokens=end_to_end.new_tokens(args, block_size), e2e_prompt_len=args.prompt_len,
-        measure_peaks=not args.no_peaks, method=args.method, retakes=args.retakes)
+        measure_peaks=not args.no_peaks, method=args.method, retakes=args.retakes,
+        retake_share=args.retake_share)
 
 
 def summary(run: dict[str, Any]) -> list[str]:
-    return [format_summary(run["tables"].get("summary", [])), *end_to_end.summary(run)]
+    q = run["meta"].get("retakes") or {}
+    said = [f"flagged samples: {q['retaken']} retaken, {q['flagged_consistent']} kept in line, "
+            f"{q['disturbed_kept']} kept out of line; {q['retake_s']:.1f} s on retakes; "
+            f"{q['confirmed_by_prediction']} point(s) confirmed by the prediction"] if q else []
+    return [format_summary(run["tables"].get("summary", [])), *said, *end_to_end.summary(run)]
 
 
 def row(model: GPT, mode: str, t: int, batch: int, samples_ms: list[float], phase: str,
@@ -202,23 +239,23 @@ def _point_work(mode: str, t: int) -> float:
 class _Mode:
     """One mode during a sweep: its decoder (kept across contexts) and its ``Sampler``."""
     def __init__(self, model: GPT, name: str, p: LatencyParams, top: int,
-                 tr: Tracker | None = None) -> None:
+                 tr: Tracker | None = None, budget: RetakeBudget | None = None) -> None:
         from instruments.lineup import make_decoder
         from instruments.measure.sampler import Sampler
 
-        self.name, self.model = name, model
+        self.name, self.model, self.params = name, model, p
         self.cached = lineup.spec(name).cached
         self.dec = make_decoder(model, name, batch_size=p.batch_size, capacity=top)
 
         def set_aside(ms: float, why: str) -> None:
             if tr is not None:
-                tr.emit(f"{name}: a sample was disturbed ({why}); waiting for a quiet moment "
-                        "to take it again")
+                tr.emit(f"{name}: a disturbed sample was out of line ({why}); waiting for a "
+                        "quiet moment to take it again")
 
         self.sampler: Sampler = Sampler(
             model.device, repeats=p.repeats, min_repeats=p.min_repeats, spread=p.spread,
             retakes=p.retakes, warmup=p.warmup, should_stop=tr.stop if tr else None,
-            on_set_aside=set_aside)
+            on_set_aside=set_aside, budget=budget)
 
     def calls(self, idx: torch.Tensor, t: int) -> tuple[Any, Any, str]:
         """(prepare, step, phase) of one sample at context t: a forward of t tokens (a cached
@@ -238,7 +275,9 @@ class _Mode:
             if tr is not None:
                 tr.work += work
 
-        got = self.sampler.point(step, prepare, on_sample=counted)
+        predicted_ms, error = self.params.prediction(self.name, t)
+        got = self.sampler.point(step, prepare, on_sample=counted, predicted_ms=predicted_ms,
+                                 error=error)
         if got is None:
             return None
         last_only = getattr(self.dec, "logits", "last") == "last"
@@ -251,9 +290,10 @@ def run(loaded: Loaded, params: LatencyParams, progress: ProgressFn | None = Non
         should_stop: StopFn | None = None) -> dict[str, Any]:
     """Per-token latency of each mode at each context length (see the module docstring)."""
     from engine.loop import random_prompt
-    from instruments.checks import gate
+    from instruments.experiments.latency_gate import SweepGate
     from instruments.experiments.latency_generate import generation_work, time_by_generation
     from instruments.measure import device, memory
+    from instruments.measure.sampler import RetakeBudget
 
     start_s = time.perf_counter()
     model = loaded.model
@@ -275,23 +315,23 @@ def run(loaded: Loaded, params: LatencyParams, progress: ProgressFn | None = Non
     points = len(contexts) * len(params.modes) + (len(params.modes) if e2e else 0)
     tr = Tracker(progress, should_stop, points, total_work=work)
     idx = random_prompt(model, params.batch_size, contexts[-1], params.prompt_seed)
-    checker = gate.Gate(model, params.batch_size, params.prompt_seed)
-    timings = {"gate_s": 0.0}
+    gate = SweepGate(model, params, contexts, tr)
+    timings: dict[str, float] = {}
     states: dict[str, _Mode | None] = {}
+    budget = RetakeBudget(params.retake_share, on_spent=lambda spent_s: tr.note(
+        f"the retake budget ({params.retake_share:.0%} of the sweep so far) was spent after "
+        f"{spent_s:.1f} s of retakes: disturbed samples out of line are kept from here on, "
+        "and counted")) if params.retakes else None
 
     def ready(name: str) -> _Mode | None:
         """The mode's state, gated on first use (None: refused, not timed)."""
         if name not in states:
-            tr.emit(f"{name}: checking its logits against mode 1")
-            t0 = time.perf_counter()
-            check = checker.check(name)
-            timings["gate_s"] += time.perf_counter() - t0
-            tr.tables.setdefault("checks", []).append(check.to_row())
-            states[name] = _Mode(model, name, params, contexts[-1], tr) if check.passed else None
-            if not check.passed:
-                tr.done += len(contexts)
-                tr.note(f"{name} not timed: {check.detail}")
+            ok = gate.first(name)
+            states[name] = _Mode(model, name, params, contexts[-1], tr, budget) if ok else None
         return states[name]
+
+    def timed() -> list[str]:
+        return [name for name, st in states.items() if st is not None]
 
     stopped = False
     if generate:  # cached modes the write-up's way, mode after mode; uncached as below
@@ -303,6 +343,9 @@ def run(loaded: Loaded, params: LatencyParams, progress: ProgressFn | None = Non
     sweep = [(t, m) for t in contexts for m in params.modes
              if not (generate and lineup.spec(m).cached)]
     for t, name in sweep if not stopped else []:
+        if gate.due(t):  # the first context is on the chart: the gate's long half, then on
+            for failed in gate.long_half(timed()):
+                states[failed] = None
         st = ready(name)
         if st is None:
             continue
@@ -310,8 +353,11 @@ def run(loaded: Loaded, params: LatencyParams, progress: ProgressFn | None = Non
         if r is None:
             stopped = True
             break
+        spent = f" · retakes {budget.spent_s:.1f} s" if budget is not None else ""
         tr.row("latency", r, f"{name}: context {t} took {r['latency_ms']:.2f} ms "
-               f"({len(r['samples_ms'])} samples)")
+               f"({len(r['samples_ms'])} samples){spent}")
+    gate.finish(timed(), stopped)
+    timings["gate_s"] = gate.seconds
     states.clear()  # free the caches before the end-to-end part allocates its own
     timings["sweep_s"] = time.perf_counter() - start_s
     if e2e and not stopped:
@@ -319,7 +365,7 @@ def run(loaded: Loaded, params: LatencyParams, progress: ProgressFn | None = Non
         passed = [c["mode"] for c in tr.tables.get("checks", []) if c["passed"]]
         stopped = end_to_end.measure(model, params.end_to_end(), passed, tr)
         timings["e2e_s"] = time.perf_counter() - t0
-    _note_disturbed(tr)
+    retakes = _note_disturbed(tr, budget)
     if stopped:
         tr.note("stopped: what was measured is kept")
     peaks = None
@@ -336,7 +382,7 @@ def run(loaded: Loaded, params: LatencyParams, progress: ProgressFn | None = Non
               "end_to_end": tr.tables.get("end_to_end", []),
               "cumulative": tr.tables.get("cumulative", [])}
     out = record(loaded, "latency_sweep", params, tables, partial=stopped, notes=tr.notes,
-                 measured_peaks=peaks, timings=timings)
+                 measured_peaks=peaks, timings=timings, retakes=retakes)
     meta = out["meta"]  # MBU / MFU against the peaks the run carries
     add_shares(out["tables"]["latency"], peaks,
                listed_peaks(meta["device_name"], meta["dtype"], bool(meta.get("tf32")),
@@ -344,17 +390,28 @@ def run(loaded: Loaded, params: LatencyParams, progress: ProgressFn | None = Non
     return out
 
 
-def _note_disturbed(tr: Tracker) -> None:
-    """Say how many samples other processes disturbed, and what became of them."""
+def _note_disturbed(tr: Tracker, budget: RetakeBudget | None) -> dict[str, Any]:
+    """Say how many flagged samples were retaken, kept in line, kept out of line; the counts
+    (meta.retakes)."""
     rows = tr.tables.get("latency", [])
-    aside = sum(len(r.get("set_aside_ms", [])) for r in rows)
-    kept = sum(r.get("disturbed_kept", 0) for r in rows)
-    if aside:
-        tr.note(f"{aside} sample(s) set aside and taken again: another process used the CPU "
-                "while they ran (every one is kept in the run, beside its point)")
-    if kept:
-        tr.note(f"{kept} sample(s) were disturbed and kept: the retakes ran out; the medians "
-                "they enter may be high")
+    out = {"retaken": sum(len(r.get("set_aside_ms", [])) for r in rows),
+           "flagged_consistent": sum(r.get("flagged_consistent", 0) for r in rows),
+           "disturbed_kept": sum(r.get("disturbed_kept", 0) for r in rows),
+           "confirmed_by_prediction": sum(r.get("confirmed_by") == "prediction" for r in rows),
+           "retake_s": budget.spent_s if budget is not None else 0.0,
+           "budget_share": budget.share if budget is not None else None,
+           "budget_refused": budget.refused if budget is not None else 0}
+    if out["retaken"]:
+        tr.note(f"{out['retaken']} sample(s) set aside and taken again: another process used "
+                "the CPU while they ran and they were out of line with the point's other "
+                "samples or its prediction (every one is kept in the run, beside its point)")
+    if out["flagged_consistent"]:
+        tr.note(f"{out['flagged_consistent']} sample(s) were flagged as disturbed but agreed "
+                "with their point's other samples or its prediction: kept")
+    if out["disturbed_kept"]:
+        tr.note(f"{out['disturbed_kept']} sample(s) were disturbed and kept out of line: the "
+                "retakes or their budget ran out; the medians they enter may be high")
+    return out
 
 
 def _pair(rows: list[dict[str, Any]]) -> tuple[str, str]:

@@ -5,7 +5,7 @@ generations (``warmup_steps`` long) and ``repeats`` timed ones from the shortest
 longest, every step timed; the step whose input makes the sequence t tokens long is the sample
 for t, and rows are emitted during the last run as it passes them. Slow -- a generation of a
 thousand tokens per repeat to time sixteen steps -- but it is what the write-up did; the
-latency sweep's default ("crop") is checked against it by ``scripts/bench_sweep.py``.
+latency sweep's default ("crop") is checked against it by ``scripts/bench_sweep.py --crop-check``.
 """
 
 from __future__ import annotations
