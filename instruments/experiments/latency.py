@@ -169,7 +169,8 @@ def row(model: GPT, mode: str, t: int, batch: int, samples_ms: list[float], phas
     flops = costs.step_flops(cfg, t, cached=cached, batch_size=batch,
                              last_only=last_only or spec.cached, keys=keys)
     nbytes = costs.step_bytes(cfg, model.dtype, t, cached=cached, batch_size=batch,
-                              last_only=last_only or spec.cached, keys=keys)
+                              last_only=last_only or spec.cached, keys=keys,
+                              storage=spec.weight_storage)  # the mode's own bytes per weight
     seconds = median_ms / 1e3
     return {
         "mode": mode, "mode_label": spec.label, "cached": spec.cached, "phase": phase,
