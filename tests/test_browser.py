@@ -132,6 +132,15 @@ def test_pages_in_chromium(server: tuple[str, Path], tmp_path: Path) -> None:
         page.wait_for_selector('text=/worst miss/', timeout=10_000)
         assert page.locator(".js-plotly-plot").count() >= 4  # + prediction, residual, parts
         shot(page, "floor_predict", tmp_path)
+        page.get_by_role("tab", name="Speculative decoding").click()
+        settle(page)
+        page.wait_for_selector('text=/acceptance is trivially high/', timeout=10_000)
+        page.get_by_role("button", name="Measure the verify curve and speculate").click()
+        page.wait_for_selector('[data-testid="stProgress"]', timeout=30_000)
+        wait_finished(page, 900_000)
+        page.wait_for_selector('text=/token for token/', timeout=10_000)
+        assert page.locator(".js-plotly-plot").count() >= 7  # + verify, speedup, acceptance
+        shot(page, "floor_speculate", tmp_path)
 
         go_to(page, "Memory")
         points = page.get_by_role("textbox", name="Context lengths")
@@ -167,15 +176,15 @@ def test_pages_in_chromium(server: tuple[str, Path], tmp_path: Path) -> None:
         shot(page, "correctness", tmp_path)
 
         go_to(page, "Results")
-        # peaks, generation, sweep, attribution, prediction, memory, planner + its sweep,
-        # correctness
-        page.wait_for_selector('text=/Saved runs \\(9\\)/', timeout=30_000)
+        # peaks, generation, sweep, attribution, prediction, speculate, memory, planner + its
+        # sweep, correctness
+        page.wait_for_selector('text=/Saved runs \\(10\\)/', timeout=30_000)
         assert page.locator(".js-plotly-plot").count() == 1
         shot(page, "results", tmp_path)
         browser.close()
     assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(
         f"{n}.png" for n in ("overview", "generate", "sweep", "flops", "floor", "floor_predict",
-                             "memory", "planner", "correctness", "results"))
+                             "floor_speculate", "memory", "planner", "correctness", "results"))
 
 
 @contextlib.contextmanager

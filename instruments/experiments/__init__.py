@@ -72,6 +72,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
     Experiment("generation", "generation", "side-by-side generation"),
     Experiment("planner", "kv_planner", "KV memory planner"),
     Experiment("prediction", "step_prediction", "step prediction", ("predict",)),
+    Experiment("speculate", "speculate", "verify curve and speculative decoding"),
 )}
 ALIASES = {alias: e.name for e in EXPERIMENTS.values() for alias in e.aliases}
 
