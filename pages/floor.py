@@ -282,7 +282,7 @@ with tab_spec:
                    "sidebar's *local folder* `tests/fixtures/bytes_stdlib`, a small model "
                    "trained on the Python standard library (it reads text as bytes). The "
                    "verify curve does not depend on the weights.")
-    v1, v2, v3 = st.columns([2, 2, 1])
+    v1, v2, v3 = st.columns([2, 1.4, 1.6])
     vmodes = [m for m in usable if appends(m)]
     sdef = SpeculateParams.defaults(choice.device, block)
     vmode = v1.selectbox("Decode mode", vmodes, key="floor_spec_mode", format_func=mode_label,
