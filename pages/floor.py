@@ -278,11 +278,12 @@ with tab_spec:
     if label.startswith("random"):
         st.warning("**Random weights: acceptance is trivially high.** A random model's greedy "
                    "stream repeats one token, so any draft of that token is right. For real "
-                   "acceptance, load real weights: *pretrained* where you have them, or the "
-                   "sidebar's *local folder* `tests/fixtures/bytes_stdlib`, a small model "
-                   "trained on the Python standard library (it reads text as bytes). The "
-                   "verify curve does not depend on the weights.")
-    v1, v2, v3 = st.columns([2, 1.4, 1.6])
+                   "acceptance, load real weights: *pretrained* where you have them, or, with "
+                   "a GPT-2 preset, the sidebar's *local folder* `tests/fixtures/bytes_stdlib`: "
+                   "a small model trained on the Python standard library (it reads text as "
+                   "bytes; its folder sets its shape). The verify curve does not depend on the "
+                   "weights.")
+    v1, v2, v3 = st.columns([2, 1.2, 1.8])
     vmodes = [m for m in usable if appends(m)]
     sdef = SpeculateParams.defaults(choice.device, block)
     vmode = v1.selectbox("Decode mode", vmodes, key="floor_spec_mode", format_func=mode_label,

@@ -243,9 +243,9 @@ def _speculate(model: GPT, p: SpeculateParams, prompt: torch.Tensor, tr: Tracker
     meta.update(prompt_tokens=t0, prompt_text=decode_for(prompt[0].tolist(), vocab),
                 output_text=decode_for(want[0].tolist(), vocab), distinct_tokens=distinct)
     if distinct <= 2:
-        tr.note(f"the greedy stream repeats {distinct} distinct token(s) (random weights do): "
-                "the drafts are trivially right and the acceptance says nothing about real "
-                "text")
+        tr.note(f"the greedy stream is {distinct} distinct token(s) repeated (what random "
+                "weights give): the drafts are trivially right, so this acceptance says little "
+                "about real text")
     plain_ms, prefill_ms = base.median_ms, prefill.median_ms
     curve = VerifyCurve(r for r in tr.tables.get("verify", []))
     for k in sorted(set(p.ks)):
