@@ -86,7 +86,8 @@ _CUDA_INT8PACK = [True]  # does this build's CUDA _weight_int8pack_mm work (unti
 
 
 def kernel(storage: str, device_type: str) -> str:
-    """What ``int8_linear`` / ``bf16_linear`` run on a device type, in words (rows carry it)."""
+    """What ``int8_linear`` / ``bf16_linear`` run on a device type, in words (the device check
+    prints it after its sweeps)."""
     if storage == "bfloat16":
         return "F.linear in bf16"
     if device_type == "cuda":
@@ -170,7 +171,10 @@ class WeightOnlyGPT(GPT):
 
     @property
     def base(self) -> GPT:
-        return self.__dict__["_base"]
+        base = self.__dict__["_base"]()  # weak: the cache of views must not keep models alive
+        if base is None:
+            raise RuntimeError("the model this weight-only view was made of is gone")
+        return base
 
     @property
     def config(self):  # type: ignore[override]  # the model's, so set_mask and bugs follow it
@@ -264,7 +268,7 @@ def weight_only(model: GPT, storage: str) -> WeightOnlyGPT:
         raise ValueError("the model has no Linear layers to store in " + storage)
     _tie_embeddings(view, model, tied, dtype)
     view.__class__ = WeightOnlyGPT
-    view.__dict__["_base"] = model
+    view.__dict__["_base"] = weakref.ref(model)
     view.storage = storage
     view.weights_label = f"{model.weights_label}, Linear weights in {storage}"
     per_model[storage] = (version, view)  # type: ignore[assignment]

@@ -63,6 +63,19 @@ def test_the_view_shares_everything_but_the_linears_and_leaves_the_model_alone()
     assert weight_only(model, "int8") is not view
 
 
+def test_a_model_with_views_can_still_be_freed() -> None:
+    import gc
+    import weakref
+
+    model = small_model()
+    weight_only(model, "int8")
+    weight_only(model, "bfloat16")
+    gone = weakref.ref(model)
+    del model
+    gc.collect()
+    assert gone() is None  # the cache of views holds the model only weakly
+
+
 @pytest.mark.parametrize("storage", ["int8", "bfloat16"])
 def test_the_view_stores_the_bytes_the_cost_model_charges(storage: str) -> None:
     model = small_model()
