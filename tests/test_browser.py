@@ -70,6 +70,7 @@ def go_to(page, title: str) -> None:
     settle(page)
 
 
+@pytest.mark.timeout(1200)  # the whole tour: every page and six experiments
 def test_pages_in_chromium(server: tuple[str, Path], tmp_path: Path) -> None:
     url, results = server
     with sync_api.sync_playwright() as pw:
@@ -135,6 +136,10 @@ def test_pages_in_chromium(server: tuple[str, Path], tmp_path: Path) -> None:
         page.get_by_role("tab", name="Speculative decoding").click()
         settle(page)
         page.wait_for_selector('text=/acceptance is trivially high/', timeout=10_000)
+        new = page.get_by_role("spinbutton", name="New tokens")
+        new.fill("16")
+        new.press("Enter")
+        settle(page)
         page.get_by_role("button", name="Measure the verify curve and speculate").click()
         page.wait_for_selector('[data-testid="stProgress"]', timeout=30_000)
         wait_finished(page, 900_000)
