@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from .decoders import Decoder
 from .model import GPT
-from .state import ModelState
+from .state import ModelState, weights_version
 from .step import StepWeights, attend_filled, decode_step
 
 MAX_CHUNKS = 8  # beyond this the per-chunk slabs get too thin to stream well
@@ -104,7 +104,7 @@ class FastWeights:
 
     def __init__(self, model: GPT, chunks: int) -> None:
         self.chunks = chunks
-        self.version = _weights_version(model)
+        self.version = weights_version(model)
         tr = model.transformer
 
         def packed(lin: torch.nn.Linear) -> PackedLinear:
@@ -124,11 +124,6 @@ class FastWeights:
         return self.head.nbytes() + sum(p.nbytes() for layer in self.linears for p in layer)
 
 
-def _weights_version(model: GPT) -> tuple[int, ...]:
-    # Bumped by any in-place write to a parameter: then the packed copies are stale.
-    return tuple(p._version for p in model.parameters())
-
-
 @torch.no_grad()
 def fast_weights(model: GPT | ModelState, chunks: int | None = None) -> FastWeights:
     """Packed copies of the model's weights, kept in its state while they are current (one
@@ -137,7 +132,7 @@ def fast_weights(model: GPT | ModelState, chunks: int | None = None) -> FastWeig
     n = default_chunks(state.model.device) if chunks is None else max(1, int(chunks))
     return state.cached(("packed",), lambda: FastWeights(state.model, n),
                         keep=lambda w: w.chunks == n
-                        and w.version == _weights_version(state.model))
+                        and w.version == weights_version(state.model))
 
 
 class FastDecoder(Decoder):

@@ -34,6 +34,9 @@ class ModeSpec:
     # Not exact by design (a lossy cache): the share of mode 1's largest |logit| its logits may
     # stray by, used by the gate when larger than the dtype's own tolerance. 0: exact.
     tolerance: float = 0.0
+    # How the Linear weights are stored ("" = the model dtype; "int8" = int8 with one fp32
+    # scale per output channel; "bfloat16"): the bytes a step streams, so the mode's own floor.
+    weight_storage: str = ""
 
 
 _EAGER = "engine.decoders:Decoder"
@@ -82,6 +85,20 @@ MODES: dict[str, ModeSpec] = {spec.name: spec for spec in (
              "fp32's bytes), dequantized every step for fused attention. Not exact: its logits "
              "error is measured and must stay within 5% of the largest logit.", _EAGER,
              dict(cache_kind="kv_int8", mask="none"), tolerance=0.05),
+    ModeSpec("int8_weights", 12, "12 · int8 weights (a scale per output channel)", "#8c6d31",
+             True, "Every Linear weight, the tied embedding/output projection included, stored "
+             "as int8 with one fp32 scale per output channel: a quarter of fp32's bytes to "
+             "stream. Activations and the KV cache stay in the model dtype (mode 5's cache and "
+             "attention). Not exact: its logits error is measured and must stay within 5% of "
+             "the largest logit.", "engine.quant:WeightOnlyDecoder", dict(storage="int8"),
+             tolerance=0.05, weight_storage="int8"),
+    ModeSpec("bf16_weights", 13, "13 · bf16 weights (bf16 matmuls)", "#843c39", True,
+             "Every Linear weight (and the tied embedding/output projection) stored in bfloat16, "
+             "half of fp32's bytes; each matmul runs in bf16 and returns the model dtype. "
+             "Activations and the KV cache stay in the model dtype (mode 5's cache and "
+             "attention). Not exact: its logits error must stay within 3% of the largest "
+             "logit.", "engine.quant:WeightOnlyDecoder", dict(storage="bfloat16"),
+             tolerance=0.03, weight_storage="bfloat16"),
 )}
 UNCACHED = tuple(name for name, spec in MODES.items() if not spec.cached)
 SEED_PAIR = ("uncached", "concat")  # what the write-up compared as "no cache" vs "KV cache"

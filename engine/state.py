@@ -41,6 +41,12 @@ class Provenance:
 _LIVE: weakref.WeakValueDictionary[int, ModelState] = weakref.WeakValueDictionary()
 
 
+def weights_version(model: GPT) -> tuple[int, ...]:
+    """Changes with any in-place write to a parameter: what was built from the weights (packed
+    or quantized copies, a peer's converted engine) is stale when it differs."""
+    return tuple(p._version for p in model.parameters())
+
+
 class ModelState:
     """One model and what is built on it: see the module docstring."""
 

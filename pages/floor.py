@@ -1,9 +1,10 @@
 """Floor lab: where a decode step's time goes, on this device, and how far it is from the floor.
 
-Four experiments, each a job in the measuring process (``ui.jobs``: queued, Stop keeps what was
-measured, saved to results/): step attribution, the matmul staircase, scope as batch and model
-grow, and precision. The page only turns inputs into params and rows into ``ui.floor_figures``
-figures.
+Experiments, each a job in the measuring process (``ui.jobs``: queued, Stop keeps what was
+measured, saved to results/): step attribution, the predicted step, the matmul staircase, scope
+as batch and model grow, precision, and speculative decoding against the multi-token verify
+curve. The page only turns inputs into params and rows into ``ui.floor_figures`` /
+``ui.figures_speculate`` figures.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from instruments.experiments.inputs import parse_contexts
 from instruments.experiments.precision import PrecisionParams, precisions_for
 from instruments.experiments.prediction import PredictionParams
 from instruments.experiments.scope import ScopeParams
+from instruments.experiments.speculate import KS, SpeculateParams, appends
 from instruments.experiments.staircase import StaircaseParams
 from instruments.process.client import Job
+from ui import figures_speculate as fs
 from ui import header, jobs, predicted
 from ui.floor_figures import (
     attribution_figure,
@@ -63,9 +66,9 @@ def _contexts(text: str) -> list[int] | None:
         return None
 
 
-tab_attr, tab_pred, tab_stair, tab_scope, tab_prec = st.tabs(
+tab_attr, tab_pred, tab_stair, tab_scope, tab_prec, tab_spec = st.tabs(
     ["Step attribution", "Predicted step", "Staircase", "Scope: batch and model size",
-     "Precision"])
+     "Precision", "Speculative decoding"])
 
 # ------------------------------------------------------------------------- step attribution
 with tab_attr:
@@ -260,3 +263,78 @@ with tab_prec:
 
     jobs.section(KEY_P, draw_prec, table="precision", stem="precision",
                  empty="Choose precisions and press **Compare**.")
+
+# -------------------------------------------------------------------- speculative decoding
+with tab_spec:
+    KEY_V = "floor_spec_job"
+    st.markdown("The other way under the read floor: make more tokens per read. One forward "
+                "that appends k tokens reads the weights once, so where a step is bound by "
+                "memory, k tokens cost about one. Speculative decoding drafts tokens cheaply "
+                "-- here by **prompt lookup**: what followed the last few tokens where they "
+                "occurred before, in the prompt or the text so far -- verifies them in one "
+                "forward, keeps the longest prefix the model agrees with and rewinds the "
+                "cache. The output is plain greedy decoding's, token for token.")
+    label = header.weights_label(choice) or ("random" if choice.weights == "random" else "")
+    if label.startswith("random"):
+        st.warning("**Random weights: acceptance is trivially high.** A random model's greedy "
+                   "stream repeats one token, so any draft of that token is right. For real "
+                   "acceptance, load real weights: *pretrained* where you have them, or, with "
+                   "a GPT-2 preset, the sidebar's *local folder* `tests/fixtures/bytes_stdlib`: "
+                   "a small model trained on the Python standard library (it reads text as "
+                   "bytes; its folder sets its shape). The verify curve does not depend on the "
+                   "weights.")
+    v1, v2, v3 = st.columns([2, 1.2, 1.8])
+    vmodes = [m for m in usable if appends(m)]
+    sdef = SpeculateParams.defaults(choice.device, block)
+    vmode = v1.selectbox("Decode mode", vmodes, key="floor_spec_mode", format_func=mode_label,
+                         index=vmodes.index(sdef.mode) if sdef.mode in vmodes else 0,
+                         help="Modes that append several tokens in one forward. Speedups are "
+                         "over plain greedy decoding with the same mode.")
+    vtext = v2.text_input("Contexts (tokens held)", ", ".join(map(str, sdef.contexts)),
+                          key="floor_spec_ctx", help="Each plus the largest k must fit the "
+                          f"model's {block} tokens.")
+    vk = v3.multiselect("k", KS, KS, key="floor_spec_k",
+                        help="Tokens appended in one forward; draft lengths.")
+    prompt = st.text_area("Prompt (paste text to continue; empty: a Python snippet)", "",
+                          key="floor_spec_prompt", height=110)
+    w1, w2 = st.columns(2)
+    vnew = int(w1.number_input("New tokens", 2, max(2, block // 2), sdef.new_tokens,
+                               key="floor_spec_new"))
+    vgram = int(w2.number_input("Longest n-gram looked up", 1, 8, 3, key="floor_spec_ngram"))
+    if st.button("Measure the verify curve and speculate", type="primary",
+                 icon=":material/play_arrow:", key="floor_spec_go",
+                 disabled=jobs.running(KEY_V) or not vk or not vmodes):
+        vctx = _contexts(vtext)
+        if vctx:
+            _start(KEY_V, "speculate", SpeculateParams(vctx, sorted(vk), vmode, prompt, vnew,
+                                                       ngram=vgram),
+                   f"verify curve and speculative decoding, {choice.model}")
+
+    def draw_spec(job: Job) -> None:
+        verify, spec = jobs.rows(job, "verify"), jobs.rows(job, "speculative")
+        if not verify.empty:
+            st.plotly_chart(fs.verify_figure(verify), width="stretch")
+            st.caption("One forward appending k tokens, over one appending a single token, "
+                       "after the same context. Near the green line, k tokens cost one read of "
+                       "the weights; on the grey line each token costs a step of its own.")
+        if spec.empty:
+            return
+        st.markdown(fs.speculation_sentence(spec))
+        left, right = st.columns(2)
+        left.plotly_chart(fs.speedup_figure(spec), width="stretch")
+        right.plotly_chart(fs.acceptance_figure(spec), width="stretch")
+        st.caption("Predicted (orange): E[tokens per forward] = (1 − α^(k+1)) / (1 − α) at the "
+                   "measured acceptance α, each forward costing t(k+1) from the verify curve. "
+                   "Predicted (green): the forwards that actually ran, each timed by the "
+                   "curve. Red: the acceptance below which drafts of k tokens cost more time "
+                   "than they save on this device.")
+        st.dataframe(fs.speculative_table(spec), hide_index=True)
+        meta = (job.run or {}).get("meta") or {}
+        if meta.get("output_text"):
+            st.markdown("Prompt, as the model read it, then ⟦ the greedy output ⟧:")
+            st.code(f"{meta.get('prompt_text', '')}⟦{meta['output_text']}⟧", language=None,
+                    wrap_lines=True)
+
+    jobs.section(KEY_V, draw_spec, table="speculative", stem="speculate",
+                 empty="Choose contexts and draft lengths, then **Measure the verify curve and "
+                 "speculate**.")

@@ -12,7 +12,9 @@ planner (the predicted batch allocated for real, layouts, KV storage errors); th
 step (calibrated parts summed against every eager mode's measured step); llama-bench's
 pp512 / tg128 at depths 0 and 512 with the energy counter (NVML, when nvidia-ml-py is there);
 the peers (every peer of the device whose packages are installed, gated on mode 1's logits and
-timed beside our exact modes; the others are listed as skipped, with why). Then it
+timed beside our exact modes; the others are listed as skipped, with why); the multi-token
+verify curve and speculative decoding (small). The sweeps include the weight-only rungs (int8
+and bf16 weights), each against its own byte floor; the int8 kernel used is printed. Then it
 prints each cached mode's step time against the bandwidth floor, (weights + K/V + activation
 bytes) / measured read bandwidth; the goal is CUDA-graph mode within 2x of it. Exit code 0 when
 every stage ran (even partly), 2 on bad input.
@@ -41,9 +43,10 @@ from instruments.measure.device import describe_device, device_available  # noqa
 from instruments.spine import Event, Loaded, ModelSpec, load  # noqa: E402
 from instruments.store import results  # noqa: E402
 
-SHARES = {"sweep float32": 0.28, "sweep bfloat16": 0.20, "attribution": 0.10,
-          "staircase": 0.16, "memory": 0.10, "planner": 0.06,
-          "prediction": 0.10, "bench": 0.06, "peers": 0.10}  # of the budget left after the peaks
+SHARES = {"sweep float32": 0.26, "sweep bfloat16": 0.19, "attribution": 0.10,
+          "staircase": 0.15, "memory": 0.09, "planner": 0.06,
+          "prediction": 0.09, "bench": 0.06, "peers": 0.10,
+          "speculate": 0.05}  # of the budget left after the peaks
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -98,8 +101,9 @@ def floor_lines(rows: list[dict[str, Any]], cfg: GPTConfig, read_gbps: float,
         if not got:
             continue
         r = max(got, key=lambda r: r["context_len"])
-        floor_ms = costs.step_bytes(cfg, dtype, r["context_len"], cached=True) / (
-            read_gbps * 1e9) * 1e3
+        floor_ms = costs.step_bytes(cfg, dtype, r["context_len"], cached=True,
+                                    storage=modes.MODES[mode].weight_storage) / (
+            read_gbps * 1e9) * 1e3  # the mode's own bytes per weight (int8, bf16 rungs)
         ratio = r["latency_ms"] / floor_ms
         goal = " (goal ≤ 2×: " + ("met)" if ratio <= 2 else "missed)") if mode == "cuda_graph" \
             else ""
@@ -249,6 +253,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  skipped {r['engine']}: {r.get('why')}")
     for line in get("peers").summary(run):
         print("  " + line.replace("\n", "\n  "))
+    stop = clock.start("speculate")  # one forward appending k tokens; prompt-lookup drafts
+    spec = get("speculate")
+    run = spec.run(fp32, spec.params(sorted({16, 128, 512} & set(range(1, cfg.block_size - 31))),
+                                     new_tokens=32 if not args.tiny else 12, repeats=2),
+                   None, stop)
+    for line in spec.summary(run):
+        print("  " + line)
+    from engine.quant import kernel  # noqa: PLC0415 (after the sweeps: a failed kernel shows)
+
+    print(f"  int8_weights ran {kernel('int8', torch.device(args.device).type)}")
     save(args, run)
 
     print(f"\n== cached step vs the bandwidth floor (bytes ÷ {read_gbps['float32']:.0f} GB/s "

@@ -91,7 +91,7 @@ def run_peers(page, contexts: str = PEERS) -> None:
     assert page.locator(".js-plotly-plot").count() == 1
 
 
-@pytest.mark.timeout(1200)  # the whole tour: nine measuring pages, one after the other
+@pytest.mark.timeout(1800)  # the whole tour: every page, ten measuring jobs one after another
 def test_pages_in_chromium(server: tuple[str, Path], tmp_path: Path) -> None:
     url, results = server
     with sync_api.sync_playwright() as pw:
@@ -158,6 +158,19 @@ def test_pages_in_chromium(server: tuple[str, Path], tmp_path: Path) -> None:
         page.wait_for_selector('text=/worst miss/', timeout=10_000)
         assert page.locator(".js-plotly-plot").count() >= 4  # + prediction, residual, parts
         shot(page, "floor_predict", tmp_path)
+        page.get_by_role("tab", name="Speculative decoding").click()
+        settle(page)
+        page.wait_for_selector('text=/acceptance is trivially high/', timeout=10_000)
+        new = page.get_by_role("spinbutton", name="New tokens")
+        new.fill("16")
+        new.press("Enter")
+        settle(page)
+        page.get_by_role("button", name="Measure the verify curve and speculate").click()
+        page.wait_for_selector('[data-testid="stProgress"]', timeout=30_000)
+        wait_finished(page, 900_000)
+        page.wait_for_selector('text=/token for token/', timeout=10_000)
+        assert page.locator(".js-plotly-plot").count() >= 7  # + verify, speedup, acceptance
+        shot(page, "floor_speculate", tmp_path)
 
         go_to(page, "Memory")
         points = page.get_by_role("textbox", name="Context lengths")
@@ -198,9 +211,9 @@ def test_pages_in_chromium(server: tuple[str, Path], tmp_path: Path) -> None:
         first = next(r for r in sweeps if r["kind"] == "latency_sweep")
         save_run(slowed(first, "concat", 2.0), results)
         go_to(page, "Results")
-        # peaks, generation, sweep, peers, attribution, prediction, memory, planner + its
-        # sweep, correctness, the slowed copy, and the 4 example runs in docs/runs/examples/
-        page.wait_for_selector('text=/Saved runs \\(15\\)/', timeout=30_000)
+        # peaks, generation, sweep, peers, attribution, prediction, speculate, memory, planner
+        # + its sweep, correctness, the slowed copy, and the 4 example runs in docs/runs/examples/
+        page.wait_for_selector('text=/Saved runs \\(16\\)/', timeout=30_000)
         page.wait_for_selector("text=/point\\(s\\) regressed beyond their noise/",
                                timeout=30_000)
         page.wait_for_selector(".js-plotly-plot >> nth=1", timeout=30_000)  # drawn lazily
@@ -210,7 +223,7 @@ def test_pages_in_chromium(server: tuple[str, Path], tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(
         f"{n}.png" for n in ("overview", "generate", "sweep", "peers", "flops", "floor",
                              "floor_predict",
-                             "memory", "planner", "correctness", "results"))
+                             "floor_speculate", "memory", "planner", "correctness", "results"))
 
 
 @contextlib.contextmanager

@@ -78,8 +78,10 @@ def test_the_bytes_a_step_reads_are_the_weights_once_and_the_kv_it_attends_to() 
         weights + 4 * 1024 * per_token
     int8 = costs.step_read_bytes(GPT2, "float32", 1000, kv_storage="int8")
     assert int8 == weights + 1000 * (18_432 + 1_152)  # int8 values, fp32 scale per head
-    assert costs.step_read_bytes(GPT2, "float32", 1, weight_dtype="bfloat16") == \
+    assert costs.step_read_bytes(GPT2, "float32", 1, storage="bfloat16") == \
         weights // 2 + per_token
+    assert costs.step_read_bytes(GPT2, "float32", 1, storage="int8") == \
+        costs.linear_weight_bytes(GPT2, "float32", "int8") + per_token
     assert kv_storage("int8_kv") == "int8" and kv_storage("concat") is None
 
 

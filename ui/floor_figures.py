@@ -63,8 +63,14 @@ def attribution_figure(df: pd.DataFrame, mode: str | None = None, *,
         fig.add_trace(go.Scatter(x=x, y=part["step_ms"], mode="text", showlegend=False,
                                  text=[f"{v:.0%} explained" for v in part["explained_share"]],
                                  textposition="top center", hoverinfo="skip"))
-    for col, name, dash in (("byte_floor_ms", "floor: bytes ÷ measured bandwidth", "dash"),
-                            ("flop_floor_ms", "floor: FLOPs ÷ measured peak", "dot")):
+    floors = [("byte_floor_ms", "floor: bytes ÷ measured bandwidth", "dash"),
+              ("flop_floor_ms", "floor: FLOPs ÷ measured peak", "dot")]
+    if str(part.get("weight_storage", pd.Series([""])).iloc[0]) and \
+            "model_dtype_floor_ms" in part:  # a weight-only rung: the model dtype's floor too
+        floors.append(("model_dtype_floor_ms", "byte floor with the weights in "
+                       f"{part['dtype'].iloc[0] if 'dtype' in part else 'the model dtype'}",
+                       "dashdot"))
+    for col, name, dash in floors:
         fig.add_trace(go.Scatter(x=x, y=part[col], mode="lines", name=name,
                                  line=dict(color="#555", dash=dash, width=1.5),
                                  hovertemplate="%{x} tokens<br>%{y:.3f} ms<extra>" + name
@@ -87,7 +93,22 @@ def explained_sentence(df: pd.DataFrame, mode: str) -> str:
     return (f"{mode}: the floor and the profiled host time explain {share.min():.0f}–"
             f"{share.max():.0f}% of the measured step across {len(part)} context lengths; the "
             f"rest, {rest.min():.3g}–{rest.max():.3g} ms, is kernel time above the floor that "
-            "nothing measured here explains.")
+            "nothing measured here explains." + weight_floor_sentence(part))
+
+
+def weight_floor_sentence(part: pd.DataFrame) -> str:
+    """For a weight-only rung (int8 / bf16 weights): the step against its own byte floor and
+    against the floor of the same step with the weights in the model dtype; "" otherwise."""
+    storage = str(part["weight_storage"].iloc[0]) if "weight_storage" in part else ""
+    if not storage or "model_dtype_floor_ms" not in part:
+        return ""
+    own = part["step_ms"] / part["byte_floor_ms"]
+    dtype_floor = part["step_ms"] / part["model_dtype_floor_ms"]
+    dtype = str(part["dtype"].iloc[0]) if "dtype" in part else "the model dtype"
+    return (f" With its weights in {storage}, its steps took {own.min():.2f}–{own.max():.2f}× "
+            f"its own byte floor and {dtype_floor.min():.2f}–{dtype_floor.max():.2f}× the "
+            f"floor of the same step with {dtype} weights (below 1×: under what any exact "
+            f"{dtype} engine can reach).")
 
 
 def counts_figure(df: pd.DataFrame) -> go.Figure:
@@ -118,8 +139,8 @@ def counts_figure(df: pd.DataFrame) -> go.Figure:
 def attribution_table(df: pd.DataFrame) -> pd.DataFrame:
     """The numbers behind the chart, one row per mode and context, rounded for reading."""
     cols = ["mode", "context_len", "step_ms", "spread_ms", "byte_floor_ms", "flop_floor_ms",
-            "above_floor_ms", "explained_share", "ops_per_step", "kernels_per_step",
-            "launches_per_step", "ops_ms", "python_ms", "device_ms", "bound"]
+            "model_dtype_floor_ms", "above_floor_ms", "explained_share", "ops_per_step",
+            "kernels_per_step", "launches_per_step", "ops_ms", "python_ms", "device_ms", "bound"]
     if df.empty:
         return pd.DataFrame(columns=cols)
     out = df[[c for c in cols if c in df.columns]].copy()

@@ -72,7 +72,9 @@ def latency_frame(run: dict[str, Any]) -> pd.DataFrame:
                          for t, c in zip(rows["context_len"], cached, strict=True)]
     if "bytes" not in rows.columns:
         rows["bytes"] = [costs.step_bytes(cfg, dtype, int(t), cached=bool(c), batch_size=batch,
-                                          last_only=m == "uncached_last")
+                                          last_only=m == "uncached_last",
+                                          storage=modes.MODES[m].weight_storage
+                                          if m in modes.MODES else "")
                          for t, c, m in zip(rows["context_len"], cached, rows["mode"],
                                             strict=True)]
     seconds = rows["latency_ms"].astype(float) / 1e3

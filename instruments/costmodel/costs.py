@@ -4,6 +4,10 @@ Every number here is a formula, never a measurement. FLOPs count only matrix pro
 per multiply-add); LayerNorm, softmax, GELU, adds and embedding lookups are left out, so the
 result matches what `torch.utils.flop_counter.FlopCounterMode` reports for the same forward.
 Bytes are a lower bound on the traffic a step cannot avoid (weights once, K/V rows touched).
+The Linear weights are counted at their *stored* size: the model dtype's, unless a mode stores
+them otherwise (``storage``, a mode's ``engine.modes.ModeSpec.weight_storage``: "int8" is one
+byte a weight plus one fp32 scale per output channel, "bfloat16" two bytes), so each mode's
+byte floor is its own bytes / the measured bandwidth.
 Names carry their unit: `*_flops`, `*_bytes`, `context_len` in tokens.
 """
 
@@ -161,9 +165,26 @@ def weight_bytes(cfg: GPTConfig, dtype: Any) -> int:
     return param_count(cfg) * dtype_bytes(dtype)
 
 
-def linear_weight_bytes(cfg: GPTConfig, dtype: Any) -> int:
-    """N * element size: the weights a decode step must stream (gpt2 fp32: 494 MB)."""
-    return linear_params(cfg) * dtype_bytes(dtype)
+WEIGHT_STORAGES = ("", "int8", "bfloat16")  # "": the model dtype
+SCALE_BYTES = 4  # one fp32 scale per output channel of an int8 weight
+
+
+def output_channels(cfg: GPTConfig) -> int:
+    """Output channels of every Linear, the output projection's included: L*9d + V (gpt2:
+    133,201); an int8 weight stores one scale per channel."""
+    return 9 * cfg.n_embd * cfg.n_layer + cfg.vocab_size
+
+
+def linear_weight_bytes(cfg: GPTConfig, dtype: Any, storage: str = "") -> int:
+    """The weights a decode step must stream, as stored: N * element size of ``dtype`` (gpt2
+    fp32: 494 MB), or of ``storage`` -- "int8" (gpt2: 124 MB, scales included) or
+    "bfloat16" (247 MB)."""
+    if storage not in WEIGHT_STORAGES:
+        raise ValueError(f"unknown weight storage {storage!r}; allowed: "
+                         f"{', '.join(repr(s) for s in WEIGHT_STORAGES)}")
+    if storage == "int8":
+        return linear_params(cfg) + SCALE_BYTES * output_channels(cfg)
+    return linear_params(cfg) * dtype_bytes(storage or dtype)
 
 
 def kv_bytes_per_token(cfg: GPTConfig, dtype: Any) -> int:
@@ -201,37 +222,39 @@ def activation_bytes(cfg: GPTConfig, dtype: Any, context_len: int, cached: bool,
 
 def step_bytes(
     cfg: GPTConfig, dtype: Any, context_len: int, cached: bool, batch_size: int = 1,
-    last_only: bool = False, keys: int | None = None,
+    last_only: bool = False, keys: int | None = None, storage: str = "",
 ) -> int:
     """Lower bound on bytes one step moves to or from memory.
 
-    Both modes read the Linear weights once (the batch shares them). Cached: read t-1 cached
+    Both modes read the Linear weights once (the batch shares them), at their stored size
+    (``storage``: see ``linear_weight_bytes``). Cached: read t-1 cached
     K/V rows and write the new one (t rows; ``keys`` rows for a step that reads the whole
     cache). Uncached: write t K/V rows and read them back once (2t rows). Plus
     ``activation_bytes`` (each activation written and read once).
     """
     _check_positive("context_len", context_len)
     kv_rows = (keys or context_len) if cached else 2 * context_len
-    return (linear_weight_bytes(cfg, dtype) + kv_bytes(cfg, dtype, batch_size, kv_rows)
+    return (linear_weight_bytes(cfg, dtype, storage) + kv_bytes(cfg, dtype, batch_size, kv_rows)
             + activation_bytes(cfg, dtype, context_len, cached, batch_size, last_only,
                                keys if cached else None))
 
 
 def step_read_bytes(cfg: GPTConfig, dtype: Any, context_len: int, batch_size: int = 1,
-                    keys: int | None = None, weight_dtype: Any = None,
+                    keys: int | None = None, storage: str = "",
                     kv_storage: str | None = None) -> int:
     """Bytes a step must read, the numerator of MBU (gpt-fast's and Databricks' definition).
 
     The Linear weights once (the output projection tied to ``wte`` counted once: the embedding
-    lookup reads one row per token), in ``weight_dtype`` (a quantized rung's own; default the
-    model's), plus the K/V rows the step attends to, ``keys`` of them (default ``context_len``),
-    per sequence, stored as ``kv_storage`` ("int8" adds its scales; default the model's dtype).
-    Activations are left out: MBU counts the model's bytes, not the traffic of its scratch.
+    lookup reads one row per token), as ``storage`` (a weight-only rung's own bytes per weight:
+    ``linear_weight_bytes``; default the model's dtype), plus the K/V rows the step attends to,
+    ``keys`` of them (default ``context_len``), per sequence, stored as ``kv_storage`` ("int8"
+    adds its scales; default the model's dtype). Activations are left out: MBU counts the
+    model's bytes, not the traffic of its scratch.
     gpt2 fp32, one sequence at 1,000 tokens: 494 MB + 74 MB.
     """
     _check_positive("context_len", context_len)
     _check_positive("batch_size", batch_size)
-    weights = linear_weight_bytes(cfg, dtype if weight_dtype is None else weight_dtype)
+    weights = linear_weight_bytes(cfg, dtype, storage)
     per_token = kv_plan.kv_bytes_per_token(cfg, dtype, kv_storage)  # int8: with its scales
     return weights + per_token * batch_size * (keys or context_len)
 

@@ -49,7 +49,8 @@ def cost_of(cfg: GPTConfig, dtype: Any, mode: str, t: int, batch: int = 1) -> fl
     """The formula cost a mode's step time is fitted against at context ``t``."""
     spec = modes.MODES[mode]
     if spec.cached:
-        return float(costs.step_bytes(cfg, dtype, t, cached=True, batch_size=batch))
+        return float(costs.step_bytes(cfg, dtype, t, cached=True, batch_size=batch,
+                                      storage=spec.weight_storage))
     return float(costs.step_flops(cfg, t, cached=False, batch_size=batch,
                                   last_only=mode == "uncached_last"))
 

@@ -10,7 +10,8 @@ sweep of the same machine. For a mode at context t, batch B:
                     forward's hollow step also holds its one-head t x t mask and softmax: 57 ms
                     of gpt2's 4 s forward at 1,000 tokens here)
   weights_ms        every Linear matmul: rows = B for a cached step, B x t for a forward; the
-                    output projection on B x t rows for mode 1, B rows otherwise
+                    output projection on B x t rows for mode 1, B rows otherwise; in the mode's
+                    weight layout (the weight-only rungs: their int8 / bf16 kernels)
   attention_ms      the cached step's KV write/concat/gather/dequantize and attention over t
                     keys, or an uncached forward's t x t attention with the mask
   small_ops_ms      layer norms, GELU, residual adds, the heads' re-assembly, the embeddings
@@ -41,7 +42,7 @@ PART_LABELS = {"weights_ms": "weights streamed (Linear matmuls)",
 @dataclass(frozen=True)
 class Recipe:
     cached: bool
-    layout: str  # "out_in" | "packed"
+    layout: str  # "out_in" | "packed" | "int8" | "bfloat16" (weight-only rungs' storage)
     attention: str  # a calibration "attention" variant (cached) or "seed" (uncached)
     head_all: bool = False  # the output projection on every position (mode 1)
 
@@ -55,6 +56,8 @@ RECIPES: dict[str, Recipe] = {
     "fast": Recipe(True, "packed", "prealloc_fused"),
     "paged": Recipe(True, "out_in", "paged_fused"),
     "int8_kv": Recipe(True, "out_in", "kv_int8_fused"),
+    "int8_weights": Recipe(True, "int8", "prealloc_fused"),
+    "bf16_weights": Recipe(True, "bfloat16", "prealloc_fused"),
 }
 NOT_PREDICTED = "compiled or graph-captured: its step fuses the operators this model sums"
 

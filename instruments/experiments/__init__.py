@@ -74,6 +74,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
     Experiment("prediction", "step_prediction", "step prediction", ("predict",)),
     Experiment("bench", "bench", "pp / tg throughput (llama-bench)"),
     Experiment("peers", "peers", "peers on the same weights"),
+    Experiment("speculate", "speculate", "verify curve and speculative decoding"),
 )}
 ALIASES = {alias: e.name for e in EXPERIMENTS.values() for alias in e.aliases}
 

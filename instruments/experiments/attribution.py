@@ -12,6 +12,9 @@ measured matmul peak, ``byte_floor_ms`` = bytes / measured read bandwidth (FLOPs
 ``instruments.costmodel.costs``, peaks from ``instruments.measure.device.peaks``);
 ``above_floor_ms`` = step_ms - max(floors): host time and kernels slower than the peak rates
 together, not "overhead" alone.
+Bytes count the mode's weights as it stores them (``weight_storage``: int8 and bf16 rungs stream
+fewer), so each mode's byte floor is its own; ``model_dtype_floor_ms`` is the same step's byte
+floor with the weights in the model dtype -- what a weight-only rung gets under.
 
 The chart splits ``step_ms`` into three parts that add up to it exactly:
   ``floor_part_ms``   the part of the busy time the floor explains (min(busy, floor))
@@ -254,7 +257,12 @@ def attribute_step(
     flops = costs.step_flops(cfg, context_len, cached=spec.cached, batch_size=batch_size,
                              last_only=last_only, keys=keys)
     nbytes = costs.step_bytes(cfg, model.dtype, context_len, cached=spec.cached,
-                              batch_size=batch_size, last_only=last_only, keys=keys)
+                              batch_size=batch_size, last_only=last_only, keys=keys,
+                              storage=spec.weight_storage)  # the mode's own bytes per weight
+    # the same step with the weights in the model dtype: how far below that floor a
+    # weight-only mode (int8, bf16) gets
+    dtype_bytes = costs.step_bytes(cfg, model.dtype, context_len, cached=spec.cached,
+                                   batch_size=batch_size, last_only=last_only, keys=keys)
     busy_profiled = tr.device_ms if cuda and tr.device_ms is not None else tr.ops_ms
     busy = step_ms * min(1.0, busy_profiled / tr.profiled_step_ms)  # rescaled to the plain step
     quart = statistics.quantiles(samples, n=4) if len(samples) >= 2 else [step_ms] * 3
@@ -270,7 +278,8 @@ def attribute_step(
         "kernels_per_step": tr.kernels_per_step, "launches_per_step": tr.launches_per_step,
         "profiled_step_ms": tr.profiled_step_ms, "ops_ms": tr.ops_ms,
         "python_ms": tr.python_ms, "host_ms": tr.host_ms, "device_ms": tr.device_ms,
-        "flops": flops, "bytes": nbytes, "busy_ms": busy, "idle_ms": step_ms - busy,
+        "flops": flops, "bytes": nbytes, "weight_storage": spec.weight_storage or "",
+        "model_dtype_bytes": dtype_bytes, "busy_ms": busy, "idle_ms": step_ms - busy,
         "profiler_cost_ms": prof_cost, "profile_tolerance_ms": tolerance,
         "compile_s": getattr(dec, "compile_s", 0.0),
     }
@@ -286,6 +295,8 @@ def with_floors(row: dict[str, Any], peaks: Peaks) -> dict[str, Any]:
     floor_part = min(busy, floor)
     return {**row, "peak_tflops": peaks.matmul_tflops, "bandwidth_gbps": peaks.read_gbps,
             "flop_floor_ms": flop_floor, "byte_floor_ms": byte_floor, "floor_ms": floor,
+            "model_dtype_floor_ms": row.get("model_dtype_bytes", row["bytes"])
+            / (peaks.read_gbps * 1e9) * 1e3,
             "bound": "memory" if byte_floor >= flop_floor else "compute",
             "above_floor_ms": step_ms - floor, "floor_above_step": floor > step_ms,
             "floor_part_ms": floor_part, "excess_ms": busy - floor_part,

@@ -30,7 +30,6 @@ polled between samples; a stopped run keeps its rows, marked partial.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -49,7 +48,7 @@ from instruments.experiments.inputs import (
     preset_contexts,
     whole,
 )
-from instruments.experiments.utilization import add_shares, kv_storage, listed_peaks
+from instruments.experiments.utilization import add_shares, listed_peaks, row
 from instruments.spine import (
     Loaded,
     ProgressFn,
@@ -58,7 +57,6 @@ from instruments.spine import (
     no_grad,
     record,
 )
-from instruments.store.stats import percentile_fields
 from instruments.store.tables import format_summary, summary_table
 
 if TYPE_CHECKING:
@@ -194,40 +192,6 @@ def summary(run: dict[str, Any]) -> list[str]:
             f"{q['disturbed_kept']} kept out of line; {q['retake_s']:.1f} s on retakes; "
             f"{q['confirmed_by_prediction']} point(s) confirmed by the prediction"] if q else []
     return [format_summary(run["tables"].get("summary", [])), *said, *end_to_end.summary(run)]
-
-
-def row(model: GPT, mode: str, t: int, batch: int, samples_ms: list[float], phase: str,
-        last_only: bool, compile_s: float, keys: int | None = None,
-        quiet: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One latency row: the median, every sample, the formula FLOPs/bytes and the rates.
-
-    ``keys``: what a cached step attends to when that is more than its context (a static-shape
-    step reads the whole cache): FLOPs and bytes are charged for it. ``quiet``: the samples set
-    aside as disturbed (``set_aside_ms``, ``set_aside_why``) and ``disturbed_kept``.
-    """
-    cfg, spec = model.config, lineup.spec(mode)
-    cached = spec.cached and phase == "decode"
-    keys = keys if cached else None
-    median_ms = statistics.median(samples_ms)
-    flops = costs.step_flops(cfg, t, cached=cached, batch_size=batch,
-                             last_only=last_only or spec.cached, keys=keys)
-    nbytes = costs.step_bytes(cfg, model.dtype, t, cached=cached, batch_size=batch,
-                              last_only=last_only or spec.cached, keys=keys)
-    read = costs.step_read_bytes(cfg, model.dtype, t, batch, keys=keys if cached else None,
-                                 kv_storage=kv_storage(mode))
-    seconds = median_ms / 1e3
-    return {
-        "mode": mode, "mode_label": spec.label, "cached": spec.cached, "phase": phase,
-        "context_len": t, "attended_keys": keys or t, "batch_size": batch,
-        "dtype": str(model.dtype).removeprefix("torch."),
-        "latency_ms": median_ms, "min_ms": min(samples_ms), "samples_ms": list(samples_ms),
-        "spread_ms": max(samples_ms) - min(samples_ms),
-        "flops": flops, "tflops": flops / seconds / 1e12 if seconds > 0 else None,
-        "bytes": nbytes, "gbps": nbytes / seconds / 1e9 if seconds > 0 else None,
-        **percentile_fields(samples_ms), "read_bytes": read,  # MBU's numerator
-        "compile_s": compile_s,  # set-up (compile / capture) time, never part of a step
-        **(quiet or {}),
-    }
 
 
 def _point_work(mode: str, t: int) -> float:

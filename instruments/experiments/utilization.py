@@ -1,4 +1,7 @@
-"""MBU and MFU of timed points, once a run knows its device's peaks. Torch-free at import.
+"""A timed point's row and its arithmetic: FLOPs, bytes, rates, MBU and MFU. Torch-free at import.
+
+``row(model, mode, t, batch, samples_ms, ...)`` is one latency row: the median, every sample,
+p50/p90/p99, the formula FLOPs and bytes (the mode's own bytes per weight) and the rates.
 
   MBU  model bandwidth utilisation: the bytes a step must read (``read_bytes``: the weights
        once, the tied embedding once, in the mode's own weight dtype, plus the K/V rows it
@@ -14,10 +17,16 @@ needs gets None. ``kv_storage(mode)`` says how a mode stores its K/V ("int8" or 
 
 from __future__ import annotations
 
-from typing import Any
+import statistics
+from typing import TYPE_CHECKING, Any
 
 from engine import modes
+from instruments import lineup
 from instruments.costmodel import costs
+from instruments.store.stats import percentile_fields
+
+if TYPE_CHECKING:
+    from engine.model import GPT
 
 
 def kv_storage(mode: str) -> str | None:
@@ -48,3 +57,38 @@ def add_shares(rows: list[dict[str, Any]], measured: dict[str, Any] | None,
         flops, nbytes = r.get("flops"), r.get("read_bytes")
         r["mbu"], r["mfu"] = costs.utilization(flops, nbytes, seconds, m_gbps, m_tflops)
         r["mbu_listed"], r["mfu_listed"] = costs.utilization(flops, nbytes, seconds, *listed)
+
+
+def row(model: GPT, mode: str, t: int, batch: int, samples_ms: list[float], phase: str,
+        last_only: bool, compile_s: float, keys: int | None = None,
+        quiet: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One latency row: the median, every sample, the formula FLOPs/bytes and the rates.
+
+    ``keys``: what a cached step attends to when that is more than its context (a static-shape
+    step reads the whole cache): FLOPs and bytes are charged for it. ``quiet``: the samples set
+    aside as disturbed (``set_aside_ms``, ``set_aside_why``) and ``disturbed_kept``.
+    """
+    cfg, spec = model.config, lineup.spec(mode)
+    cached = spec.cached and phase == "decode"
+    keys = keys if cached else None
+    median_ms = statistics.median(samples_ms)
+    flops = costs.step_flops(cfg, t, cached=cached, batch_size=batch,
+                             last_only=last_only or spec.cached, keys=keys)
+    nbytes = costs.step_bytes(cfg, model.dtype, t, cached=cached, batch_size=batch,
+                              last_only=last_only or spec.cached, keys=keys,
+                              storage=spec.weight_storage)  # the mode's own bytes per weight
+    read = costs.step_read_bytes(cfg, model.dtype, t, batch, keys=keys if cached else None,
+                                 storage=spec.weight_storage, kv_storage=kv_storage(mode))
+    seconds = median_ms / 1e3
+    return {
+        "mode": mode, "mode_label": spec.label, "cached": spec.cached, "phase": phase,
+        "context_len": t, "attended_keys": keys or t, "batch_size": batch,
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "latency_ms": median_ms, "min_ms": min(samples_ms), "samples_ms": list(samples_ms),
+        "spread_ms": max(samples_ms) - min(samples_ms),
+        "flops": flops, "tflops": flops / seconds / 1e12 if seconds > 0 else None,
+        "bytes": nbytes, "gbps": nbytes / seconds / 1e9 if seconds > 0 else None,
+        **percentile_fields(samples_ms), "read_bytes": read,  # MBU's numerator
+        "compile_s": compile_s,  # set-up (compile / capture) time, never part of a step
+        **(quiet or {}),
+    }

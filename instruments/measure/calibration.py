@@ -5,7 +5,8 @@
 them into a predicted step. Parts (every one over all the model's layers, as a step runs them):
 
   layers     variant = weight layout ("out_in": ``F.linear`` on the model's ``[out, in]``
-             weights; "packed": mode 8's ``[in, out]`` chunked copies), x = rows: the four Linear
+             weights; "packed": mode 8's ``[in, out]`` chunked copies; "int8" / "bfloat16": the
+             weight-only rungs' modules, ``engine.quant``), x = rows: the four Linear
              matmuls of every layer on x rows (1 per sequence for a cached step, T for a forward)
   head       the output projection on x rows, same layouts
   attention  variant = cache kind + core ("concat_seed", "prealloc_fused", ...), x = context S:
@@ -46,6 +47,7 @@ from engine.fast import fast_weights
 from engine.kv_cache import make_cache
 from engine.loop import random_prompt
 from engine.model import GPT
+from engine.quant import STORAGES, weight_only
 from engine.state import ModelState
 from instruments.costmodel import predict
 from instruments.measure.sampler import Sampler
@@ -136,6 +138,11 @@ class _Parts:
             return lambda: [f(a) for f, a in ordered]
         # GPT.forward's Linears see (B, T, C): measured here 5% slower than (B*T, C) at one row
         x, x4 = self._randn(1, rows, d), self._randn(1, rows, 4 * d)
+        if layout in STORAGES:  # a weight-only rung: its own modules, as its step calls them
+            swapped = weight_only(self.model, layout).transformer.h
+            calls = [(m, a) for blk in swapped for m, a in ((blk.attn.c_attn, x),
+                     (blk.attn.c_proj, x), (blk.mlp.c_fc, x), (blk.mlp.c_proj, x4))]
+            return lambda: [m(a) for m, a in calls]
         mats = []
         for blk in self.model.transformer.h:
             mats += [(blk.attn.c_attn, x), (blk.attn.c_proj, x), (blk.mlp.c_fc, x),
@@ -146,6 +153,9 @@ class _Parts:
         if layout == "packed":
             packed, x = fast_weights(self.state).head, self._randn(rows, self.cfg.n_embd)
             return lambda: packed(x)
+        if layout in STORAGES:
+            head, x = weight_only(self.model, layout).lm_head, self._randn(1, rows, self.cfg.n_embd)
+            return lambda: head(x)
         w, x = self.model.lm_head.weight, self._randn(1, rows, self.cfg.n_embd)
         return lambda: F.linear(x, w)
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.fast import _weights_version as weights_version  # bumped by in-place writes
 from engine.model import GPT
+from engine.state import weights_version  # bumped by in-place writes
 
 
 @dataclass

@@ -1,0 +1,279 @@
+"""Rungs 12 and 13: weight-only int8 and bf16 -- fewer bytes per weight, the same model around them.
+
+A cached decode step streams every Linear weight once, so its floor is (bytes per weight x
+weights) / bandwidth; these rungs lower the first factor and leave everything else alone:
+activations, LayerNorms, biases, the position table and the KV cache stay in the model dtype.
+
+  int8_weights  every Linear weight stored int8 with one fp32 scale per output channel
+                (symmetric absmax / 127, ``quantize_rows``). The tied embedding / output
+                projection is quantized ONCE, per vocabulary row (= per output channel of the
+                projection): the output projection multiplies by it, and the embedding lookup
+                dequantizes the one row it reads (row x its scale). Not exact: the gate holds it
+                to its registered tolerance.
+  bf16_weights  every Linear weight (and the tied matrix) stored in bfloat16; the matrix product
+                runs in bf16 (the input is rounded to bf16, the kernel accumulates as the
+                hardware does: fp32 in oneDNN/cuBLAS), its result is returned in the model dtype.
+
+How: as gpt-fast's ``quantize.py`` does, a handler swaps each ``nn.Linear`` (and the embedding
+tied to one) for a weight-only module over the same model, which never learns about it. The
+loaded model is shared by every mode, so it is never changed: ``weight_only(model, storage)``
+returns a *view* -- a shallow copy of the module tree in which only the containers above a
+swapped module are copied and every other module (LayerNorms, ``wpe``) and tensor is the
+model's own. The view reads ``config`` from the model. A view is kept in the model's state
+(``engine.state.ModelState``) while its weights are unchanged, and dropped with the state.
+
+Because the view's forward is ``GPT.forward``, the decoder (``WeightOnlyDecoder``) is the
+eager ``Decoder`` of mode 5 (preallocated cache, fused attention) over it: prefill, step, seek,
+rewind and the multi-token ``append`` all work, as for every mode whose ``appends`` is True.
+
+The per-token matrix-vector product lives in ONE function per storage, ``int8_linear(x, wq,
+scale)`` and ``bf16_linear(x, w)``: replace their bodies to try another kernel (the lead's C++
+extension); ``kernel(storage, device_type)`` names what each runs, for the rows that time them.
+The plain-PyTorch int8 path on a CPU dequantizes ``CHUNK_BYTES`` of weight rows at a time into
+a scratch that stays in the core's cache and multiplies there: memory sees the int8 bytes once
+(a whole-matrix ``wq.to(float32)`` would write and re-read four bytes per weight, and
+``torch.ops.aten._weight_int8pack_mm`` measured 36 ms against fp32 ``F.linear``'s 13.9 ms on
+gpt2's output projection here). On CUDA it is ``_weight_int8pack_mm`` where the build has it,
+else a whole-matrix dequantize.
+"""
+
+from __future__ import annotations
+
+import copy
+import weakref
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .decoders import Decoder
+from .model import GPT
+from .state import ModelState, weights_version
+
+INT8_MAX = 127.0
+STORAGES = ("int8", "bfloat16")
+CHUNK_BYTES = 1 << 20  # fp32 scratch per chunk of rows: stays in a core's L2
+FEW_ROWS = 16  # more input rows than this (a prefill): dequantize once, one big matmul
+
+
+# ------------------------------------------------------------------------------ the kernels
+def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(wq int8 (out, in), scale fp32 (out,)) with w ~= wq * scale[:, None]: absmax per row."""
+    w32 = w.detach().float()
+    scale = (w32.abs().amax(dim=1) / INT8_MAX).clamp_min(torch.finfo(torch.float32).tiny)
+    wq = torch.round(w32 / scale[:, None]).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return wq.contiguous(), scale.contiguous()
+
+
+def int8_linear(x: torch.Tensor, wq: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """y (N, out) = x (N, in) @ (wq * scale[:, None]).T, in x's dtype. The one int8 kernel."""
+    if x.device.type == "cuda" and _CUDA_INT8PACK[0]:
+        try:
+            return torch.ops.aten._weight_int8pack_mm(x, wq, scale.to(x.dtype))
+        except (RuntimeError, NotImplementedError):
+            _CUDA_INT8PACK[0] = False  # not in this build: dequantize from now on
+    if x.size(0) > FEW_ROWS or x.device.type != "cpu" or (x.requires_grad
+                                                          and torch.is_grad_enabled()):
+        return F.linear(x, wq.to(x.dtype)) * scale.to(x.dtype)  # (out= cannot record grads)
+    rows = max(1, CHUNK_BYTES // (wq.size(1) * 4))
+    out = x.new_empty(x.size(0), wq.size(0))
+    for i in range(0, wq.size(0), rows):
+        torch.mm(x, wq[i : i + rows].to(x.dtype).t(), out=out[:, i : i + rows])
+    return out.mul_(scale.to(x.dtype))
+
+
+_CUDA_INT8PACK = [True]  # does this build's CUDA _weight_int8pack_mm work (until it fails)
+
+
+def kernel(storage: str, device_type: str) -> str:
+    """What ``int8_linear`` / ``bf16_linear`` run on a device type, in words (the device check
+    prints it after its sweeps)."""
+    if storage == "bfloat16":
+        return "F.linear in bf16"
+    if device_type == "cuda":
+        return ("torch.ops.aten._weight_int8pack_mm" if _CUDA_INT8PACK[0]
+                else "dequantize the whole matrix + F.linear")
+    if device_type == "cpu":
+        return f"dequantize {CHUNK_BYTES >> 10} KiB of rows at a time + mm (plain PyTorch)"
+    return "dequantize the whole matrix + F.linear"
+
+
+def bf16_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """y (N, out) = x (N, in) @ w.T with w in bf16, returned in x's dtype. The one bf16 kernel."""
+    return F.linear(x.to(w.dtype), w).to(x.dtype)
+
+
+# ----------------------------------------------------------------------- the swapped modules
+class Int8Linear(nn.Module):
+    """A Linear whose weight is int8 with an fp32 scale per output channel."""
+
+    def __init__(self, wq: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.in_features, self.out_features = wq.size(1), wq.size(0)
+        self.register_buffer("wq", wq)
+        self.register_buffer("scale", scale)
+        self.bias = bias  # the model's own tensor (model dtype), not a copy
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = int8_linear(x.reshape(-1, self.in_features), self.wq, self.scale)
+        y = y.view(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+
+class Int8Embedding(nn.Module):
+    """The embedding tied to an ``Int8Linear``: reads its int8 rows and their scales."""
+
+    def __init__(self, head: Int8Linear, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.head, self.dtype = [head], dtype  # a list: not registered twice as a submodule
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        h = self.head[0]
+        return h.wq[idx].to(self.dtype) * h.scale[idx].unsqueeze(-1).to(self.dtype)
+
+
+class Bf16Linear(nn.Module):
+    """A Linear whose weight is stored in bfloat16."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.register_buffer("weight", weight)
+        self.bias = bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = bf16_linear(x.reshape(-1, self.weight.size(1)), self.weight)
+        y = y.view(*x.shape[:-1], self.weight.size(0))
+        return y if self.bias is None else y + self.bias
+
+
+class Bf16Embedding(nn.Module):
+    def __init__(self, head: Bf16Linear, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.head, self.dtype = [head], dtype
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return F.embedding(idx, self.head[0].weight).to(self.dtype)
+
+
+def _convert_linear(lin: nn.Linear, storage: str) -> nn.Module:
+    bias = None if lin.bias is None else lin.bias.detach()
+    if storage == "int8":
+        return Int8Linear(*quantize_rows(lin.weight), bias)
+    return Bf16Linear(lin.weight.detach().to(torch.bfloat16).contiguous(), bias)
+
+
+# ------------------------------------------------------------------------------- the view
+class WeightOnlyGPT(GPT):
+    """A view of a GPT with weight-only Linears (see the module docstring). Never construct it
+    directly: ``weight_only(model, storage)``."""
+
+    storage: str
+    version: tuple[Any, ...]  # the model's weights and module classes when the view was made
+
+    @property
+    def base(self) -> GPT:
+        base = self.__dict__["_base"]()  # weak: the cache of views must not keep models alive
+        if base is None:
+            raise RuntimeError("the model this weight-only view was made of is gone")
+        return base
+
+    @property
+    def config(self):  # type: ignore[override]  # the model's: one config for both
+        return self.base.config
+
+    @config.setter
+    def config(self, value: Any) -> None:
+        self.base.config = value
+
+    @property
+    def device(self) -> torch.device:
+        return self.transformer.wpe.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:  # activations and the KV cache: the model's dtype
+        return self.transformer.wpe.weight.dtype
+
+    def stored_bytes(self) -> int:
+        """Bytes of the weight-only copies (int8 weights + scales, or bf16 weights)."""
+        return sum(b.numel() * b.element_size() for m in self.modules()
+                   if isinstance(m, (Int8Linear, Bf16Linear)) for b in m.buffers())
+
+
+def _swap(module: nn.Module, storage: str, tied: dict[int, nn.Module], dtype: torch.dtype
+          ) -> nn.Module:
+    """``module`` itself when nothing under it changes, else a shallow copy with its swapped
+    children. ``tied`` maps a weight's id to the module that now holds it (the head)."""
+    if isinstance(module, nn.Linear):
+        new = _convert_linear(module, storage)
+        tied[id(module.weight)] = new
+        return new
+    children = {name: _swap(child, storage, tied, dtype) if child is not None else None
+                for name, child in module._modules.items()}
+    if all(children[n] is c for n, c in module._modules.items()):
+        return module
+    out = copy.copy(module)  # shares every tensor; only the child table is its own
+    out._modules = type(module._modules)(children)
+    out._parameters = type(module._parameters)(module._parameters)
+    out._buffers = type(module._buffers)(module._buffers)
+    return out
+
+
+def _tie_embeddings(view: nn.Module, base: GPT, tied: dict[int, nn.Module],
+                    dtype: torch.dtype) -> None:
+    """Every embedding of the base whose weight a swapped Linear holds reads that Linear's
+    copy (GPT-2's ``wte``/``lm_head``): quantized once, used twice."""
+    for name, emb in base.named_modules():
+        if isinstance(emb, nn.Embedding) and id(emb.weight) in tied:
+            head = tied[id(emb.weight)]
+            kind = Int8Embedding if isinstance(head, Int8Linear) else Bf16Embedding
+            parent_name, _, attr = name.rpartition(".")
+            parent = view.get_submodule(parent_name) if parent_name else view
+            original = base.get_submodule(parent_name) if parent_name else base
+            if parent is original:
+                raise RuntimeError(f"{parent_name!r} was not copied: the tie cannot be swapped")
+            parent._modules[attr] = kind(head, dtype)  # type: ignore[arg-type]
+
+
+def weight_only(model: GPT | ModelState, storage: str) -> WeightOnlyGPT:
+    """The view of ``model`` with its Linear weights in ``storage`` ("int8" | "bfloat16"),
+    built once per model state while the weights are unchanged."""
+    if storage not in STORAGES:
+        raise ValueError(f"unknown weight storage {storage!r}; allowed: {', '.join(STORAGES)}")
+    state = ModelState.of(model)
+    # The weights' version, and the class of every module: a module whose class was swapped
+    # (the checks' silent bugs, ``instruments.checks.bugs``) is copied into the view as it is
+    # then, so a view made with a bug on is not reused once the bug is off, nor the reverse.
+    version = (weights_version(state.model), tuple(type(m) for m in state.model.modules()))
+    return state.cached(("weight_only", storage), lambda: _view(state.model, storage, version),
+                        keep=lambda v: v.version == version)
+
+
+@torch.no_grad()
+def _view(model: GPT, storage: str, version: tuple[Any, ...]) -> WeightOnlyGPT:
+    dtype = model.dtype
+    # The head and the embedding are converted through the head alone (the tie is restored
+    # below): seen from the container, the tied Embedding is not a Linear.
+    tied: dict[int, nn.Module] = {}
+    view = _swap(model, storage, tied, dtype)
+    if view is model:
+        raise ValueError("the model has no Linear layers to store in " + storage)
+    _tie_embeddings(view, model, tied, dtype)
+    view.__class__ = WeightOnlyGPT
+    view.__dict__["_base"] = weakref.ref(model)
+    view.storage = storage
+    view.version = version
+    return view  # type: ignore[return-value]
+
+
+class WeightOnlyDecoder(Decoder):
+    """Mode 5's eager decoder (preallocated cache, fused attention) over ``weight_only``."""
+
+    def __init__(self, model: GPT | ModelState, *, storage: str, batch_size: int = 1,
+                 capacity: int | None = None) -> None:
+        view = weight_only(model, storage)
+        super().__init__(view, batch_size=batch_size, capacity=capacity,
+                         cache_kind="prealloc", mask="none", logits="last")
+        self.storage = storage
+        self.kernel = kernel(storage, view.device.type)
+        self.extra_bytes = view.stored_bytes()  # held besides the model's own weights
