@@ -19,10 +19,16 @@ $(VENV)/.installed: requirements.txt
 	$(PY) -m pip install -q -r requirements.txt
 	touch $@
 
-run: $(VENV)/.installed
+# The CPU matrix-vector kernel (engine/kernels), compiled once per machine and source change;
+# without a compiler the lab still runs, on torch's own kernels (the modes say so).
+$(VENV)/.kernel: $(VENV)/.installed engine/kernels/gemv.cpp
+	$(PY) -m engine.kernels build || echo "the C++ kernel was not built: the fast modes use torch"
+	touch $@
+
+run: $(VENV)/.kernel
 	$(PY) -m streamlit run app.py
 
-test: $(VENV)/.installed
+test: $(VENV)/.kernel
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
 

@@ -1,0 +1,71 @@
+"""The CPU matrix-vector kernel (``engine.kernels``) against ``F.linear``.
+
+fp32 weights: equal up to float32 summation order (~1e-6 of the output's scale); bf16 and int8
+weights: equal to ``F.linear`` over the same weights dequantized to fp32 (the kernel converts in
+registers and adds nothing of its own). Odd sizes cover the kernel's tails (rows not a multiple
+of 4, widths not a multiple of the vector length); bad input is refused with what is allowed.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine import kernels
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built() -> None:
+    ok, why = kernels.build()
+    assert ok, why
+
+
+def _int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    scale = w.abs().amax(dim=1) / 127
+    return torch.round(w / scale[:, None]).to(torch.int8), scale
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("out, inn", [(64, 768), (2305, 768), (7, 37), (130, 3072)])
+def test_every_weight_type_matches_f_linear(batch: int, out: int, inn: int) -> None:
+    gen = torch.Generator().manual_seed(out * inn + batch)
+    x = torch.randn(batch, inn, generator=gen)
+    w = torch.randn(out, inn, generator=gen) * 0.02
+    b = torch.randn(out, generator=gen)
+    ref = F.linear(x, w, b)
+    got = kernels.linear(x, w, None, b)
+    assert (got - ref).abs().max() <= 2e-6 * max(1.0, ref.abs().max().item())
+    wb = w.to(torch.bfloat16)
+    ref_b = F.linear(x, wb.float(), b)
+    assert (kernels.linear(x, wb, None, b) - ref_b).abs().max() <= 2e-6 * ref_b.abs().max()
+    wq, scale = _int8(w)
+    ref_q = F.linear(x, wq.float() * scale[:, None], b)
+    got_q = kernels.linear(x, wq, scale, b)
+    assert (got_q - ref_q).abs().max() <= 2e-6 * ref_q.abs().max()
+    assert (kernels.linear(x, wq, scale, None) - (ref_q - b)).abs().max() <= 2e-5
+
+
+def test_a_wrong_result_would_be_seen() -> None:
+    """The tolerance above is tight enough to see one weight dropped from a row."""
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(1, 768, generator=gen), torch.randn(64, 768, generator=gen)
+    dropped = w.clone()
+    dropped[3, 700] = 0
+    got = kernels.linear(x, dropped, None, None)
+    ref = F.linear(x, w)
+    assert (got - ref).abs().max() > 2e-6 * ref.abs().max()
+
+
+@pytest.mark.parametrize("args, message", [
+    ((torch.randn(1, 8), torch.randn(4, 8, dtype=torch.float64)), "float32, bfloat16 or int8"),
+    ((torch.randn(1, 8), torch.randn(4, 9)), "contiguous (out, in)"),
+    ((torch.randn(9, 8), torch.randn(4, 8)), "1 to 8 rows"),
+    ((torch.randn(1, 8), torch.zeros(4, 8, dtype=torch.int8)), "int8 weights need"),
+    ((torch.randn(1, 8).double(), torch.randn(4, 8)), "contiguous fp32"),
+])
+def test_bad_input_says_what_is_allowed(args: tuple, message: str) -> None:
+    with pytest.raises(RuntimeError, match=re.escape(message)):
+        kernels.linear(*args)
