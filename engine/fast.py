@@ -14,7 +14,12 @@ cores, each streaming its own contiguous slab. The output projection gets the sa
 (a transposed, padded copy of ``wte``). Each output is still one full dot product over ``in``,
 so results differ from ``F.linear`` by float32 rounding only. With one thread, ``chunks=1``
 falls back to ``torch.addmm`` on the ``[in, out]`` copy. ``PackedLinear.__call__`` is the one
-place that multiplies by the packed weights. The step itself is ``engine.step.decode_step``
+place that multiplies by the packed weights. Where the C++ matrix-vector kernel is built
+(``engine.kernels``), each role of matrix (q|k|v, attention projection, MLP up, MLP down, output
+projection) is timed both ways when the copies are made, and goes through the kernel over the
+model's own ``[out, in]`` weights -- no copy -- where that was faster (``FastWeights.choice``;
+measured here: the MLP's down projection at 1 thread, also q|k|v and the attention projection
+at 2; ``scripts/bench_kernels.py``). The step itself is ``engine.step.decode_step``
 (the one modes 6, 7 and 9 run too) over these copies, with ``attend_filled``: SDPA on 4-D views
 of a preallocated cache, with no mask, the new token seeing every cached key.
 
@@ -25,17 +30,20 @@ ModelState``; an in-place write to a parameter makes them stale, and they are bu
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from . import kernels
 from .decoders import Decoder
 from .model import GPT
 from .state import ModelState, weights_version
 from .step import StepWeights, attend_filled, decode_step
 
 MAX_CHUNKS = 8  # beyond this the per-chunk slabs get too thin to stream well
+KERNEL_ROWS = 8  # the most rows engine.kernels' matrix-vector product takes
 
 
 def default_chunks(device: torch.device) -> int:
@@ -99,20 +107,85 @@ def _layer_norm(ln: torch.nn.LayerNorm) -> functools.partial[torch.Tensor]:
                              weight=ln.weight.detach(), bias=ln.bias.detach(), eps=ln.eps)
 
 
+@dataclass
+class KernelLinear:
+    """y = x @ W.T + b through ``engine.kernels``' C++ matrix-vector product over the model's
+    own ``[out, in]`` weight: no copy. More rows than the kernel takes go to ``F.linear``."""
+
+    weight: torch.Tensor  # (out, in), the model's tensor
+    bias: torch.Tensor | None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.size(0) > KERNEL_ROWS:
+            return F.linear(x, self.weight, self.bias)
+        return kernels.linear(x.contiguous(), self.weight, None, self.bias)
+
+    def nbytes(self) -> int:
+        return 0  # nothing held besides the model
+
+
+Linear = PackedLinear | KernelLinear
+ROLES = ("c_attn", "attn.c_proj", "c_fc", "mlp.c_proj", "lm_head")
+
+
+def _pass_ms(fns: list[Linear], x: torch.Tensor, passes: int = 3) -> float:
+    """The fastest of ``passes`` runs of ``x`` through every matrix of a role, after one
+    untimed run (the role's matrices, one after another, as a step reads them)."""
+    best = float("inf")
+    for i in range(passes + 1):
+        t0 = time.perf_counter()
+        for f in fns:
+            f(x)
+        if i:
+            best = min(best, time.perf_counter() - t0)
+    return best * 1e3
+
+
+def _choose(packed: list[PackedLinear], own: list[torch.nn.Linear], device: torch.device,
+            dtype: torch.dtype) -> tuple[list[Linear], str, dict[str, float]]:
+    """Per role, whichever of the packed copies and the C++ kernel over the model's own weights
+    multiplies a token faster on this machine, timed here (the kernel on a tie within 3%: it
+    holds no copy). Without the kernel, or off a CPU or fp32: the packed copies."""
+    if device.type != "cpu" or dtype != torch.float32 or not kernels.available()[0]:
+        return list(packed), "packed", {}
+    kern = [KernelLinear(m.weight.detach(), None if m.bias is None else m.bias.detach())
+            for m in own]
+    x = torch.randn(1, own[0].in_features, generator=torch.Generator().manual_seed(0))
+    ms = {"packed": _pass_ms(list(packed), x), "kernel": _pass_ms(list(kern), x)}
+    if ms["kernel"] <= 1.03 * ms["packed"]:
+        return list(kern), "kernel", ms
+    return list(packed), "packed", ms
+
+
 class FastWeights:
-    """The packed copies of one model's weights (built once per model and chunk count)."""
+    """Mode 8's weights (built once per model and chunk count): per role, the packed copies or
+    the C++ kernel over the model's own weights, whichever measured faster here (``choice``,
+    ``tuned_ms``; ``tune_s`` the seconds that took, set-up never part of a step)."""
 
     def __init__(self, model: GPT, chunks: int) -> None:
         self.chunks = chunks
         self.version = weights_version(model)
         tr = model.transformer
-
-        def packed(lin: torch.nn.Linear) -> PackedLinear:
-            return PackedLinear.from_out_in(lin.weight, lin.bias, chunks)
-
-        self.linears = [(packed(b.attn.c_attn), packed(b.attn.c_proj), packed(b.mlp.c_fc),
-                         packed(b.mlp.c_proj)) for b in tr.h]
-        self.head = PackedLinear.from_out_in(model.lm_head.weight, None, chunks)
+        t0 = time.perf_counter()
+        self.choice: dict[str, str] = {}
+        self.tuned_ms: dict[str, dict[str, float]] = {}
+        own = {"c_attn": [b.attn.c_attn for b in tr.h],
+               "attn.c_proj": [b.attn.c_proj for b in tr.h],
+               "c_fc": [b.mlp.c_fc for b in tr.h], "mlp.c_proj": [b.mlp.c_proj for b in tr.h],
+               "lm_head": [model.lm_head]}
+        per_role: dict[str, list[Linear]] = {}
+        for role in ROLES:
+            packed = [PackedLinear.from_out_in(m.weight, None if role == "lm_head" else m.bias,
+                                               chunks) for m in own[role]]
+            per_role[role], self.choice[role], ms = _choose(packed, own[role], model.device,
+                                                            model.dtype)
+            del packed  # the copies of a role the kernel serves are dropped here
+            if ms:
+                self.tuned_ms[role] = ms
+        self.tune_s = time.perf_counter() - t0
+        self.linears = list(zip(per_role["c_attn"], per_role["attn.c_proj"], per_role["c_fc"],
+                                per_role["mlp.c_proj"], strict=True))
+        self.head = per_role["lm_head"][0]
         layers = [(_layer_norm(b.ln_1), qkv, proj, _layer_norm(b.ln_2), fc, fc_proj)
                   for b, (qkv, proj, fc, fc_proj) in zip(tr.h, self.linears, strict=True)]
         self.step = StepWeights(tr.wte.weight.detach(), tr.wpe.weight.detach(), layers,
@@ -149,6 +222,7 @@ class FastDecoder(Decoder):
                          cache_kind="prealloc", mask="none", logits="last")
         self.weights = fast_weights(self.state, chunks)
         self.extra_bytes = self.weights.extra_bytes
+        self.step_weights = self.weights.step  # what decode_step multiplies by
 
     @torch.no_grad()
     def step(self, token: torch.Tensor) -> torch.Tensor:
@@ -159,7 +233,7 @@ class FastDecoder(Decoder):
             raise ValueError(
                 f"KV cache holds at most {cache.capacity} tokens; this step would need {pos + 1}"
             )
-        logits = decode_step(self.weights.step, token, pos,
+        logits = decode_step(self.step_weights, token, pos,
                              attend_filled(cache.k_buf, cache.v_buf, pos))
         cache.advance(1)
         self._push(token)

@@ -22,19 +22,22 @@ swapped module are copied and every other module (LayerNorms, ``wpe``) and tenso
 model's own. The view reads ``config`` from the model. A view is kept in the model's state
 (``engine.state.ModelState``) while its weights are unchanged, and dropped with the state.
 
-Because the view's forward is ``GPT.forward``, the decoder (``WeightOnlyDecoder``) is the
-eager ``Decoder`` of mode 5 (preallocated cache, fused attention) over it: prefill, step, seek,
-rewind and the multi-token ``append`` all work, as for every mode whose ``appends`` is True.
+The decoder (``WeightOnlyDecoder``) is mode 8's over the view: the prefill, seek, rewind and the
+multi-token ``append`` run ``GPT.forward`` over it (preallocated cache, fused attention), and each
+decode step runs ``engine.step.decode_step`` over the view's modules (``step_weights``), so a
+step pays for its weights and not for a forward's per-module Python.
 
 The per-token matrix-vector product lives in ONE function per storage, ``int8_linear(x, wq,
-scale)`` and ``bf16_linear(x, w)``: replace their bodies to try another kernel (the lead's C++
-extension); ``kernel(storage, device_type)`` names what each runs, for the rows that time them.
-The plain-PyTorch int8 path on a CPU dequantizes ``CHUNK_BYTES`` of weight rows at a time into
-a scratch that stays in the core's cache and multiplies there: memory sees the int8 bytes once
-(a whole-matrix ``wq.to(float32)`` would write and re-read four bytes per weight, and
-``torch.ops.aten._weight_int8pack_mm`` measured 36 ms against fp32 ``F.linear``'s 13.9 ms on
-gpt2's output projection here). On CUDA it is ``_weight_int8pack_mm`` where the build has it,
-else a whole-matrix dequantize.
+scale)`` and ``bf16_linear(x, w)``; ``kernel(storage, device_type)`` names what each runs, for
+the rows that time them. On a CPU, a decode step's few fp32 rows go through ``engine.kernels``'
+C++ matrix-vector product, which converts int8 or bf16 rows to fp32 in registers as it streams
+them (``scripts/bench_kernels.py`` measured it against every other path; docs/engine-speed.md).
+Without the built kernel (or with ``KVLAB_NO_KERNEL`` set), the plain-PyTorch int8 path on a CPU
+dequantizes ``CHUNK_BYTES`` of weight rows at a time into a scratch that stays in the core's cache
+and multiplies there: memory sees the int8 bytes once (a whole-matrix ``wq.to(float32)`` would
+write and re-read four bytes per weight, and ``torch.ops.aten._weight_int8pack_mm`` measured 36 ms
+against fp32 ``F.linear``'s 13.9 ms on gpt2's output projection here). On CUDA it is
+``_weight_int8pack_mm`` where the build has it, else a whole-matrix dequantize.
 """
 
 from __future__ import annotations
@@ -47,14 +50,19 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import kernels
 from .decoders import Decoder
+from .fast import FastDecoder
 from .model import GPT
 from .state import ModelState, weights_version
+from .step import StepWeights
 
 INT8_MAX = 127.0
 STORAGES = ("int8", "bfloat16")
 CHUNK_BYTES = 1 << 20  # fp32 scratch per chunk of rows: stays in a core's L2
 FEW_ROWS = 16  # more input rows than this (a prefill): dequantize once, one big matmul
+KERNEL_ROWS = 8  # the C++ kernel takes up to this many rows (a decode step, a short verify)
+BF16_KERNEL = True  # bf16 rows of the MLP's down projection through the C++ kernel too
 
 
 # ------------------------------------------------------------------------------ the kernels
@@ -66,8 +74,19 @@ def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return wq.contiguous(), scale.contiguous()
 
 
+def _our_kernel(x: torch.Tensor) -> bool:
+    """Does ``engine.kernels``' C++ matrix-vector product take this input (a CPU, 1 to
+    ``KERNEL_ROWS`` fp32 rows, no gradient) and is it built? ``KVLAB_NO_KERNEL`` switches it off."""
+    if (x.device.type != "cpu" or x.dtype != torch.float32 or x.size(0) > KERNEL_ROWS
+            or (x.requires_grad and torch.is_grad_enabled())):
+        return False
+    return kernels.available()[0]
+
+
 def int8_linear(x: torch.Tensor, wq: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """y (N, out) = x (N, in) @ (wq * scale[:, None]).T, in x's dtype. The one int8 kernel."""
+    if _our_kernel(x):
+        return kernels.linear(x.contiguous(), wq, scale)
     if x.device.type == "cuda" and _CUDA_INT8PACK[0]:
         try:
             return torch.ops.aten._weight_int8pack_mm(x, wq, scale.to(x.dtype))
@@ -87,20 +106,29 @@ _CUDA_INT8PACK = [True]  # does this build's CUDA _weight_int8pack_mm work (unti
 
 
 def kernel(storage: str, device_type: str) -> str:
-    """What ``int8_linear`` / ``bf16_linear`` run on a device type, in words (the device check
-    prints it after its sweeps)."""
+    """What ``int8_linear`` / ``bf16_linear`` run on a device type for a decode step, in words
+    (the rows that time them and the device check print it)."""
+    if device_type == "cpu" and kernels.available()[0] and storage == "int8":
+        return "engine.kernels C++ matrix-vector (int8 rows, fp32 accumulation)"
+    if device_type == "cpu" and kernels.available()[0] and BF16_KERNEL:
+        return ("engine.kernels C++ matrix-vector where a weight's rows are longer than they "
+                "are many (the MLP's down projection), F.linear in bf16 elsewhere")
     if storage == "bfloat16":
         return "F.linear in bf16"
     if device_type == "cuda":
         return ("torch.ops.aten._weight_int8pack_mm" if _CUDA_INT8PACK[0]
                 else "dequantize the whole matrix + F.linear")
     if device_type == "cpu":
-        return f"dequantize {CHUNK_BYTES >> 10} KiB of rows at a time + mm (plain PyTorch)"
+        why = kernels.available()[1]
+        return (f"dequantize {CHUNK_BYTES >> 10} KiB of rows at a time + mm (plain PyTorch; "
+                f"the C++ kernel: {why})")
     return "dequantize the whole matrix + F.linear"
 
 
 def bf16_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """y (N, out) = x (N, in) @ w.T with w in bf16, returned in x's dtype. The one bf16 kernel."""
+    if BF16_KERNEL and w.size(1) > w.size(0) and _our_kernel(x):  # rows longer than they are
+        return kernels.linear(x.contiguous(), w)  # many: where it beat F.linear (bench_kernels)
     return F.linear(x.to(w.dtype), w).to(x.dtype)
 
 
@@ -266,14 +294,44 @@ def _view(model: GPT, storage: str, version: tuple[Any, ...]) -> WeightOnlyGPT:
     return view  # type: ignore[return-value]
 
 
-class WeightOnlyDecoder(Decoder):
-    """Mode 5's eager decoder (preallocated cache, fused attention) over ``weight_only``."""
+class _Rows:
+    """The view's embedding as ``decode_step`` indexes it: ``rows[token]`` looks the tokens up
+    through the weight-only embedding (int8 rows times their scale, or bf16 rows)."""
+
+    def __init__(self, emb: nn.Module, width: int) -> None:
+        self.emb, self.width = emb, width
+
+    def __getitem__(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.emb(idx)
+
+    def size(self, dim: int) -> int:
+        assert dim == 1, "decode_step asks for the embedding's width only"
+        return self.width
+
+
+def step_weights(view: WeightOnlyGPT) -> StepWeights:
+    """The view's modules as ``engine.step.decode_step``'s weights: mode 8's step, multiplying
+    by the weight-only Linears."""
+    tr = view.transformer
+    layers = [(b.ln_1, b.attn.c_attn, b.attn.c_proj, b.ln_2, b.mlp.c_fc, b.mlp.c_proj)
+              for b in tr.h]
+    return StepWeights(_Rows(tr.wte, view.config.n_embd), tr.wpe.weight.detach(), layers,
+                       tr.ln_f, view.lm_head, view.config.n_head)
+
+
+class WeightOnlyDecoder(FastDecoder):
+    """Mode 8's decoder over ``weight_only``: the prefill and multi-token appends through
+    ``GPT.forward`` into a preallocated cache (fused attention), each decode step through
+    ``engine.step.decode_step`` (no per-module Python of a forward)."""
+
+    appends = True  # GPT.forward over the view takes several tokens at once
 
     def __init__(self, model: GPT | ModelState, *, storage: str, batch_size: int = 1,
                  capacity: int | None = None) -> None:
         view = weight_only(model, storage)
-        super().__init__(view, batch_size=batch_size, capacity=capacity,
+        Decoder.__init__(self, view, batch_size=batch_size, capacity=capacity,
                          cache_kind="prealloc", mask="none", logits="last")
+        self.step_weights = step_weights(view)
         self.storage = storage
         self.kernel = kernel(storage, view.device.type)
         self.extra_bytes = view.stored_bytes()  # held besides the model's own weights

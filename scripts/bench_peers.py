@@ -38,7 +38,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=None, help="default 5 (tiny: 1)")
     ap.add_argument("--steps", type=int, default=None, help="per engine per round: 24 (tiny 2)")
     ap.add_argument("--peers", default=None, help="default: every peer of the CPU")
-    ap.add_argument("--modes", default=",".join(OURS), help="our modes beside them")
+    ap.add_argument("--modes", default=",".join([*OURS, "int8_weights", "bf16_weights"]),
+                    help="our modes beside them (default: the exact cached ones and the "
+                    "weight-only rungs)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "runs" / "peers"))
     return ap.parse_args(argv)
 

@@ -28,9 +28,7 @@ for second samples. ``--crop-check`` also times mode 3 the write-up's way (``--m
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -39,10 +37,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from instruments.process.client import measuring_threads  # noqa: E402
+from instruments.store import results  # noqa: E402
+from instruments.store.sweep_bench import TIMING_KIND, against, report  # noqa: E402
 from scripts.browser import ARGS, CHROMIUM, settle, streamlit_server  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-GOALS = {"total_s": 90.0, "first_s": 5.0, "median_share": 0.10}  # issue 25
 
 
 def cli(folder: Path, args: argparse.Namespace, experiment: str = "sweep", *extra: str) -> None:
@@ -89,52 +88,29 @@ def browser(folder: Path, args: argparse.Namespace) -> dict[str, float]:
             page.wait_for_timeout(1000)  # read once a second, as a user looks at it
         total = time.perf_counter() - t0
     timing = {"first_s": first if first is not None else total, "total_s": total}
-    (folder / "browser_timing.json").write_text(json.dumps(timing, indent=1))
+    meta = results.collect_meta(model=args.model, weights="random", device="cpu",
+                                dtype="float32", threads=args.threads,
+                                command="scripts/bench_sweep.py (headless Chromium, Run with "
+                                "every default, the page read once a second)")
+    results.save_run(results.new_run(TIMING_KIND, meta, {"timing": [timing]}), folder)
     return timing
 
 
-def sweep_run(folder: Path) -> dict:
-    (path,) = [p for p in folder.glob("*.json")
-               if p.name != "browser_timing.json" and json.loads(p.read_text()).get("kind")
-               == "latency_sweep"]
-    return json.loads(path.read_text())
+def saved(out: Path) -> list[dict]:
+    """Every run kept under ``out``, each with its path (what the report reads)."""
+    from instruments.store.results import load_runs
 
-
-def medians(run: dict) -> dict[tuple[str, int], float]:
-    return {(r["mode"], r["context_len"]): r["latency_ms"] for r in run["tables"]["latency"]}
-
-
-def against(a: dict, b: dict, mode: str) -> str:
-    """a's medians over b's for one mode: the median ratio, the range, contexts within 10%."""
-    ma, mb = medians(a), medians(b)
-    ratios = [ma[k] / mb[k] for k in ma if k[0] == mode and k in mb]
-    if not ratios:
-        return "–"
-    close = sum(abs(r - 1) <= GOALS["median_share"] for r in ratios)
-    return (f"{statistics.median(ratios):.3f} ({min(ratios):.2f}–{max(ratios):.2f}; "
-            f"{close}/{len(ratios)} within 10%)")
+    return load_runs(out, recursive=True).runs
 
 
 def table(out: Path) -> list[str]:
-    """The markdown table, from the runs kept in ``out``."""
-    cli_run, again = sweep_run(out / "cli"), sweep_run(out / "cli-again")
-    lines = ["| run | first point (s) | total (s) | goal met | retaken / kept in line / kept "
-             "disturbed | confirmed by prediction | mode 1 ÷ CLI (range; within 10%) "
-             "| mode 3 ÷ CLI (range; within 10%) |", "|---|---|---|---|---|---|---|---|"]
-    for folder in sorted(out.glob("browser-*")):
-        timing = json.loads((folder / "browser_timing.json").read_text())
-        run = sweep_run(folder)
-        q = run["meta"].get("retakes") or {}
-        met = timing["first_s"] <= GOALS["first_s"] and timing["total_s"] <= GOALS["total_s"]
-        lines.append(f"| {folder.name} | {timing['first_s']:.1f} | {timing['total_s']:.0f} | "
-                     f"{'yes' if met else 'no'} | {q.get('retaken', '?')} / "
-                     f"{q.get('flagged_consistent', '?')} / {q.get('disturbed_kept', '?')} | "
-                     f"{q.get('confirmed_by_prediction', '?')} | "
-                     f"{against(run, cli_run, 'uncached')} | {against(run, cli_run, 'concat')} |")
-    lines.append(f"| CLI again (noise floor) | – | {again['meta']['timings']['total_s']:.0f} | – | "
-                 f"– | – | {against(again, cli_run, 'uncached')} | "
-                 f"{against(again, cli_run, 'concat')} |")
-    return lines
+    """The markdown table, from the runs kept in ``out`` (``instruments.store.sweep_bench``)."""
+    return report(saved(out)) or [f"no browser run under {out}"]
+
+
+def sweep_run(folder: Path) -> dict:
+    (run,) = [r for r in saved(folder) if r.get("kind") == "latency_sweep"]
+    return run
 
 
 def main(argv: list[str] | None = None) -> int:

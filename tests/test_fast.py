@@ -92,8 +92,13 @@ def test_fast_reports_its_extra_memory_and_reuses_the_packing() -> None:
     b = make_decoder(model, "fast")
     assert a.weights is b.weights  # packed once per model
     d, v = CFG.n_embd, CFG.vocab_size
-    weights = 4 * (CFG.n_layer * 12 * d * d + d * v)
-    assert weights <= a.extra_bytes <= weights * 1.1  # copies of every Linear + padding/biases
+    role_bytes = {"c_attn": 3 * d * d, "attn.c_proj": d * d, "c_fc": 4 * d * d,
+                  "mlp.c_proj": 4 * d * d}
+    copied = 4 * (CFG.n_layer * sum(n for r, n in role_bytes.items()
+                                    if a.weights.choice[r] == "packed")
+                  + (d * v if a.weights.choice["lm_head"] == "packed" else 0))
+    # a packed role holds a copy of its weights (+ padding and biases); a kernel role none
+    assert copied <= a.extra_bytes <= copied * 1.1 + 4 * CFG.n_layer * 9 * d
     with torch.no_grad():
         model.lm_head.weight.add_(0.0)  # an in-place write: the packing is stale
     assert make_decoder(model, "fast").weights is not a.weights
@@ -244,3 +249,37 @@ def test_a_captured_graph_is_uploaded_before_any_timed_step() -> None:
 
     out = capture_and_upload(StubGraph(), lambda: calls.append("step") or torch.ones(1), capture)
     assert calls == ["capture (thread_local)", "step", "replay"] and out.item() == 1.0
+
+
+def test_fast_without_the_kernel_packs_every_role_and_with_it_gives_the_same_logits(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each role of mode 8 goes through the packed copies or the C++ kernel, whichever measured
+    faster; both must give GPT.forward's logits. Forced each way here."""
+    from engine import fast, kernels
+
+    model = tiny()
+    with torch.no_grad():  # biases start at zero: give them values a dropped bias would miss
+        for m in model.modules():
+            if isinstance(m, torch.nn.Linear) and m.bias is not None:
+                m.bias.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(2))
+    idx = torch.randint(0, CFG.vocab_size, (1, 9), generator=torch.Generator().manual_seed(1))
+    want = model(idx, use_cache=False)[0][:, -1]
+    for forced in ("packed", "kernel"):
+        if forced == "kernel" and not kernels.available()[0]:
+            continue
+
+        def choose(packed, own, device, dtype, forced=forced):  # noqa: ANN001, ANN202
+            if forced == "packed":
+                return list(packed), "packed", {}
+            return [fast.KernelLinear(m.weight.detach(), None if m.bias is None
+                                      else m.bias.detach()) for m in own], "kernel", {}
+
+        monkeypatch.setattr(fast, "_choose", choose)
+        w = fast.FastWeights(model, 2)
+        assert set(w.choice.values()) == {forced}
+        assert (w.extra_bytes == 0) == (forced == "kernel")
+        dec = fast.FastDecoder(model, capacity=16)
+        dec.weights = w
+        dec.prefill(idx[:, :8])
+        got = dec.step(idx[:, 8:9])
+        assert float((got - want).abs().max()) < 5e-6, forced

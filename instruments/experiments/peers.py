@@ -184,7 +184,9 @@ def _row(e: _Engine, t: int, floor_ms: float, threads: int) -> dict[str, Any]:
     return {
         "engine": e.name, "engine_label": spec.label, "mode": e.name,
         "kind": "peer" if lineup.is_peer(e.name) else "mode",
-        "precision": getattr(spec, "dtype", None) or e.check.get("dtype", "float32"),
+        # a peer's own precision; a weight-only rung's bytes per weight; else the model's dtype
+        "precision": getattr(spec, "dtype", None) or getattr(spec, "weight_storage", "")
+        or e.check.get("dtype", "float32"),
         "context_len": t, "latency_ms": median, "p90_ms": p90, "min_ms": min(samples),
         "samples_ms": samples, "rounds_ms": e.rounds[t], "floor_ms": floor_ms,
         "x_floor": median / floor_ms if floor_ms > 0 else None, "x_fastest_exact": None,

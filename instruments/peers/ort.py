@@ -9,7 +9,8 @@ tuples, which transformers 5 no longer takes, and torch's newer exporter needs `
 this one needs only the ``onnx`` package and keeps the past length dynamic. One export per
 model and precision, into a temporary folder; ``extra_bytes`` is the size of what was written
 (the tied embedding is stored twice: as the input embedding and as the output projection).
-The session runs every graph optimization, with ``intra_op_num_threads`` = the run's threads.
+The session runs every graph optimization, with ``intra_op_num_threads`` = the run's threads
+(its threads spin after a run, as ORT ships; ``KVLAB_ORT_SPIN=0`` stops that).
 
 Steps feed the presents back as the next past: the graph concatenates the new key/value onto
 what it is given (ONNX Runtime's usual GPT-2 past/present). ``seek`` crops the arrays on a CPU;
@@ -18,6 +19,7 @@ on CUDA (I/O binding, the past kept on the device as ORT values) it prefills aga
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -86,6 +88,11 @@ def _build(model: GPT, dtype: str, threads: int) -> Built:
     so = ort.SessionOptions()
     so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # ORT as it ships: its pool's threads spin for a while after each run (on the cores the
+    # next engine of an interleaved round is timed on). KVLAB_ORT_SPIN=0 stops them; measured
+    # at 1 thread it changed nobody's step beyond the rounds' noise.
+    if os.environ.get("KVLAB_ORT_SPIN") == "0":
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if dev.type == "cuda":
         if "CUDAExecutionProvider" not in ort.get_available_providers():
             raise PeerUnavailable("onnxruntime has no CUDA provider here; install with: "

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from instruments.store import readme_blocks as mk
+from instruments.store import readme_speed as speed
 from instruments.store.readme_blocks import ReadmeError, Run, rel
 from instruments.store.results import REPO_ROOT, RUNS_PATH, load_runs
 
@@ -34,6 +35,7 @@ class Block:
     folder: str | None  # under docs/runs/; None: the block reads no run (the device check's limits)
     make: Callable[[list[Run], Path], str]
     fills: str = ""  # the command whose run files belong in the folder
+    recursive: bool = False  # the folder's runs sit in subfolders (a benchmark's layout)
 
 
 _QUIET = "on a quiet machine, then copy its run files here"
@@ -49,10 +51,12 @@ BLOCKS: dict[str, Block] = {
                             "`python scripts/bench_predict.py --keep docs/runs/predicted-step` "
                             "on a quiet machine"),
     "isolation": Block("isolation", mk.isolation, f"`python scripts/bench_isolation.py` {_QUIET}"),
-    "sweep-time": Block("sweep-time", mk.sweep_time, f"`python scripts/bench_sweep.py` {_QUIET}"),
-    "engine-speed": Block("engine-speed", mk.listing,
-                          f"`python scripts/bench_cpu.py --compile` {_QUIET}"),
-    "peers": Block("peers", mk.listing, f"the peers' benchmark {_QUIET}"),
+    "sweep-time": Block("sweep", speed.sweep_bench,
+                        f"`python scripts/bench_sweep.py --out docs/runs/sweep` {_QUIET}",
+                        recursive=True),
+    "engine-speed": Block("engine-speed", speed.kernels,
+                          f"`python scripts/bench_kernels.py` {_QUIET}"),
+    "peers": Block("peers", speed.peers, f"`python scripts/bench_peers.py` {_QUIET}"),
     "gpu-check-length": Block(None, mk.gpu_check_length),
 }
 # A marker is a line of its own (a marker quoted inside a sentence is prose, not a block).
@@ -78,12 +82,12 @@ class _Maker:
         self.runs: dict[str, list[Run]] = {}
         self.made: dict[str, str] = {}
 
-    def folder_runs(self, folder: str) -> list[Run]:
+    def folder_runs(self, folder: str, recursive: bool = False) -> list[Run]:
         if folder not in self.runs:
             path = self.root / RUNS_DIR / folder
             if not path.is_dir():
                 raise ReadmeError(f"{rel(path, self.root)}/ is missing (a block reads its runs)")
-            loaded = load_runs(path)
+            loaded = load_runs(path, recursive=recursive)
             if loaded.skipped:
                 bad, why = loaded.skipped[0]
                 raise ReadmeError(f"{rel(bad, self.root)}: {why}")
@@ -93,7 +97,8 @@ class _Maker:
     def __call__(self, name: str) -> str:
         if name not in self.made:
             block = BLOCKS[name]
-            runs = [] if block.folder is None else self.folder_runs(block.folder)
+            runs = [] if block.folder is None else self.folder_runs(block.folder,
+                                                                     block.recursive)
             if block.folder is not None and not runs:
                 body = (f"_No committed run yet: `{(RUNS_DIR / block.folder).as_posix()}/` holds "
                         f"no run file. Run {block.fills}._")

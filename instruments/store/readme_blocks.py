@@ -292,35 +292,6 @@ def isolation(runs: list[Run], root: Path) -> str:
     return "\n".join(lines)
 
 
-def sweep_time(runs: list[Run], root: Path) -> str:
-    """The sweeps' shape, and cached steps timed by cropping against the write-up's method."""
-    sweeps = [r for r in runs if r.get("kind") == "latency_sweep"] or [
-        newest(runs, "latency_sweep", root)]
-    rows = []
-    for run in sweeps:
-        m = run.get("meta") or {}
-        by = _by_mode(run, root)
-        counts = [len(p.get("samples_ms") or []) for pts in by.values() for p in pts.values()]
-        rows.append([f"`{Path(run['path']).name}`", m.get("method") or "—",
-                     ", ".join(f"`{x}`" for x in by), len({t for p in by.values() for t in p}),
-                     _span(counts, "d") if counts else "—"])
-    lines = [f"The newest run on {machine(sweeps[-1])}.", ""]
-    lines += md_table(["run", "method", "modes", "contexts", "samples per point"], rows)
-    crop = [r for r in sweeps if (r.get("meta") or {}).get("method") == "crop"]
-    gen = [r for r in sweeps if (r.get("meta") or {}).get("method") == "generate"]
-    if crop and gen:
-        a, b = _by_mode(crop[-1], root), _by_mode(gen[-1], root)
-        lines += ["", "Cached steps, crop ÷ the write-up's method (newest run of each):", ""]
-        lines += md_table(["mode", "median over contexts (range)", "within 10%"], (
-            [f"`{mode}`", f"{statistics.median(r):.3f} ({_span(r, '.2f')})",
-             f"{sum(abs(x - 1) <= 0.1 for x in r)} of {len(r)}"]
-            for mode in a if mode in b and any(p.get("phase") == "decode"
-                                               for p in a[mode].values())
-            for r in [[a[mode][t]["latency_ms"] / b[mode][t]["latency_ms"]
-                       for t in a[mode] if t in b[mode]]] if r))
-    return "\n".join(lines)
-
-
 def listing(runs: list[Run], root: Path) -> str:
     """The runs of a folder whose block has no maker of its own yet: what each one is."""
     return "\n".join(md_table(
