@@ -95,6 +95,12 @@ def int8_linear(x: torch.Tensor, wq: torch.Tensor, scale: torch.Tensor) -> torch
     if x.size(0) > FEW_ROWS or x.device.type != "cpu" or (x.requires_grad
                                                           and torch.is_grad_enabled()):
         return F.linear(x, wq.to(x.dtype)) * scale.to(x.dtype)  # (out= cannot record grads)
+    return int8_chunked(x, wq, scale)
+
+
+def int8_chunked(x: torch.Tensor, wq: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The plain-PyTorch CPU path for a few rows: dequantize ``CHUNK_BYTES`` of rows at a time
+    into a scratch that stays in cache, and multiply there."""
     rows = max(1, CHUNK_BYTES // (wq.size(1) * 4))
     out = x.new_empty(x.size(0), wq.size(0))
     for i in range(0, wq.size(0), rows):

@@ -63,7 +63,7 @@ def candidates(lins: list, threads: int) -> dict[str, tuple[str, int, Callable]]
 
     from engine import kernels
     from engine.fast import PackedLinear
-    from engine.quant import int8_linear, quantize_rows
+    from engine.quant import int8_chunked, quantize_rows
 
     ws = [m.weight.detach() for m in lins]
     fp32_bytes = sum(w.numel() * 4 for w in ws)
@@ -90,7 +90,7 @@ def candidates(lins: list, threads: int) -> dict[str, tuple[str, int, Callable]]
     q = [quantize_rows(w) for w in ws]
     int8_bytes = sum(wq.numel() + s.numel() * 4 for wq, s in q)
     out["chunked dequantize + mm int8"] = ("int8", int8_bytes,
-                                           over(lambda x, i: int8_linear(x, *q[i])))
+                                           over(lambda x, i: int8_chunked(x, *q[i])))
     if ok:
         out["C++ kernel int8"] = ("int8", int8_bytes,
                                   over(lambda x, i: kernels.linear(x, q[i][0], q[i][1])))
