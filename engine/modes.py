@@ -162,6 +162,12 @@ def choices(device: str) -> tuple[list[str], dict[str, str]]:
     return usable, missing
 
 
+def fastest_exact(device: str) -> str:
+    """The default cached mode where one mode is offered as "the KV cache": mode 8 on a CPU (our
+    fastest exact step there: docs/peers.md), mode 5 elsewhere."""
+    return "fast" if str(device).startswith("cpu") else "prealloc_fused"
+
+
 def defaults(device: str) -> list[str]:
     """Modes available on ``device`` that are cheap to set up (no minutes of compile)."""
     return [n for n in choices(device)[0] if not MODES[n].slow_setup]

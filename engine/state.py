@@ -54,6 +54,8 @@ class ModelState:
         self.model = model
         self.provenance = provenance or Provenance()
         self._built: dict[tuple[Any, ...], Any] = {}
+        self._releases: dict[tuple[Any, ...], Callable[[], None]] = {}
+        weakref.finalize(self, _release_all, self._releases)  # holds the dict, not the state
         _LIVE[id(model)] = self  # the newest state of a model is the one ``of`` finds
 
     @classmethod
@@ -65,22 +67,30 @@ class ModelState:
         return state if state is not None and state.model is model else cls(model)
 
     def cached(self, key: tuple[Any, ...], build: Callable[[], T],
-               keep: Callable[[T], bool] | None = None) -> T:
+               keep: Callable[[T], bool] | None = None,
+               release: Callable[[T], None] | None = None) -> T:
         """What ``build()`` returns, built once for this model under ``key`` (a tuple whose
-        first item names what it is: "attention", "packed", "compiled"); built again
+        first item names what it is: "attention", "packed", "compiled", "peer"); built again
         (the old one dropped first: it may be as big as the weights) when ``keep(old)`` says
-        it is stale."""
+        it is stale. ``release(value)`` runs when the value is dropped -- replaced, ``drop``,
+        ``clear``, or the state itself garbage-collected (a peer's engine: its files, its
+        paused generation)."""
         old = self._built.get(key)
         if old is not None and (keep is None or keep(old)):
             return old
-        self._built.pop(key, None)
+        self.drop(key)
         del old
         value = self._built[key] = build()
+        if release is not None:
+            self._releases[key] = lambda: release(value)
         return value
 
     def drop(self, key: tuple[Any, ...]) -> None:
         """Forget what was built under ``key`` (nothing if there is none)."""
         self._built.pop(key, None)
+        done = self._releases.pop(key, None)
+        if done is not None:
+            done()
 
     def attention(self, kind: str | None = None) -> Attention:
         """The causal-mask variant ``kind`` (None: the model config's), buffers built once."""
@@ -99,3 +109,9 @@ class ModelState:
     def clear(self) -> None:
         """Drop everything built on the model (its weights stay)."""
         self._built.clear()
+        _release_all(self._releases)
+
+
+def _release_all(releases: dict[tuple[Any, ...], Callable[[], None]]) -> None:
+    while releases:
+        releases.popitem()[1]()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from engine import modes
 from engine.tokenizer import TokenizerError, encode, text_or_ids
 from instruments import lineup
 from instruments.experiments import to_dict
@@ -34,7 +35,8 @@ n_new = st.number_input("New tokens", min_value=1, max_value=limit, value=min(40
 usable = mode_choices(choice.device)[0]
 m1, m2 = st.columns(2)
 left = m1.selectbox("Left", usable, key="gen_left", format_func=mode_label,
-                    index=usable.index("prealloc_fused") if "prealloc_fused" in usable else 0)
+                    index=usable.index(cached) if (cached := modes.fastest_exact(choice.device))
+                    in usable else 0)
 right = m2.selectbox("Right", usable, key="gen_right", format_func=mode_label,
                      index=usable.index("uncached") if "uncached" in usable else 0)
 clicked = st.button("Generate", type="primary", disabled=jobs.running(KEY), icon=RUN_ICON)

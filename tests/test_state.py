@@ -60,3 +60,18 @@ def test_the_measuring_process_drops_everything_built_on_the_old_model() -> None
     gc.collect()
     assert packed() is None and seed() is None and model() is None
     assert new.state.mask_nbytes() == 0
+
+
+def test_what_is_built_with_a_release_is_released_when_dropped_replaced_or_gone() -> None:
+    released: list[str] = []
+    state = ModelState(small_model())
+    state.cached(("peer", "a"), lambda: "a1", release=released.append)
+    state.cached(("peer", "a"), lambda: "a2", keep=lambda v: False, release=released.append)
+    assert released == ["a1"]  # replaced: the stale one goes first
+    state.drop(("peer", "a"))
+    assert released == ["a1", "a2"]
+    state.cached(("peer", "b"), lambda: "b1", release=released.append)
+    del state
+    gc.collect()
+    assert released == ["a1", "a2", "b1"]  # the state itself gone (the measuring process
+    # dropped it for another model): what it built is released with it

@@ -85,6 +85,8 @@ def test_default_params_are_quick_on_cpu_and_thorough_on_cuda() -> None:
     assert cpu.repeats == 3 and cpu.warmup_steps is not None
     assert gpu.repeats == 5 and gpu.warmup_steps is None
     assert LatencyParams.defaults("cpu", 128).contexts[-1] == 128
+    # the write-up's pair everywhere; on a CPU also our fastest exact step (issue 22)
+    assert cpu.modes == ["uncached", "concat", "fast"] and gpu.modes == ["uncached", "concat"]
 
 
 # --------------------------------------------------------------------------------- sweep

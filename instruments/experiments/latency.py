@@ -101,11 +101,13 @@ class LatencyParams:
 
     @classmethod
     def defaults(cls, device: str, block_size: int) -> LatencyParams:
-        """~16 log-spaced points, modes 1 and 3; more samples allowed on a GPU."""
+        """~16 log-spaced points, modes 1 and 3 (the write-up's pair) and, on a CPU, mode 8 (our
+        fastest exact cached step there); more samples allowed on a GPU."""
         contexts = preset_contexts("log-spaced (16)", block_size)
         if str(device).startswith("cuda"):
             return cls(contexts, ["uncached", "concat"], repeats=5, warmup=2)
-        return cls(contexts, ["uncached", "concat"], repeats=3, warmup=1, warmup_steps=32)
+        return cls(contexts, ["uncached", "concat", modes.fastest_exact(str(device))], repeats=3,
+                   warmup=1, warmup_steps=32)
 
     def check(self, cfg: GPTConfig, device: str) -> None:
         contexts_within("context lengths", self.contexts, 1, cfg.block_size)
@@ -155,7 +157,8 @@ Params = LatencyParams
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--contexts", default="log-spaced (16)",
                    help='a preset ("log-spaced (16)", "every length 8..1024") or "8,16,100-200:10"')
-    p.add_argument("--modes", default="uncached,concat", help=f"from: {', '.join(lineup.names())}")
+    p.add_argument("--modes", default=None, help="default: uncached,concat (+ fast on a CPU); "
+                   f"from: {', '.join(lineup.names())}")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeats", type=int, default=None,
                    help="the most timed samples per point (at least 2, more while they "
@@ -178,7 +181,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def from_args(args: argparse.Namespace, block_size: int) -> LatencyParams:
     base = LatencyParams.defaults(args.device, block_size)
     return LatencyParams(
-        parse_contexts(args.contexts, block_size), parse_modes(args.modes), args.batch,
+        parse_contexts(args.contexts, block_size),
+        parse_modes(args.modes) if args.modes else base.modes, args.batch,
         args.warmup, args.repeats if args.repeats is not None else base.repeats, args.seed,
         args.warmup_steps if args.warmup_steps is not None else base.warmup_steps,
         e2e_new_tokens=end_to_end.new_tokens(args, block_size), e2e_prompt_len=args.prompt_len,

@@ -29,6 +29,14 @@ if TYPE_CHECKING:
     from engine.model import GPT
 
 
+def weight_storage(spec: Any) -> str:
+    """Bytes per weight a mode or peer streams, as ``costs.linear_weight_bytes`` names them: a
+    weight-only rung's storage, a peer's own precision where the cost model knows it ("int8",
+    "bfloat16"), else "" (the model's dtype)."""
+    own = getattr(spec, "weight_storage", "") or getattr(spec, "dtype", "") or ""
+    return own if own in costs.WEIGHT_STORAGES else ""
+
+
 def kv_storage(mode: str) -> str | None:
     """How ``mode`` stores its K/V, when not in the model's dtype ("int8" for mode 11)."""
     spec = modes.MODES.get(mode)
@@ -70,15 +78,16 @@ def row(model: GPT, mode: str, t: int, batch: int, samples_ms: list[float], phas
     """
     cfg, spec = model.config, lineup.spec(mode)
     cached = spec.cached and phase == "decode"
+    storage = weight_storage(spec)
     keys = keys if cached else None
     median_ms = statistics.median(samples_ms)
     flops = costs.step_flops(cfg, t, cached=cached, batch_size=batch,
                              last_only=last_only or spec.cached, keys=keys)
     nbytes = costs.step_bytes(cfg, model.dtype, t, cached=cached, batch_size=batch,
                               last_only=last_only or spec.cached, keys=keys,
-                              storage=spec.weight_storage)  # the mode's own bytes per weight
+                              storage=storage)  # the mode's own bytes per weight
     read = costs.step_read_bytes(cfg, model.dtype, t, batch, keys=keys if cached else None,
-                                 storage=spec.weight_storage, kv_storage=kv_storage(mode))
+                                 storage=storage, kv_storage=kv_storage(mode))
     seconds = median_ms / 1e3
     return {
         "mode": mode, "mode_label": spec.label, "cached": spec.cached, "phase": phase,

@@ -97,7 +97,7 @@ PEERS: dict[str, PeerSpec] = {p.name: p for p in (
              _ORT_PKG, _ORT_PIP, "float32", ("cpu", "cuda"), _ORT, dict(dtype="float32"),
              "transformers' GPT-2 exported with past keys/values by torch's ONNX exporter; "
              "the graph concatenates each step's key/value onto the past it is given."),
-    PeerSpec("ov_float32", 109, "peer · OpenVINO, float32", "#8c6d31", "OpenVINO",
+    PeerSpec("ov_float32", 109, "peer · OpenVINO, float32", "#ad494a", "OpenVINO",
              ("openvino", "onnx", "transformers"), "openvino==2026.4.1 onnx==1.23.2", "float32",
              ("cpu",), "instruments.peers.ov:OVDecoder", dict(dtype="float32"),
              "OpenVINO compiling the ONNX Runtime peer's export for the CPU (fp32 precision)."),

@@ -3,9 +3,11 @@
 ``engine_for(model, key, build)`` returns the ``Built`` for ``key`` (the peer, its precision,
 threads and device), calling ``build()`` only the first time -- or again after the model's
 weights were written in place. The gate alone builds a peer's adapter four times, and a
-conversion of gpt2 takes seconds, so adapters share one engine per model. Entries die with the
-model (a weak mapping); their temporary folders are removed then. ``hf_copy(model)`` is the
-one ``transformers`` copy of the weights every peer starts from (``engine.weights``).
+conversion of gpt2 takes seconds, so adapters share one engine per model: it is kept in the
+model's ``engine.state.ModelState`` (what the measuring process holds while the model is
+loaded), and released with it -- its paused generation stopped, its temporary folder removed.
+``hf_copy(model)`` is the one ``transformers`` copy of the weights every peer starts from
+(``engine.weights``).
 """
 
 from __future__ import annotations
@@ -13,14 +15,13 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from engine.model import GPT
-from engine.state import weights_version  # bumped by in-place writes
+from engine.state import ModelState, weights_version  # bumped by in-place writes
 
 
 @dataclass
@@ -31,27 +32,23 @@ class Built:
     version: str  # the package's version
     folder: Path | None = None  # temporary files (removed with the entry)
     state: dict[str, Any] = field(default_factory=dict)  # per-engine extras (ct2's live stream)
-
-
-_BUILT: weakref.WeakKeyDictionary[GPT, dict[tuple, tuple[tuple, Built]]] = \
-    weakref.WeakKeyDictionary()
+    weights_version: tuple[int, ...] = ()  # the model's weights it was built from
 
 
 def engine_for(model: GPT, key: tuple, build: Callable[[], Built]) -> Built:
     """The engine for ``key`` over ``model``'s current weights, built on first use (timed)."""
-    per_model = _BUILT.setdefault(model, {})
     version = weights_version(model)
-    got = per_model.get(key)
-    if got is not None and got[0] == version:
-        return got[1]
-    if got is not None:
-        _release(got[1])
-    t0 = time.perf_counter()
-    built = build()
-    built.compile_s = time.perf_counter() - t0
-    per_model[key] = (version, built)
-    weakref.finalize(model, _release, built)
-    return built
+
+    def timed() -> Built:
+        t0 = time.perf_counter()
+        built = build()
+        built.compile_s = time.perf_counter() - t0
+        built.weights_version = version
+        return built
+
+    return ModelState.of(model).cached(("peer", *key), timed,
+                                       keep=lambda b: b.weights_version == version,
+                                       release=_release)
 
 
 def _release(built: Built) -> None:

@@ -57,6 +57,8 @@ BLOCKS: dict[str, Block] = {
     "engine-speed": Block("engine-speed", speed.kernels,
                           f"`python scripts/bench_kernels.py` {_QUIET}"),
     "peers": Block("peers", speed.peers, f"`python scripts/bench_peers.py` {_QUIET}"),
+    "peers-before": Block("peers-before", speed.peers, "`python scripts/bench_peers.py` before "
+                          "the kernel went into mode 8 (kept as measured)"),
     "gpu-check-length": Block(None, mk.gpu_check_length),
 }
 # A marker is a line of its own (a marker quoted inside a sentence is prose, not a block).
