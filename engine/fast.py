@@ -223,6 +223,7 @@ class FastDecoder(Decoder):
         self.weights = fast_weights(self.state, chunks)
         self.extra_bytes = self.weights.extra_bytes
         self.step_weights = self.weights.step  # what decode_step multiplies by
+        self.kernel = "; ".join(f"{role} {how}" for role, how in self.weights.choice.items())
 
     @torch.no_grad()
     def step(self, token: torch.Tensor) -> torch.Tensor:

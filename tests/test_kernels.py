@@ -69,3 +69,19 @@ def test_a_wrong_result_would_be_seen() -> None:
 def test_bad_input_says_what_is_allowed(args: tuple, message: str) -> None:
     with pytest.raises(RuntimeError, match=re.escape(message)):
         kernels.linear(*args)
+
+
+def test_a_library_built_from_another_source_is_not_loaded(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """Whether the built library is current is judged by the source's hash, not file times (a
+    fresh checkout makes the source look newer than a library built from the same text)."""
+    monkeypatch.setenv("KVLAB_KERNEL_DIR", str(tmp_path))
+    monkeypatch.setattr(kernels, "_state", {"loaded": False, "why": "not built yet"})
+    (tmp_path / f"{kernels.NAME}.so").write_bytes(b"not a library")
+    (tmp_path / f"{kernels.NAME}.source-sha256").write_text("0" * 64)  # another source
+    ok, why = kernels.available()
+    assert not ok and "not built" in why
+    (tmp_path / f"{kernels.NAME}.source-sha256").write_text(kernels._source_hash())
+    assert kernels.available() == (False, "not built yet")  # asked once per process
+    monkeypatch.setattr(kernels, "_state", {"loaded": False, "why": ""})
+    ok, why = kernels.available()  # now it matches: it tries to load it, and says why not
+    assert not ok and "did not load" in why

@@ -20,6 +20,7 @@ pool), converting bf16/int8 in registers. Nothing here runs on a GPU.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 from pathlib import Path
@@ -27,6 +28,7 @@ from typing import Any
 
 SOURCE = Path(__file__).with_name("gemv.cpp")
 NAME = "kvlab_kernels"
+CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 _state: dict[str, Any] = {"loaded": False, "why": "not built yet: run `python -m engine.kernels "
                           "build` (make does it while installing)"}
 
@@ -45,6 +47,16 @@ def _library(build_dir: Path) -> Path:
     return build_dir / f"{NAME}.so"
 
 
+def _source_hash() -> str:
+    """What the built library must have been built from: the source's bytes and our flags (a
+    checkout's file times say nothing: a fresh clone makes an old source look new)."""
+    return hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()
+
+
+def _stamp(build_dir: Path) -> Path:
+    return build_dir / f"{NAME}.source-sha256"
+
+
 def build(verbose: bool = False) -> tuple[bool, str]:
     """Compile (or find up to date) and load the kernel; (ok, why not)."""
     if _state["loaded"]:
@@ -52,9 +64,11 @@ def build(verbose: bool = False) -> tuple[bool, str]:
     try:
         from torch.utils.cpp_extension import load
 
-        load(name=NAME, sources=[str(SOURCE)], build_directory=str(_build_dir()),
-             extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
-             is_python_module=False, verbose=verbose)
+        where = _build_dir()
+        load(name=NAME, sources=[str(SOURCE)], build_directory=str(where),
+             extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"], is_python_module=False,
+             verbose=verbose)
+        _stamp(where).write_text(_source_hash())
     except Exception as exc:  # no compiler, no ninja, a compile error: say which, never crash
         _state["why"] = f"the C++ kernel could not be built: {type(exc).__name__}: " + \
             str(exc).strip().splitlines()[-1][:300]
@@ -67,13 +81,20 @@ def available() -> tuple[bool, str]:
     """Is the kernel loaded, or built and loadable now (never compiles)? (ok, why not)."""
     if _state["loaded"]:
         return True, ""
+    if _state.get("checked"):  # asked on every matrix product: look at the files once
+        return False, _state["why"]
+    _state["checked"] = True
     if os.environ.get("KVLAB_NO_KERNEL"):
-        return False, "switched off (KVLAB_NO_KERNEL is set)"
+        _state["why"] = "switched off (KVLAB_NO_KERNEL is set)"
+        return False, _state["why"]
     try:
-        lib = _library(_build_dir())
+        where = _build_dir()
+        lib, stamp = _library(where), _stamp(where)
+        built_from = stamp.read_text().strip() if stamp.exists() else None
     except Exception as exc:
-        return False, f"no build directory: {exc}"
-    if not lib.exists() or lib.stat().st_mtime < SOURCE.stat().st_mtime:
+        _state["why"] = f"no build directory: {exc}"
+        return False, _state["why"]
+    if not lib.exists() or built_from != _source_hash():
         return False, _state["why"]
     try:
         import torch

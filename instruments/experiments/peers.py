@@ -190,6 +190,7 @@ def _row(e: _Engine, t: int, floor_ms: float, threads: int) -> dict[str, Any]:
         "context_len": t, "latency_ms": median, "p90_ms": p90, "min_ms": min(samples),
         "samples_ms": samples, "rounds_ms": e.rounds[t], "floor_ms": floor_ms,
         "x_floor": median / floor_ms if floor_ms > 0 else None, "x_fastest_exact": None,
+        "kernel": getattr(e.dec, "kernel", None),  # what multiplied (mode 8's per-role choice)
         "logits_max_abs_diff": e.check.get("max_diff"),
         "logits_tolerance": e.check.get("tolerance"), "passed": True, "available": True,
         "why": "", "weight_bytes": e.weight_bytes, "version": e.version,
