@@ -16,13 +16,14 @@ Issue 25's done-criterion, measured as stated:
    thread count), twice: the saved medians of modes 1 and 3 of each browser run against the
    first CLI run, context by context, and the second CLI run against the first -- the noise
    floor of the comparison.
-The runs are kept under ``--out`` (``docs/runs/sweep/`` by default: browser-1..N/, cli/,
-cli-again/) and the table is printed from them, so ``--report`` regenerates it from committed
-runs. ``--calibrated`` first runs the step-prediction calibration (``python -m instruments
-prediction``) and gives each browser run a copy, to time the sweep where a prediction stands in
-for second samples. ``--crop-check`` also times mode 3 the write-up's way (``--method generate``,
-3 whole generations) beside the default crop method, the per-context medians compared (what
-``latency_generate`` says this script checks). Run it on quiet cores: the numbers would lie.
+The runs are kept under ``--out`` (an empty folder: browser-1..N/, cli/, cli-again/; copy them to
+``docs/runs/sweep/`` to publish them) and the table is printed from them, so ``--report``
+regenerates it from committed runs. ``--calibrated`` first runs the step-prediction calibration
+(``python -m instruments prediction``) and gives each browser run a copy, to time the sweep where a
+prediction stands in for second samples. ``--crop-check`` also times mode 3 the write-up's way
+(``--method generate``, 3 whole generations) beside the default crop method, the per-context
+medians compared (what ``latency_generate`` says this script checks). Run it on quiet cores: the
+numbers would lie.
 """
 
 from __future__ import annotations
@@ -119,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=measuring_threads(),
                     help="the measuring process's threads (default: the dashboard's)")
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--out", default=str(ROOT / "docs" / "runs" / "sweep"))
+    ap.add_argument("--out", default="/tmp/kvlab_sweep_bench",
+                    help="an empty folder for the runs (copy its folders to docs/runs/sweep/)")
     ap.add_argument("--calibrated", action="store_true",
                     help="give each browser run a calibration of this machine first")
     ap.add_argument("--crop-check", action="store_true",

@@ -48,9 +48,13 @@ def _library(build_dir: Path) -> Path:
 
 
 def _source_hash() -> str:
-    """What the built library must have been built from: the source's bytes and our flags (a
-    checkout's file times say nothing: a fresh clone makes an old source look new)."""
-    return hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()
+    """What the built library must have been built from: the source's bytes, our flags and the
+    torch it links against (a checkout's file times say nothing: a fresh clone makes an old
+    source look new)."""
+    import torch
+
+    return hashlib.sha256(SOURCE.read_bytes() + " ".join([*CFLAGS, torch.__version__]).encode()
+                          ).hexdigest()
 
 
 def _stamp(build_dir: Path) -> Path:

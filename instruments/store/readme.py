@@ -52,8 +52,8 @@ BLOCKS: dict[str, Block] = {
                             "on a quiet machine"),
     "isolation": Block("isolation", mk.isolation, f"`python scripts/bench_isolation.py` {_QUIET}"),
     "sweep-time": Block("sweep", speed.sweep_bench,
-                        f"`python scripts/bench_sweep.py --out docs/runs/sweep` {_QUIET}",
-                        recursive=True),
+                        f"`python scripts/bench_sweep.py --out /tmp/sweep` {_QUIET} (its "
+                        "folders: browser-N/, cli/, cli-again/)", recursive=True),
     "engine-speed": Block("engine-speed", speed.kernels,
                           f"`python scripts/bench_kernels.py` {_QUIET}"),
     "peers": Block("peers", speed.peers, f"`python scripts/bench_peers.py` {_QUIET}"),
