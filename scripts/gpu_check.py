@@ -244,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
                                        [0, cfg.block_size // 2], repeats=3), None, stop)
     for line in bench.summary(run):
         print(line)
+    save(args, run)
     stop = clock.start("peers")  # where their packages are present; the others say why not
     peer_params = get("peers").defaults(args.device, cfg.block_size)
     peer_params.rounds, peer_params.steps = (1, 2) if args.tiny else (3, 8)
@@ -253,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  skipped {r['engine']}: {r.get('why')}")
     for line in get("peers").summary(run):
         print("  " + line.replace("\n", "\n  "))
+    save(args, run)
     stop = clock.start("speculate")  # one forward appending k tokens; prompt-lookup drafts
     spec = get("speculate")
     run = spec.run(fp32, spec.params(sorted({16, 128, 512} & set(range(1, cfg.block_size - 31))),

@@ -86,13 +86,14 @@ def test_tiny_sweep_draws_and_saves(results: Path) -> None:
     at.button[0].click().run()
     job = wait_job(at, "sweep_job")
     assert job.state == "done", job.error
-    assert {r["mode"] for r in job.tables["latency"]} == {"uncached", "concat"}
+    # the defaults on a CPU: the write-up's pair and our fastest exact step
+    assert {r["mode"] for r in job.tables["latency"]} == {"uncached", "concat", "fast"}
     assert len(charts(at)) == 2  # latency + end to end
     assert any("Finished" in s.value for s in at.success)
     runs = load_runs(results).runs
     assert len(runs) == 1 and runs[0]["kind"] == "latency_sweep"
     assert runs[0]["meta"]["partial"] is False
-    assert len(runs[0]["tables"]["latency"]) == 6 and runs[0]["tables"]["cumulative"]
+    assert len(runs[0]["tables"]["latency"]) == 9 and runs[0]["tables"]["cumulative"]
     # The field's terms: percentiles per point, TTFT / TPOT and pp / tg per generation.
     frames = [d.value for d in at.dataframe]
     assert any({"p50_ms", "p90_ms", "p99_ms", "samples_n"} <= set(f.columns) for f in frames)

@@ -38,11 +38,11 @@ def test_all_writes_one_loadable_file_per_experiment(all_dir: Path) -> None:
     assert meta["peaks"]["measured"] == hardware["meta"]["peaks"]["measured"]
     assert meta["peaks"]["measured"]["matmul_tflops"] > 0
     df = frames.table_frame(loaded.runs, "latency")
-    assert len(df) == 6 and set(df["mode"]) == {"uncached", "concat"}
+    assert len(df) == 9 and set(df["mode"]) == {"uncached", "concat", "fast"}  # CPU defaults
     assert set(df["context_len"]) == {4, 8, 16} and (df["latency_ms"] > 0).all()
     e2e = frames.table_frame(loaded.runs, "end_to_end")  # the sweep's end-to-end part
-    assert list(e2e["new_tokens"]) == [6, 6]
-    assert len(frames.table_frame(loaded.runs, "cumulative")) == 12
+    assert list(e2e["new_tokens"]) == [6, 6, 6]
+    assert len(frames.table_frame(loaded.runs, "cumulative")) == 18
     kv = frames.table_frame(loaded.runs, "kv_memory")
     assert (kv["kv_tensor_bytes"] == kv["kv_formula_bytes"]).all()
     assert not frames.table_frame(loaded.runs, "crossover").empty

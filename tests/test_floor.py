@@ -225,8 +225,9 @@ def test_gpu_check_dry_run_on_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert gpu_check.main(["--device", "cpu", "--tiny", "--out", str(tmp_path),
                            "--budget-s", "0"]) == 0
     kinds = sorted(r["kind"] for r in load_runs(tmp_path).runs)
-    assert kinds == ["attribution", "floor_summary", "hardware", "kv_planner", "latency_sweep",
-                     "latency_sweep", "memory", "peers", "staircase", "step_prediction"]
+    assert kinds == ["attribution", "bench", "floor_summary", "hardware", "kv_planner",
+                     "latency_sweep", "latency_sweep", "memory", "peers", "speculate", "staircase",
+                     "step_prediction"]  # every stage saves its run
     out = capsys.readouterr().out
     assert "bandwidth floor" in out
     ok = {"fits": True, "tensor_bytes": 2048, "formula_bytes": 2048, "tensors": 2,
