@@ -69,6 +69,12 @@ class Loaded:
         if self.state.model is not self.model:
             raise ValueError("Loaded.state holds another model than Loaded.model")
 
+    def checked(self, params: Any) -> GPT:
+        """The model, once ``params.check(config, device)`` found the parameters possible on it
+        (ValueError naming what is allowed otherwise): how every experiment's run begins."""
+        params.check(self.model.config, str(self.model.device))
+        return self.model
+
 
 def load(spec: ModelSpec) -> Loaded:
     """The model a spec names, in eval mode, and what the pages need to know about it."""

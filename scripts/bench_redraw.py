@@ -33,7 +33,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from instruments.measure.timing import _usage_reader  # noqa: E402
-from scripts.browser import ARGS, CHROMIUM, settle, streamlit_server  # noqa: E402
+from scripts.browser import streamlit_server, sweep_page  # noqa: E402
 
 WORKER = "instruments.process.worker"
 
@@ -74,15 +74,7 @@ def one_setting(progress_s: float, chart_s: float, args: argparse.Namespace
     env = {"KVLAB_REFRESH_S": str(progress_s), "KVLAB_LIVE_CHART_S": str(chart_s)}
     with streamlit_server(folder, tiny=args.model == "tiny", env=env) as (url, _), \
             sync_playwright() as pw:
-        page = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS).new_page(
-            viewport={"width": 1440, "height": 1000})
-        page.goto(f"{url}/sweep")
-        page.wait_for_selector('h1:has-text("Latency sweep")', timeout=120_000)
-        settle(page)
-        for label, option in (("Preset", args.model), ("Weights", "random")):
-            page.locator('[data-testid="stSelectbox"]', has_text=label).first.click()
-            page.get_by_role("option", name=option, exact=True).click()
-            settle(page, 300_000)
+        page = sweep_page(pw, url, args.model)
         page.get_by_role("button", name="Run sweep").click()
         while True:  # the first point
             text = " ".join(page.locator('[data-testid="stProgress"]').all_inner_texts())

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from instruments.process.client import measuring_threads  # noqa: E402
 from instruments.store import results  # noqa: E402
 from instruments.store.sweep_bench import TIMING_KIND, against, report  # noqa: E402
-from scripts.browser import ARGS, CHROMIUM, settle, streamlit_server  # noqa: E402
+from scripts.browser import streamlit_server, sweep_page  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -69,15 +69,7 @@ def browser(folder: Path, args: argparse.Namespace) -> dict[str, float]:
     with streamlit_server(folder, tiny=args.model == "tiny",
                           env={"KVLAB_THREADS": str(args.threads)}) as (url, _), \
             sync_playwright() as pw:
-        page = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS).new_page(
-            viewport={"width": 1440, "height": 1000})
-        page.goto(f"{url}/sweep")
-        page.wait_for_selector('h1:has-text("Latency sweep")', timeout=120_000)
-        settle(page)
-        for label, option in (("Preset", args.model), ("Weights", "random")):
-            page.locator('[data-testid="stSelectbox"]', has_text=label).first.click()
-            page.get_by_role("option", name=option, exact=True).click()
-            settle(page, 300_000)  # the model loads in the measuring process
+        page = sweep_page(pw, url, args.model)
         t0 = time.perf_counter()
         page.get_by_role("button", name="Run sweep").click()
         first = None

@@ -83,3 +83,18 @@ def settle(page, timeout_ms: int = 60_000) -> None:
 def wait_finished(page, timeout_ms: int) -> None:
     page.wait_for_selector('[data-testid="stProgress"]', state="detached", timeout=timeout_ms)
     settle(page)
+
+
+def sweep_page(pw, url: str, model: str):  # noqa: ANN001, ANN201 (playwright objects)
+    """A headless Chromium page on the server's Latency sweep page with ``model`` and random
+    weights chosen (the model loaded in the measuring process): where a new user presses Run."""
+    page = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS).new_page(
+        viewport={"width": 1440, "height": 1000})
+    page.goto(f"{url}/sweep")
+    page.wait_for_selector('h1:has-text("Latency sweep")', timeout=120_000)
+    settle(page)
+    for label, option in (("Preset", model), ("Weights", "random")):
+        page.locator('[data-testid="stSelectbox"]', has_text=label).first.click()
+        page.get_by_role("option", name=option, exact=True).click()
+        settle(page, 300_000)  # the model loads in the measuring process
+    return page

@@ -68,6 +68,21 @@ def shot(page, name: str, folder: Path) -> None:
         shutil.copy(folder / f"{name}.png", Path(target) / f"{name}.png")
 
 
+def set_field(page, role: str, name: str, value: str) -> None:  # noqa: ANN001
+    """Type ``value`` into the page's field ``name`` and let the page rerun."""
+    field = page.get_by_role(role, name=name)
+    field.fill(value)
+    field.press("Enter")
+    settle(page)
+
+
+def run_job(page, button: str, timeout_ms: int) -> None:  # noqa: ANN001
+    """Press ``button`` and wait until the measuring job it starts has finished."""
+    page.get_by_role("button", name=button).click()
+    page.wait_for_selector('[data-testid="stProgress"]', timeout=30_000)
+    wait_finished(page, timeout_ms)
+
+
 def go_to(page, title: str) -> None:
     page.locator('[data-testid="stSidebarNav"] a', has_text=title).first.click()
     page.wait_for_selector(f'h1:has-text("{title}")', timeout=60_000)
@@ -117,10 +132,7 @@ def test_pages_in_chromium(server: tuple[str, Path], tmp_path: Path) -> None:
         go_to(page, "Latency sweep")
         page.locator('[data-testid="stSelectbox"]', has_text="Context lengths").click()
         page.get_by_role("option", name="custom list / range").click()
-        box = page.get_by_role("textbox", name="Lengths (tokens)")
-        box.fill(SWEEP)
-        box.press("Enter")
-        settle(page)
+        set_field(page, "textbox", "Lengths (tokens)", SWEEP)
         page.get_by_role("button", name="Run sweep").click()
         page.wait_for_selector('[data-testid="stProgress"]', timeout=30_000)
         page.wait_for_selector(".js-plotly-plot", timeout=120_000)  # drawn while running
@@ -141,67 +153,41 @@ def test_pages_in_chromium(server: tuple[str, Path], tmp_path: Path) -> None:
         shot(page, "flops", tmp_path)
 
         go_to(page, "Floor lab")
-        page.get_by_role("button", name="Profile").click()
-        page.wait_for_selector('[data-testid="stProgress"]', timeout=30_000)
-        wait_finished(page, 480_000)
+        run_job(page, "Profile", 480_000)
         assert page.locator(".js-plotly-plot").count() >= 1
         shot(page, "floor", tmp_path)
         page.get_by_role("tab", name="Predicted step").click()
         settle(page)
-        points = page.get_by_role("textbox", name="Context lengths")
-        points.fill(PREDICT)
-        points.press("Enter")
-        settle(page)
-        page.get_by_role("button", name="Predict and measure").click()
-        page.wait_for_selector('[data-testid="stProgress"]', timeout=30_000)
-        wait_finished(page, 900_000)
+        set_field(page, "textbox", "Context lengths", PREDICT)
+        run_job(page, "Predict and measure", 900_000)
         page.wait_for_selector('text=/worst miss/', timeout=10_000)
         assert page.locator(".js-plotly-plot").count() >= 4  # + prediction, residual, parts
         shot(page, "floor_predict", tmp_path)
         page.get_by_role("tab", name="Speculative decoding").click()
         settle(page)
         page.wait_for_selector('text=/acceptance is trivially high/', timeout=10_000)
-        new = page.get_by_role("spinbutton", name="New tokens")
-        new.fill("16")
-        new.press("Enter")
-        settle(page)
-        page.get_by_role("button", name="Measure the verify curve and speculate").click()
-        page.wait_for_selector('[data-testid="stProgress"]', timeout=30_000)
-        wait_finished(page, 900_000)
+        set_field(page, "spinbutton", "New tokens", "16")
+        run_job(page, "Measure the verify curve and speculate", 900_000)
         page.wait_for_selector('text=/token for token/', timeout=10_000)
         assert page.locator(".js-plotly-plot").count() >= 7  # + verify, speedup, acceptance
         shot(page, "floor_speculate", tmp_path)
 
         go_to(page, "Memory")
-        points = page.get_by_role("textbox", name="Context lengths")
-        points.fill(MEMORY)
-        points.press("Enter")
-        settle(page)
-        page.get_by_role("button", name="Measure memory").click()
-        page.wait_for_selector('[data-testid="stProgress"]', timeout=30_000)
-        wait_finished(page, 300_000)
+        set_field(page, "textbox", "Context lengths", MEMORY)
+        run_job(page, "Measure memory", 300_000)
         shot(page, "memory", tmp_path)
 
         go_to(page, "KV memory planner")
-        cap = page.get_by_role("spinbutton", name="Largest allocation (MiB, 0 = automatic)")
-        cap.fill("256")
-        cap.press("Enter")
-        settle(page)
-        page.get_by_role("button", name="Plan on this device").click()
-        page.wait_for_selector('[data-testid="stProgress"]', timeout=30_000)
-        wait_finished(page, 300_000)
+        set_field(page, "spinbutton", "Largest allocation (MiB, 0 = automatic)", "256")
+        run_job(page, "Plan on this device", 300_000)
         page.wait_for_selector('text=/sequences fit/', timeout=10_000)
-        page.get_by_role("button", name="Time modes 5, 10, 11").click()
-        page.wait_for_selector('[data-testid="stProgress"]', timeout=30_000)
-        wait_finished(page, 480_000)
+        run_job(page, "Time modes 5, 10, 11", 480_000)
         page.wait_for_selector('text=/against mode 5: mode 10/', timeout=10_000)
         assert page.locator(".js-plotly-plot").count() >= 5
         shot(page, "planner", tmp_path)
 
         go_to(page, "Correctness lab")
-        page.get_by_role("button", name="Run the checks").click()
-        page.wait_for_selector('[data-testid="stProgress"]', timeout=30_000)
-        wait_finished(page, 300_000)
+        run_job(page, "Run the checks", 300_000)
         page.wait_for_selector('text="What the text turns into"', timeout=10_000)
         shot(page, "correctness", tmp_path)
 
@@ -263,10 +249,7 @@ def test_killing_the_measuring_process_mid_sweep(tmp_path: Path) -> None:
                 page.wait_for_timeout(1500)  # the expander is inert while it opens
             choose.click()
             page.get_by_role("option", name="custom list / range").click()
-            box = page.get_by_role("textbox", name="Lengths (tokens)")
-            box.fill(contexts)
-            box.press("Enter")
-            settle(page)
+            set_field(page, "textbox", "Lengths (tokens)", contexts)
             page.get_by_role("button", name="Run sweep").click()
 
         run_sweep("2-128:2")

@@ -54,18 +54,23 @@ def _by_k(df: pd.DataFrame) -> pd.DataFrame:
     return df.sort_values("k").assign(k_label=lambda d: "k = " + d["k"].astype(str))
 
 
+def _measured_bars(df: pd.DataFrame, col: str, name: str, custom: list[str], hover: str
+                   ) -> tuple[go.Figure, pd.DataFrame]:
+    """A figure with the measured ``col`` as one bar per draft length (rows sorted by k)."""
+    d = _by_k(df)
+    fig = go.Figure(go.Bar(x=d["k_label"], y=d[col], name=name, marker_color=MEASURED,
+                           customdata=d[custom], hovertemplate=hover))
+    return fig, d
+
+
 def speedup_figure(df: pd.DataFrame) -> go.Figure:
     """Measured speedup over plain greedy decoding per draft length, and both predictions."""
     x_title, y_title = "draft length", "speedup over plain decoding (×)"
-    fig = go.Figure()
     if df.empty:
-        return style(fig, x_title, y_title, legend=None)
-    d = _by_k(df)
-    fig.add_trace(go.Bar(x=d["k_label"], y=d["speedup_measured"], name="measured",
-                         marker_color=MEASURED,
-                         customdata=d[["latency_ms", "plain_ms"]],
-                         hovertemplate="%{x}: %{y:.2f}x<br>speculative %{customdata[0]:.1f} ms, "
-                         "plain %{customdata[1]:.1f} ms<extra>measured</extra>"))
+        return style(go.Figure(), x_title, y_title, legend=None)
+    fig, d = _measured_bars(df, "speedup_measured", "measured", ["latency_ms", "plain_ms"],
+                            "%{x}: %{y:.2f}x<br>speculative %{customdata[0]:.1f} ms, "
+                            "plain %{customdata[1]:.1f} ms<extra>measured</extra>")
     for col, name, color, symbol in (
             ("speedup_predicted", "predicted: E[tokens/forward] at the measured acceptance",
              FORMULA, "diamond"),
@@ -84,16 +89,12 @@ def speedup_figure(df: pd.DataFrame) -> go.Figure:
 def acceptance_figure(df: pd.DataFrame) -> go.Figure:
     """Acceptance measured per draft length against the break-even acceptance here."""
     x_title, y_title = "draft length", "acceptance (share of drafted tokens kept)"
-    fig = go.Figure()
     if df.empty:
-        return style(fig, x_title, y_title, legend=None)
-    d = _by_k(df)
-    fig.add_trace(go.Bar(x=d["k_label"], y=d["acceptance"], name="acceptance measured",
-                         marker_color=MEASURED,
-                         customdata=d[["tokens_per_forward", "accepted", "drafted"]],
-                         hovertemplate="%{x}: %{y:.0%} (%{customdata[1]} of %{customdata[2]} "
-                         "drafted)<br>%{customdata[0]:.2f} tokens per forward"
-                         "<extra>measured</extra>"))
+        return style(go.Figure(), x_title, y_title, legend=None)
+    fig, d = _measured_bars(df, "acceptance", "acceptance measured",
+                            ["tokens_per_forward", "accepted", "drafted"],
+                            "%{x}: %{y:.0%} (%{customdata[1]} of %{customdata[2]} drafted)<br>"
+                            "%{customdata[0]:.2f} tokens per forward<extra>measured</extra>")
     even = d["break_even_acceptance"]
     fig.add_trace(go.Scatter(
         x=d["k_label"], y=even, mode="lines+markers", name="break-even acceptance on this "

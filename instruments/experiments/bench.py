@@ -234,8 +234,7 @@ def run(loaded: Loaded, params: BenchParams, progress: ProgressFn | None = None,
     from instruments.checks import gate
     from instruments.measure.energy import EnergyMeter
 
-    model = loaded.model
-    params.check(model.config, str(model.device))
+    model = loaded.checked(params)
     tests = params.tests()
     tr = Tracker(progress, should_stop, len(tests) * len(params.modes), unit="tests",
                  total_work=len(tests) * len(params.modes) * (params.repeats + params.warmup))

@@ -195,8 +195,7 @@ def run(loaded: Loaded, params: EndToEndParams, progress: ProgressFn | None = No
         should_stop: StopFn | None = None) -> dict[str, Any]:
     from instruments.checks import gate
 
-    model = loaded.model
-    params.check(model.config, str(model.device))
+    model = loaded.checked(params)
     tr = Tracker(progress, should_stop, len(params.modes), total_work=work(params))
     passed = []
     checker = gate.Gate(model, params.batch_size, params.prompt_seed)

@@ -79,8 +79,7 @@ def run(loaded: Loaded, params: GenerationParams, progress: ProgressFn | None = 
     from instruments.checks.correctness import compare_streams
     from instruments.lineup import make_decoder
 
-    model = loaded.model
-    params.check(model.config, str(model.device))
+    model = loaded.checked(params)
     idx = checked_request(model, [params.prompt_ids], params.new_tokens)
     n = params.new_tokens
     tr = Tracker(progress, should_stop, 2 * n, unit="tokens")

@@ -264,8 +264,7 @@ def run(loaded: Loaded, params: LatencyParams, progress: ProgressFn | None = Non
     from instruments.measure.sampler import RetakeBudget
 
     start_s = time.perf_counter()
-    model = loaded.model
-    params.check(model.config, str(model.device))
+    model = loaded.checked(params)
     contexts = sorted(set(params.contexts))
     est = costs.peak_memory_estimate(
         model.config, model.dtype, params.batch_size, contexts[-1],

@@ -215,8 +215,7 @@ def run(loaded: Loaded, params: PeersParams, progress: ProgressFn | None = None,
     """Build, gate and time every engine (see the module docstring)."""
     import torch
 
-    model = loaded.model
-    params.check(model.config, str(model.device))
+    loaded.checked(params)
     before = torch.get_num_threads()
     if params.threads:
         torch.set_num_threads(params.threads)

@@ -108,8 +108,7 @@ def run(loaded: Loaded, params: PredictionParams, progress: ProgressFn | None = 
     from instruments.measure import calibration
 
     start_s = time.perf_counter()
-    model = loaded.model
-    params.check(model.config, str(model.device))
+    model = loaded.checked(params)
     contexts = sorted(set(params.contexts))
     key = _key(params.batch_size)
     have = [] if params.recalibrate else list(loaded.memo.get(key, []))

@@ -221,8 +221,7 @@ def run(loaded: Loaded, params: ScopeParams, progress: ProgressFn | None = None,
         should_stop: StopFn | None = None) -> dict[str, Any]:
     from instruments.checks import gate
 
-    model = loaded.model
-    params.check(model.config, str(model.device))
+    model = loaded.checked(params)
     tr = Tracker(progress, should_stop, len(params.points))
     # Both modes pass the gate first (on the loaded model: the same code runs at every size).
     checker = gate.Gate(model)

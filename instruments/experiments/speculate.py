@@ -286,8 +286,7 @@ def run(loaded: Loaded, params: SpeculateParams, progress: ProgressFn | None = N
     """The verify curve, then speculative decoding (see the module docstring)."""
     from instruments.checks import gate
 
-    model = loaded.model
-    params.check(model.config, str(model.device))
+    model = loaded.checked(params)
     ks = sorted(set(params.ks) | {1})
     points = len(set(params.contexts)) * len(ks)
     spec_points = len(set(params.ks)) if params.new_tokens else 0
