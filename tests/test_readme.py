@@ -228,3 +228,25 @@ def test_the_sweep_table_reads_the_benchmarks_folders(copy: Path) -> None:
         "1.000 (1.00–1.00; 2/2 within 10%) |" in body
     assert "| CLI again (noise floor) | – | 61 |" in body
     assert readme.check(copy) == []
+
+
+def test_the_peers_table_sets_each_engine_against_the_floor_of_its_own_run(copy: Path) -> None:
+    folder = copy / "docs" / "runs" / "peers"
+    for p in folder.glob("*.json"):
+        p.unlink()
+
+    def rows(threads: int, fast_ms: float) -> list[dict]:
+        return [{"engine": "fast", "context_len": 128, "latency_ms": fast_ms, "floor_ms": 40.0,
+                 "x_floor": fast_ms / 40.0},
+                {"engine": "ct2_float32", "context_len": 128, "latency_ms": 60.0,
+                 "floor_ms": 40.0, "x_floor": 1.5},
+                {"engine": "ort_float32", "available": False, "latency_ms": None,
+                 "why": "pip install onnxruntime"}]
+
+    _save(folder, "peers", {"peers": rows(1, 50.0)}, "2026-12-01T10:00:00+00:00")
+    _save(folder, "peers", {"peers": rows(1, 48.0)}, "2026-12-01T11:00:00+00:00")  # newest
+    readme.write(copy)
+    body = (copy / "docs" / "peers.md").read_text()
+    assert "| 1 | 128 | 40.0 | 1.20× | 1.50× |" in body  # the newest run of 1 thread only
+    assert "| 1 | 128 | 40.0 | 1.25× |" not in body
+    assert "not timed: `ort_float32` (pip install onnxruntime)" in body

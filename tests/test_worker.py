@@ -197,7 +197,7 @@ def _rss() -> int:
 
 @pytest.mark.slow
 def test_a_model_switch_returns_the_memory_of_the_last_one() -> None:
-    """gpt2's weights and the fast mode's packed copies (~1 GB) go with the model."""
+    """gpt2's weights and the fast mode's packed copies (up to ~1 GB) go with the model."""
     worker, out = _worker()
     base = _rss()
     gpt2 = ModelSpec("gpt2", "random")
@@ -205,6 +205,8 @@ def test_a_model_switch_returns_the_memory_of_the_last_one() -> None:
                    "params": small_sweep(contexts=[4], modes=["uncached", "fast"])})
     assert _messages(out)[-1]["type"] == "result"
     held = _rss() - base
-    assert held > 800 * 2**20  # 475 MiB of weights + as much again of packed copies
+    # 475 MiB of weights + mode 8's packed copies of the roles it did not give to the C++
+    # kernel (how many depends on what it timed faster here: 0 to 475 MiB more)
+    assert held > 500 * 2**20
     worker.handle({"type": "load", "id": "b", "model": TINY.to_dict()})
     assert _rss() - base < 0.1 * held  # back to the baseline, give or take
