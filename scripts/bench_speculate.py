@@ -99,4 +99,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except ValueError as exc:  # bad input, no tokenizer files offline: one line, not a traceback
+        print(f"bench_speculate: {str(exc).splitlines()[0]}", file=sys.stderr)
+        raise SystemExit(2) from None

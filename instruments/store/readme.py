@@ -59,6 +59,8 @@ BLOCKS: dict[str, Block] = {
     "peers": Block("peers", speed.peers, f"`python scripts/bench_peers.py` {_QUIET}"),
     "peers-before": Block("peers-before", speed.peers, "`python scripts/bench_peers.py` before "
                           "the kernel went into mode 8 (kept as measured)"),
+    "speculate": Block("speculate", mk.listing, "`python scripts/bench_speculate.py` "
+                       f"{_QUIET}"),
     "gpu-check-length": Block(None, mk.gpu_check_length),
 }
 # A marker is a line of its own (a marker quoted inside a sentence is prose, not a block).
