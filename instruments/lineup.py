@@ -66,10 +66,11 @@ def available(name: str, device: str) -> tuple[bool, str]:
 
 
 def choices(device: str, *, with_peers: bool = True) -> tuple[list[str], dict[str, str]]:
-    """What can run on ``device`` (in order), and why each other one cannot."""
-    usable, missing = [], {}
-    for name in names() if with_peers else list(modes.MODES):
-        ok, why = available(name, device)
+    """What can run on ``device`` (in order: our ladder, then the peers), and why each other one
+    cannot."""
+    usable, missing = modes.choices(device)
+    for name in peers.PEERS if with_peers else ():
+        ok, why = peers.available(name, device)
         if ok:
             usable.append(name)
         else:
