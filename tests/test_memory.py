@@ -13,7 +13,6 @@ from instruments.costmodel import costs
 from instruments.costmodel.costs import breakdown_formula, crossover_grid, peak_memory_estimate
 from instruments.measure.memory import (
     cublas_workspace,
-    cublas_workspace_bytes,
     fits,
     measure_kv_memory,
     memory_breakdown,
@@ -94,14 +93,14 @@ def test_breakdown_rows(tiny: GPT) -> None:
 
 
 def test_no_cublas_workspace_on_cpu() -> None:
-    assert cublas_workspace_bytes("cpu") is None
+    assert cublas_workspace("cpu")[0] is None
     assert "CPU" in cublas_workspace("cpu")[1]
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
 def test_cublas_workspace_measured_on_cuda() -> None:
-    assert cublas_workspace_bytes("cuda") > 0
+    assert cublas_workspace("cuda")[0] > 0
 
 
 def test_crossover_for_gpt2_is_about_6750_tokens() -> None:

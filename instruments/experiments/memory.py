@@ -154,4 +154,4 @@ def run(loaded: Loaded, params: MemoryParams, progress: ProgressFn | None = None
         "crossover": costs.crossover_grid(cfg, dtype, params.crossover_batches, points),
     }
     return record(loaded, "memory", params, tables, partial=stopped, notes=tr.notes,
-                  cublas_workspace_bytes=memory.cublas_workspace_bytes(device))
+                  cublas_workspace_bytes=memory.cublas_workspace(device)[0])

@@ -140,11 +140,6 @@ def cublas_workspace(device: Any) -> tuple[int | None, str]:
     return max(0, after - before - out_bytes), how
 
 
-def cublas_workspace_bytes(device: Any) -> int | None:
-    """The cuBLAS workspace PyTorch allocates on the first matmul (CUDA), None on a CPU."""
-    return cublas_workspace(device)[0]
-
-
 @torch.no_grad()
 def _warm_up(model: GPT, batch_size: int = 1, tokens: int = 2) -> None:
     """One forward at the largest shape to come: CPU kernels keep scratch sized by the biggest
