@@ -89,3 +89,56 @@ def test_a_library_built_from_another_source_is_not_loaded(tmp_path, monkeypatch
     monkeypatch.setattr(kernels, "_state", {"loaded": False, "why": ""})
     ok, why = kernels.available()  # now it matches: it tries to load it, and says why not
     assert not ok and "did not load" in why
+
+
+def _sdpa_reference(q, k, v, k_buf, v_buf, pos):  # noqa: ANN001, ANN202
+    kb, vb = k_buf.clone(), v_buf.clone()
+    kb[:, :, pos], vb[:, :, pos] = k, v
+    y = F.scaled_dot_product_attention(q.unsqueeze(2), kb[:, :, : pos + 1], vb[:, :, : pos + 1])
+    return y.squeeze(2), kb, vb
+
+
+@pytest.mark.parametrize("batch, nh, hs, t_max, pos", [
+    (1, 12, 64, 600, 511), (1, 12, 64, 1024, 1023), (2, 3, 20, 40, 0), (3, 4, 16, 33, 17),
+    (1, 2, 8, 9, 6),
+])
+def test_attend_matches_sdpa_and_writes_the_cache(batch: int, nh: int, hs: int, t_max: int,
+                                                  pos: int) -> None:
+    """One query over rows 0..pos after writing row ``pos``: SDPA's result to float32 rounding,
+    the cache written at ``pos`` and nowhere else. q, k, v are views of one fused q|k|v output,
+    as a step passes them; odd head sizes and lengths cover the kernel's scalar tails."""
+    gen = torch.Generator().manual_seed(batch * 1000 + pos)
+    q, k, v = torch.randn(batch, 3, nh, hs, generator=gen).unbind(1)
+    k_buf = torch.randn(batch, nh, t_max, hs, generator=gen) * 3  # large scores: exp's range
+    v_buf = torch.randn(batch, nh, t_max, hs, generator=gen)
+    ref, kb, vb = _sdpa_reference(q, k, v, k_buf, v_buf, pos)
+    got = kernels.attend(q, k, v, k_buf, v_buf, pos)
+    assert got.shape == (batch, nh, hs)
+    assert (got - ref).abs().max() <= 2e-6 * ref.abs().max()
+    assert torch.equal(k_buf, kb) and torch.equal(v_buf, vb)
+
+
+def test_attend_would_show_a_missed_key() -> None:
+    """The tolerance above sees the attention stop one row short (the new token's own key)."""
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = torch.randn(1, 3, 12, 64, generator=gen).unbind(1)
+    k_buf, v_buf = torch.randn(1, 12, 200, 64, generator=gen), torch.randn(1, 12, 200, 64,
+                                                                          generator=gen)
+    ref, _, _ = _sdpa_reference(q, k, v, k_buf, v_buf, 128)
+    short, _, _ = _sdpa_reference(q, k_buf[:, :, 127], v_buf[:, :, 127], k_buf, v_buf, 127)
+    assert (short - ref).abs().max() > 2e-6 * ref.abs().max()
+    assert (kernels.attend(q, k, v, k_buf, v_buf, 128) - ref).abs().max() <= 2e-6 * ref.abs().max()
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda a: {**a, "pos": 9}, "0 <= pos < T"),
+    (lambda a: {**a, "k_buf": a["k_buf"].transpose(2, 3).contiguous().transpose(2, 3)},
+     "contiguous (T, hs) rows"),
+    (lambda a: {**a, "v": a["v"][:, :1]}, "(B, nh, hs) like q"),
+    (lambda a: {**a, "q": a["q"].double()}, "must be fp32 on the CPU"),
+])
+def test_attend_bad_input_says_what_is_allowed(change, message: str) -> None:  # noqa: ANN001
+    args = {"q": torch.randn(1, 2, 8), "k": torch.randn(1, 2, 8), "v": torch.randn(1, 2, 8),
+            "k_buf": torch.zeros(1, 2, 9, 8), "v_buf": torch.zeros(1, 2, 9, 8), "pos": 3}
+    with pytest.raises(RuntimeError, match=re.escape(message)):
+        kernels.attend(**change(args))

@@ -1,5 +1,6 @@
-"""Our CPU matrix-vector kernel: ``torch.ops.kvlab.linear``, a small C++ extension built once per
-machine (``gemv.cpp``, compiled with ``-O3 -march=native`` for the CPU at hand).
+"""Our CPU kernels for a decode step: ``torch.ops.kvlab.linear`` and ``torch.ops.kvlab.attend``, a
+small C++ extension built once per machine (``gemv.cpp``, ``attend.cpp`` and their ``simd.h``,
+compiled with ``-O3 -march=native`` for the CPU at hand).
 
   build()        compile it now (about 15-30 s on 2 cores; ``make`` does it while installing,
                  ``python -m engine.kernels build`` by hand); returns (ok, why not)
@@ -8,6 +9,10 @@ machine (``gemv.cpp``, compiled with ``-O3 -march=native`` for the CPU at hand).
                  y (B, out) = (x (B, in) @ w.T) * scale + bias for 1..8 rows of fp32 ``x``, with
                  ``w`` (out, in) contiguous in fp32, bf16 or int8 (int8 needs ``scale``, one fp32
                  per output row). The same results as ``F.linear`` up to float32 summation order.
+  attend(q, k, v, k_buf, v_buf, pos) -> y (B, nh, hs)
+                 writes one new token's k, v (B, nh, hs) at row ``pos`` of a layer's cache
+                 (B, nh, T, hs) and attends its q over rows 0..pos (no mask): SDPA's result up
+                 to float32 rounding, without its per-call set-up (``attend.cpp``).
 
 Why: at batch 1 a decode step reads every weight once, so its time is the speed at which the
 weights stream from memory. On these 2-core machines ``F.linear`` over ``[out, in]`` weights
@@ -26,7 +31,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-SOURCE = Path(__file__).with_name("gemv.cpp")
+SOURCES = [Path(__file__).with_name(n) for n in ("gemv.cpp", "attend.cpp")]
+HEADERS = [Path(__file__).with_name("simd.h")]
 NAME = "kvlab_kernels"
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 _state: dict[str, Any] = {"loaded": False, "why": "not built yet: run `python -m engine.kernels "
@@ -53,8 +59,8 @@ def _source_hash() -> str:
     source look new)."""
     import torch
 
-    return hashlib.sha256(SOURCE.read_bytes() + " ".join([*CFLAGS, torch.__version__]).encode()
-                          ).hexdigest()
+    code = b"".join(p.read_bytes() for p in [*SOURCES, *HEADERS])
+    return hashlib.sha256(code + " ".join([*CFLAGS, torch.__version__]).encode()).hexdigest()
 
 
 def _stamp(build_dir: Path) -> Path:
@@ -69,7 +75,7 @@ def build(verbose: bool = False) -> tuple[bool, str]:
         from torch.utils.cpp_extension import load
 
         where = _build_dir()
-        load(name=NAME, sources=[str(SOURCE)], build_directory=str(where),
+        load(name=NAME, sources=[str(p) for p in SOURCES], build_directory=str(where),
              extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"], is_python_module=False,
              verbose=verbose)
         _stamp(where).write_text(_source_hash())
@@ -116,6 +122,13 @@ def linear(x: Any, w: Any, scale: Any = None, bias: Any = None) -> Any:
     import torch
 
     return torch.ops.kvlab.linear(x, w, scale, bias)
+
+
+def attend(q: Any, k: Any, v: Any, k_buf: Any, v_buf: Any, pos: int) -> Any:
+    """``torch.ops.kvlab.attend`` (see the module docstring); load it with ``available()``."""
+    import torch
+
+    return torch.ops.kvlab.attend(q, k, v, k_buf, v_buf, pos)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,116 @@
+// Vector helpers shared by the kernels (gemv.cpp, attend.cpp): one interface per instruction set
+// -- AVX-512, AVX2+FMA, chosen at compile time by -march=native -- so each kernel body is
+// written once. ``KVLAB_VECTOR`` is defined where a vector path exists; ``kLanes`` floats per
+// ``vec``. ``scalar`` reads one weight of any stored type as fp32 (the plain-loop fallback).
+#pragma once
+
+#include <c10/util/BFloat16.h>
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#include <immintrin.h>
+#endif
+
+namespace kvlab {
+
+inline float scalar(const float* p, int64_t i) { return p[i]; }
+inline float scalar(const int8_t* p, int64_t i) { return static_cast<float>(p[i]); }
+inline float scalar(const c10::BFloat16* p, int64_t i) {
+  uint32_t bits = static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(p)[i]) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+#if defined(__AVX512F__)
+constexpr int64_t kLanes = 16;
+using vec = __m512;
+inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
+inline vec vload(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+inline vec vload(const c10::BFloat16* p) {
+  __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
+}
+inline vec vzero() { return _mm512_setzero_ps(); }
+inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline float vsum(vec a) { return _mm512_reduce_add_ps(a); }
+inline vec vset(float a) { return _mm512_set1_ps(a); }
+inline void vstore(float* p, vec a) { _mm512_storeu_ps(p, a); }
+inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
+inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
+inline vec vmin(vec a, vec b) { return _mm512_min_ps(a, b); }
+inline vec vmax(vec a, vec b) { return _mm512_max_ps(a, b); }
+inline vec vfloor(vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
+inline vec vpow2(vec n) {  // 2^n for integral n in [-126, 127], built in the exponent bits
+  __m512i e = _mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr int64_t kLanes = 8;
+using vec = __m256;
+inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
+inline vec vload(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+inline vec vload(const c10::BFloat16* p) {
+  __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+}
+inline vec vzero() { return _mm256_setzero_ps(); }
+inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline float vsum(vec a) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
+inline vec vset(float a) { return _mm256_set1_ps(a); }
+inline void vstore(float* p, vec a) { _mm256_storeu_ps(p, a); }
+inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
+inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
+inline vec vmin(vec a, vec b) { return _mm256_min_ps(a, b); }
+inline vec vmax(vec a, vec b) { return _mm256_max_ps(a, b); }
+inline vec vfloor(vec a) { return _mm256_floor_ps(a); }
+inline vec vpow2(vec n) {  // 2^n for integral n in [-126, 127], built in the exponent bits
+  __m256i e = _mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(e, 23));
+}
+#define KVLAB_VECTOR 1
+#endif
+#if defined(__AVX512F__)
+#define KVLAB_VECTOR 1
+#endif
+
+#ifdef KVLAB_VECTOR
+// e^x, lane by lane, to float32 rounding (Cephes' expf: x = n ln2 + r, a degree-5 polynomial in
+// r, times 2^n); inputs below -87 give 0, as softmax wants of scores far under the maximum.
+inline vec vexp(vec x) {
+  const vec lo = vset(-87.0f), hi = vset(88.0f);
+  vec under = x;
+  x = vmin(vmax(x, lo), hi);
+  vec n = vfloor(vfma(x, vset(1.44269504088896341f), vset(0.5f)));
+  x = vfma(n, vset(-0.693359375f), x);
+  x = vfma(n, vset(2.12194440e-4f), x);
+  vec z = vmul(x, x);
+  vec y = vset(1.9875691500e-4f);
+  y = vfma(y, x, vset(1.3981999507e-3f));
+  y = vfma(y, x, vset(8.3334519073e-3f));
+  y = vfma(y, x, vset(4.1665795894e-2f));
+  y = vfma(y, x, vset(1.6666665459e-1f));
+  y = vfma(y, x, vset(5.0000001201e-1f));
+  y = vadd(vfma(y, z, x), vset(1.0f));
+  y = vmul(y, vpow2(n));
+#if defined(__AVX512F__)
+  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(under, lo, _CMP_GE_OQ), y);
+#else
+  return _mm256_and_ps(y, _mm256_cmp_ps(under, lo, _CMP_GE_OQ));
+#endif
+}
+#endif
+
+
+}  // namespace kvlab
