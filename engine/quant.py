@@ -10,9 +10,10 @@ activations, LayerNorms, biases, the position table and the KV cache stay in the
                 projection): the output projection multiplies by it, and the embedding lookup
                 dequantizes the one row it reads (row x its scale). Not exact: the gate holds it
                 to its registered tolerance.
-  bf16_weights  every Linear weight (and the tied matrix) stored in bfloat16; the matrix product
-                runs in bf16 (the input is rounded to bf16, the kernel accumulates as the
-                hardware does: fp32 in oneDNN/cuBLAS), its result is returned in the model dtype.
+  bf16_weights  every Linear weight (and the tied matrix) stored in bfloat16; a decode step's
+                rows on a CPU go through the C++ kernel (fp32 input, bf16 rows widened in
+                registers, fp32 sums); elsewhere the product runs in bf16 (the input rounded to
+                bf16, fp32 accumulation in oneDNN/cuBLAS). Results in the model dtype.
 
 How: as gpt-fast's ``quantize.py`` does, a handler swaps each ``nn.Linear`` (and the embedding
 tied to one) for a weight-only module over the same model, which never learns about it. The
@@ -62,7 +63,6 @@ STORAGES = ("int8", "bfloat16")
 CHUNK_BYTES = 1 << 20  # fp32 scratch per chunk of rows: stays in a core's L2
 FEW_ROWS = 16  # more input rows than this (a prefill): dequantize once, one big matmul
 KERNEL_ROWS = 8  # the C++ kernel takes up to this many rows (a decode step, a short verify)
-BF16_KERNEL = True  # bf16 rows of the MLP's down projection through the C++ kernel too
 
 
 # ------------------------------------------------------------------------------ the kernels
@@ -116,9 +116,8 @@ def kernel(storage: str, device_type: str) -> str:
     (the rows that time them and the device check print it)."""
     if device_type == "cpu" and kernels.available()[0] and storage == "int8":
         return "engine.kernels C++ matrix-vector (int8 rows, fp32 accumulation)"
-    if device_type == "cpu" and kernels.available()[0] and BF16_KERNEL:
-        return ("engine.kernels C++ matrix-vector where a weight's rows are longer than they "
-                "are many (the MLP's down projection), F.linear in bf16 elsewhere")
+    if device_type == "cpu" and kernels.available()[0]:
+        return "engine.kernels C++ matrix-vector (bf16 rows, fp32 accumulation)"
     if storage == "bfloat16":
         return "F.linear in bf16"
     if device_type == "cuda":
@@ -133,8 +132,8 @@ def kernel(storage: str, device_type: str) -> str:
 
 def bf16_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """y (N, out) = x (N, in) @ w.T with w in bf16, returned in x's dtype. The one bf16 kernel."""
-    if BF16_KERNEL and w.size(1) > w.size(0) and _our_kernel(x):  # rows longer than they are
-        return kernels.linear(x.contiguous(), w)  # many: where it beat F.linear (bench_kernels)
+    if _our_kernel(x):  # faster than F.linear in bf16 on every gpt2 matrix (bench_kernels)
+        return kernels.linear(x.contiguous(), w)
     return F.linear(x.to(w.dtype), w).to(x.dtype)
 
 

@@ -17,9 +17,12 @@ interleaved rounds beside ``sum()`` of the same fp32 matrices -- the read floor:
   bf16   ``F.linear`` in bf16; the C++ kernel over bf16 rows
   int8   the plain-PyTorch chunked dequantize + mm (``engine.quant``'s fallback); the C++
          kernel over int8 rows with a scale per row
-Every candidate's output is checked against fp32 ``F.linear`` before it is timed. The run is
-saved (kind ``kernels``) into ``--out`` (default ``docs/runs/engine-speed/``) and its Markdown
-table printed. Run it on a quiet machine.
+Every candidate's output is checked against fp32 ``F.linear`` before it is timed. Then the
+attention over the cache at 128 and 512 tokens (12 layers x 12 heads of 64, one new token):
+SDPA on 4-D views with the two row writes (what ``attend_filled`` ran before) against the C++
+``attend`` (write + attention in one call), beside ``sum()`` of the same cached K and V bytes
+(table ``attention``). The run is saved (kind ``kernels``) into ``--out`` (default
+``docs/runs/engine-speed/``) and its Markdown table printed. Run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -154,6 +157,62 @@ def measure(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def attention_rows(threads: int, rounds: int, repeats: int) -> list[dict]:
+    """SDPA (with the row writes) against the C++ ``attend`` over gpt2's 12 layers' caches."""
+    import torch
+    import torch.nn.functional as F
+
+    from engine import kernels
+    from instruments.measure.sampler import time_call
+
+    if not kernels.available()[0]:
+        return []
+    torch.set_num_threads(threads)
+    layers, nh, hs, t_max = 12, 12, 64, 1024
+    gen = torch.Generator().manual_seed(0)
+    k_buf = torch.randn(layers, 1, nh, t_max, hs, generator=gen)
+    v_buf = torch.randn(layers, 1, nh, t_max, hs, generator=gen)
+    q, k, v = torch.randn(1, 3, nh, hs, generator=gen).unbind(1)
+    rows = []
+    for ctx in (128, 512):
+        pos = ctx - 1
+
+        def sdpa(pos: int = pos) -> list:
+            out = []
+            for i in range(layers):
+                k_buf[i, :, :, pos], v_buf[i, :, :, pos] = k, v
+                out.append(F.scaled_dot_product_attention(
+                    q.unsqueeze(2), k_buf[i, :, :, : pos + 1], v_buf[i, :, :, : pos + 1]))
+            return out
+
+        cands = {"read: sum() of the cached K and V": lambda pos=pos: [
+                     (k_buf[i, :, :, : pos + 1].sum(), v_buf[i, :, :, : pos + 1].sum())
+                     for i in range(layers)],
+                 "SDPA, one query (+ 2 row writes)": sdpa,
+                 "C++ kernel attend": lambda pos=pos: [
+                     kernels.attend(q, k, v, k_buf[i], v_buf[i], pos) for i in range(layers)]}
+        want = torch.stack([y.reshape(nh, hs) for y in sdpa()])
+        got = torch.stack([y.reshape(nh, hs) for y in cands["C++ kernel attend"]()])
+        err = float((got - want).abs().max() / want.abs().max())
+        per: dict[str, list[float]] = {n: [] for n in cands}
+        with torch.no_grad():
+            for rnd in range(rounds):
+                for name in (list(cands) if rnd % 2 == 0 else list(cands)[::-1]):
+                    per[name].extend(time_call(cands[name], warmup=1,
+                                               repeats=repeats).samples_ms)
+        nbytes = 2 * layers * nh * ctx * hs * 4
+        floor = statistics.median(per["read: sum() of the cached K and V"])
+        for name, samples in per.items():
+            ms = statistics.median(samples)
+            rows.append({"threads": threads, "context_len": ctx, "candidate": name,
+                         "bytes": nbytes, "latency_ms": ms, "samples_ms": samples,
+                         "gbps": nbytes / ms / 1e6, "x_kv_read": ms / floor,
+                         "max_rel_err": err if name.startswith("C++") else None})
+            print(f"{threads}t attention@{ctx:<4d} {name:34s} {ms:8.2f} ms "
+                  f"{ms / floor:5.2f}x read", flush=True)
+    return rows
+
+
 def markdown(rows: list[dict]) -> str:
     """One table per thread count: kind × candidate, ms and × the fp32 read."""
     names = list(dict.fromkeys(r["candidate"] for r in rows))
@@ -179,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     from instruments.store import results
 
     rows = measure(args)
+    attention = [r for t in args.threads.split(",")
+                 for r in attention_rows(int(t), args.rounds, args.repeats)]
     print()
     print(markdown(rows))
     if not args.no_save:
@@ -191,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
                                     command="scripts/bench_kernels.py " + " ".join(argv or
                                                                                   sys.argv[1:]),
                                     threads=args.threads)
-        run = results.new_run("kernels", meta, {"kernels": rows})
+        run = results.new_run("kernels", meta, {"kernels": rows, "attention": attention})
         print(f"saved {results.save_run(run, args.out)}")
     return 0
 

@@ -4,7 +4,8 @@ Makers as in ``instruments.store.readme_blocks`` (``make(runs, root) -> str``):
   peers        the newest ``peers`` run per thread count: each engine's decode step as a
                multiple of the weight-read floor measured beside it, per context
   kernels      the newest ``kernels`` run (``scripts/bench_kernels.py``): every matrix-vector
-               candidate per kind of matrix, ms and × a ``sum()`` of the same fp32 bytes
+               candidate per kind of matrix, ms and × a ``sum()`` of the same fp32 bytes; and
+               its ``attention`` table (SDPA against our ``attend``) where it has one
   sweep_bench  ``scripts/bench_sweep.py``'s runs (subfolders): the default sweep from the
                browser against issue 25's goals (``instruments.store.sweep_bench``)
 """
@@ -68,6 +69,17 @@ def kernels(runs: list[Run], root: Path) -> str:
         out += md_table(["candidate", *[f"`{k}`" for k in KINDS]], (
             [n, *[f"{got[n, k]['latency_ms']:.2f} ({got[n, k]['x_fp32_read']:.2f}×)"
                   if (n, k) in got else "–" for k in KINDS]] for n in names))
+        out.append("")
+    attention = (run.get("tables") or {}).get("attention") or []
+    if attention:
+        out += ["The attention over the cache, one new token through 12 layers (12 heads of 64), "
+                "ms and × a `sum()` of the same cached K and V bytes:", ""]
+        names = list(dict.fromkeys(r["candidate"] for r in attention))
+        keys = sorted({(r["threads"], r["context_len"]) for r in attention})
+        got = {(r["candidate"], r["threads"], r["context_len"]): r for r in attention}
+        out += md_table(["candidate", *[f"{t} thread(s), {c} tokens" for t, c in keys]], (
+            [n, *[f"{got[n, t, c]['latency_ms']:.2f} ({got[n, t, c]['x_kv_read']:.2f}×)"
+                  if (n, t, c) in got else "–" for t, c in keys]] for n in names))
         out.append("")
     return "\n".join(out).rstrip("\n")
 
