@@ -59,3 +59,20 @@ def test_each_bug_is_refused_where_it_applies(gpt2: Gate, bug: str) -> None:
             assert check.max_diff >= BUG_AT_LEAST * gpt2.reference()["scale"]
         # A mode whose step does not run through the broken code stays passed.
         assert gpt2.check("fast").passed
+
+
+def test_mode_1s_one_forward_equals_its_steps() -> None:
+    """The reference comes from one of mode 1's forwards over the whole fed sequence; it must be
+    what mode 1 gives step by step (to float32 rounding), and a one-position shift -- the slip
+    that reading the wrong rows would be -- must be far outside that."""
+    from instruments.checks.gate import _forced, _reference
+
+    model = GPT.random(GPTConfig.from_name("gpt2"))
+    gate = Gate(model)
+    tokens = gate.tokens[:, :40]
+    one = _reference(gate.state, tokens=tokens, start=30)
+    steps = _forced(gate.state, tokens=tokens, start=30, name="uncached")
+    assert one.shape == steps.shape == (11, tokens.size(0), model.config.vocab_size)
+    scale = float(steps.abs().max())
+    assert float((one - steps).abs().max()) <= 1e-6 * scale * 10
+    assert float((one[1:] - steps[:-1]).abs().max()) > 1e-2 * scale
