@@ -22,6 +22,7 @@ from instruments.costmodel.speculation import (
     VerifyCurve,
     break_even,
     expected_tokens,
+    loop_ms,
     speedups,
 )
 from instruments.experiments import speculate
@@ -151,6 +152,16 @@ def test_the_verify_curve_interpolates_and_predicts() -> None:
     assert got["speedup_predicted"] == pytest.approx(5.0)  # E = 5 tokens a forward, same cost
     assert got["speedup_predicted_drafts"] == pytest.approx(5.0)  # 10 tokens in 2 forwards
     assert got["break_even_acceptance"] == 0.0
+    # The loop's own work per step (2 ms) and each forward's drafting (3 ms) shrink the gain:
+    # plain 10 x (5 + 2) = 70 ms, speculative 2 x (5 + 2 + 3) = 20 ms.
+    paid = speedups(flat, k=4, acceptance=1.0, prompt_len=10, new_tokens=11,
+                    forwards=[(10, 4), (15, 4)], prefill_ms=0.0, step_loop_ms=2.0,
+                    draft_ms=[3.0, 3.0])
+    assert paid["speedup_predicted_drafts"] == pytest.approx(3.5)
+    assert paid["speedup_predicted"] == pytest.approx(3.5)
+    assert loop_ms(flat, prompt_len=10, new_tokens=11, prefill_ms=4.0, plain_ms=74.0) == \
+        pytest.approx(2.0)  # (74 - 4 - 10 x 5) / 10
+    assert loop_ms(flat, prompt_len=10, new_tokens=11, prefill_ms=4.0, plain_ms=40.0) == 0.0
 
 
 def test_the_experiment_measures_both_tables_on_the_tiny_model() -> None:

@@ -53,11 +53,11 @@ RECIPES: dict[str, Recipe] = {
     "concat": Recipe(True, "out_in", "concat_seed"),
     "prealloc": Recipe(True, "out_in", "prealloc_seed"),
     "prealloc_fused": Recipe(True, "out_in", "prealloc_fused"),
-    "fast": Recipe(True, "packed", "prealloc_fused"),
+    "fast": Recipe(True, "packed", "prealloc_step"),
     "paged": Recipe(True, "out_in", "paged_fused"),
     "int8_kv": Recipe(True, "out_in", "kv_int8_fused"),
-    "int8_weights": Recipe(True, "int8", "prealloc_fused"),
-    "bf16_weights": Recipe(True, "bfloat16", "prealloc_fused"),
+    "int8_weights": Recipe(True, "int8", "prealloc_step"),
+    "bf16_weights": Recipe(True, "bfloat16", "prealloc_step"),
 }
 NOT_PREDICTED = "compiled or graph-captured: its step fuses the operators this model sums"
 

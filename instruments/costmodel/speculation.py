@@ -82,8 +82,21 @@ class VerifyCurve:
         return self.ms(context, m) / self.ms(context, 1)
 
 
+def loop_ms(curve: VerifyCurve, *, prompt_len: int, new_tokens: int, prefill_ms: float,
+            plain_ms: float) -> float:
+    """The plain decoding loop's own work per step beyond its forward (choosing the token,
+    keeping it), from a measured plain generation: what it took beyond the prefill and the
+    curve's single-token forwards, per step (0 when the curve already accounts for it all)."""
+    steps = new_tokens - 1
+    if steps < 1:
+        return 0.0
+    forwards_ms = sum(curve.ms(prompt_len + i, 1) for i in range(steps))
+    return max(0.0, (plain_ms - prefill_ms - forwards_ms) / steps)
+
+
 def speedups(curve: VerifyCurve, *, k: int, acceptance: float | None, prompt_len: int,
-             new_tokens: int, forwards: Sequence[tuple[int, int]], prefill_ms: float
+             new_tokens: int, forwards: Sequence[tuple[int, int]], prefill_ms: float,
+             step_loop_ms: float = 0.0, draft_ms: Sequence[float] = ()
              ) -> dict[str, float | None]:
     """Predicted speedups of a speculative generation of ``new_tokens`` after ``prompt_len``
     over plain decoding with the same mode (prefill included on both sides):
@@ -92,10 +105,15 @@ def speedups(curve: VerifyCurve, *, k: int, acceptance: float | None, prompt_len
                                 ``acceptance``, at the generation's middle context
       speedup_predicted_drafts  the forwards that ran, ``forwards`` = (context held, tokens
                                 drafted): each costs t(drafted + 1) at its context
-    and ``verify_ratio`` t(k + 1) / t(1), ``break_even_acceptance`` for this k there."""
+    and ``verify_ratio`` t(k + 1) / t(1), ``break_even_acceptance`` for this k there.
+    Every step or forward also pays ``step_loop_ms`` (the loop's own work, ``loop_ms``), and
+    each speculative forward its drafting, ``draft_ms`` (per forward, timed apart: the n-gram
+    search and choosing among k + 1 rows of logits); the formula charges their mean. Without
+    them, a model whose forwards are a few milliseconds of dispatch is over-predicted."""
     steps = new_tokens - 1  # the prefill makes the first token on both sides
     mid = prompt_len + steps / 2
-    plain_ms = prefill_ms + sum(curve.ms(prompt_len + i, 1) for i in range(steps))
+    plain_ms = prefill_ms + sum(curve.ms(prompt_len + i, 1) + step_loop_ms for i in range(steps))
+    mean_draft_ms = sum(draft_ms) / len(draft_ms) if draft_ms else 0.0
     ratio = curve.ratio(mid, k + 1)
     out: dict[str, float | None] = {"verify_ratio": ratio,
                                     "break_even_acceptance": break_even(ratio, k),
@@ -104,9 +122,11 @@ def speedups(curve: VerifyCurve, *, k: int, acceptance: float | None, prompt_len
     if acceptance is not None:
         e = expected_tokens(acceptance, k)
         out["expected_tokens_per_forward"] = e
-        spec_ms = prefill_ms + steps / e * curve.ms(mid, k + 1)
+        spec_ms = prefill_ms + steps / e * (curve.ms(mid, k + 1) + step_loop_ms + mean_draft_ms)
         out["speedup_predicted"] = plain_ms / spec_ms
     if forwards:
-        spec_ms = prefill_ms + sum(curve.ms(c, d + 1) for c, d in forwards)
+        drafting = list(draft_ms) or [0.0] * len(forwards)
+        spec_ms = prefill_ms + sum(curve.ms(c, d + 1) + step_loop_ms + extra
+                                   for (c, d), extra in zip(forwards, drafting, strict=True))
         out["speedup_predicted_drafts"] = plain_ms / spec_ms
     return out

@@ -13,6 +13,9 @@
                tokens), ``tokens_per_forward``, ``speedup_measured``, ``speedup_predicted``
                (from the verify curve at that acceptance, E[tokens per forward] = (1 -
                a^(k+1)) / (1 - a)), ``speedup_predicted_drafts`` (from the forwards that ran),
+               both charging each forward the loop's own work (``step_loop_ms``: the plain
+               loop's per step beyond the curve's forwards) and its drafting (``draft_ms``,
+               summed: the n-gram searches and choices, timed apart after the run),
                ``break_even_acceptance`` and ``identical`` (token for token equal to plain
                greedy decoding, which the engine promises)
   checks       the gate's verdict on the mode (logits against mode 1; a refused mode is not
@@ -33,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine import modes
 from engine.config import GPTConfig
-from instruments.costmodel.speculation import VerifyCurve, speedups
+from instruments.costmodel.speculation import VerifyCurve, loop_ms, speedups
 from instruments.experiments.inputs import contexts_within, modes_usable, parse_contexts, whole
 from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, no_grad, record
 
@@ -220,6 +223,32 @@ def prompt_ids(model: GPT, text: str, new_tokens: int) -> tuple[torch.Tensor, st
     return torch.tensor([ids], dtype=torch.long, device=model.device), note
 
 
+def _drafting_ms(history: Any, forwards: list[Any], k: int, ngram: int, prompt_len: int,
+                 n: int, vocab: int) -> list[float]:
+    """Each speculative forward's own work beyond a plain step's, timed apart (best of 3): the
+    n-gram search over the history it saw, and choosing among the draft's extra rows of logits."""
+    import time
+
+    import torch
+
+    from engine.speculative import propose
+
+    rows = torch.randn(k + 1, vocab, generator=torch.Generator().manual_seed(0))
+    out = []
+    for f in forwards:
+        size = f.context_len + 1  # the held tokens and the last one, not yet in the cache
+        room = n - (size - prompt_len)
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            propose(history[:size], min(k, room - 1), ngram)
+            if f.drafted:
+                rows[: f.drafted].argmax(dim=-1).tolist()
+            best = min(best, time.perf_counter() - start)
+        out.append(best * 1e3)
+    return out
+
+
 def _speculate(model: GPT, p: SpeculateParams, prompt: torch.Tensor, tr: Tracker,
                meta: dict[str, Any]) -> bool:
     """The plain generation, then one speculative row per k; True if stopped."""
@@ -248,6 +277,9 @@ def _speculate(model: GPT, p: SpeculateParams, prompt: torch.Tensor, tr: Tracker
                 "about real text")
     plain_ms, prefill_ms = base.median_ms, prefill.median_ms
     curve = VerifyCurve(r for r in tr.tables.get("verify", []))
+    step_loop_ms = loop_ms(curve, prompt_len=t0, new_tokens=n, prefill_ms=prefill_ms,
+                           plain_ms=plain_ms)
+    meta.update(step_loop_ms=step_loop_ms)
     for k in sorted(set(p.ks)):
         sdec = make_decoder(model, p.mode, capacity=t0 + n)
         runs: list[Any] = []
@@ -264,9 +296,11 @@ def _speculate(model: GPT, p: SpeculateParams, prompt: torch.Tensor, tr: Tracker
             at = first_difference(want[0].tolist(), spec.tokens[0].tolist())
             tr.note(f"k={k}: the speculative tokens differ from plain greedy decoding at token "
                     f"{at}: a near-tie the multi-token forward rounded the other way")
+        history = torch.cat([prompt[0].cpu(), spec.tokens[0].cpu()])
+        draft_ms = _drafting_ms(history, spec.forwards, k, p.ngram, t0, n, vocab)
         pred = speedups(curve, k=k, acceptance=spec.acceptance, prompt_len=t0, new_tokens=n,
                         forwards=[(f.context_len, f.drafted) for f in spec.forwards],
-                        prefill_ms=prefill_ms)
+                        prefill_ms=prefill_ms, step_loop_ms=step_loop_ms, draft_ms=draft_ms)
         tr.work += 1
         tr.row("speculative", {
             "mode": p.mode, "k": k, "ngram": p.ngram, "prompt_tokens": t0, "new_tokens": n,
@@ -275,6 +309,7 @@ def _speculate(model: GPT, p: SpeculateParams, prompt: torch.Tensor, tr: Tracker
             "latency_ms": got.median_ms, "samples_ms": got.samples_ms, "plain_ms": plain_ms,
             "plain_samples_ms": base.samples_ms, "prefill_ms": prefill_ms,
             "speedup_measured": plain_ms / got.median_ms, **pred,
+            "step_loop_ms": step_loop_ms, "draft_ms": sum(draft_ms),
             "identical": same, "distinct_tokens": distinct},
             f"k={k}: {plain_ms / got.median_ms:.2f}x over plain decoding")
     return False

@@ -12,7 +12,8 @@ them into a predicted step. Parts (every one over all the model's layers, as a s
   attention  variant = cache kind + core ("concat_seed", "prealloc_fused", ...), x = context S:
              one new token per sequence written into the mode's own cache class (holding S - 1
              tokens) and attended over S keys -- explicit scores with the write-up's mask
-             ("seed") or ``scaled_dot_product_attention`` ("fused")
+             ("seed"), ``scaled_dot_product_attention`` ("fused"), or "prealloc_step": what
+             ``decode_step``'s ``attend_filled`` runs (modes 8, 12, 13: the C++ kernel on a CPU)
   attention_full  variant "seed", x = T: an uncached forward's T queries over T keys
   small      x = rows: layer norms, GELU, residual adds, the heads' re-assembly copy and the
              embeddings, at their real widths
@@ -49,6 +50,7 @@ from engine.loop import random_prompt
 from engine.model import GPT
 from engine.quant import STORAGES, weight_only
 from engine.state import ModelState
+from engine.step import attend_filled
 from instruments.costmodel import predict
 from instruments.measure.sampler import Sampler
 
@@ -177,8 +179,10 @@ class _Parts:
         bytes: not flushed.
         """
         kind, core_name = variant.rsplit("_", 1)
-        core = self._core(core_name)
         cfg, B = self.cfg, self.batch
+        if core_name == "step":
+            return self._attend_filled(context)
+        core = self._core(core_name)
         nh, hs = cfg.n_head, cfg.head_dim
         cache = make_cache(kind, self.model, B, capacity=max(context, 1))
         if context > 1:
@@ -201,6 +205,38 @@ class _Parts:
                 core(q, k, v, layer, context - 1)
                 total_s += time.perf_counter() - start
             cache.crop(context - 1)  # back to where it was (cheap; the hollow run pays it too)
+            return total_s * 1e3 if self.dev.type == "cpu" else None
+
+        return step
+
+    def _attend_filled(self, context: int) -> Callable[[], float | None]:
+        """Variant "prealloc_step": what ``engine.step.decode_step`` attends with in modes 8,
+        12 and 13 (``attend_filled``: on a CPU in fp32 the C++ kernel's one call per layer that
+        writes the row and attends, else SDPA), over a preallocated cache holding
+        ``context - 1`` tokens; caches flushed before each layer as in ``attention``."""
+        cfg, B = self.cfg, self.batch
+        nh, hs = cfg.n_head, cfg.head_dim
+        cache = make_cache("prealloc", self.model, B, capacity=max(context, 1))
+        if context > 1:
+            for layer in range(cfg.n_layer):
+                cache.update(layer, self._randn(B, nh, context - 1, hs),
+                             self._randn(B, nh, context - 1, hs))
+            cache.advance(context - 1)
+        q, k1, v1 = (self._randn(B, nh, hs) for _ in range(3))
+        flush = _flush_buffer() if self.dev.type == "cpu" and self.cold else None
+        if flush is not None and 2 * _layer_weight_bytes(self.model) < flush.nbytes / 1.5:
+            flush = None
+
+        def step() -> float | None:
+            total_s = 0.0
+            with torch.no_grad():
+                attend = attend_filled(cache.k_buf, cache.v_buf, context - 1)
+                for layer in range(cfg.n_layer):
+                    if flush is not None:
+                        flush.sum()
+                    start = time.perf_counter()
+                    attend(layer, q, k1, v1)
+                    total_s += time.perf_counter() - start
             return total_s * 1e3 if self.dev.type == "cpu" else None
 
         return step
