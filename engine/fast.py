@@ -16,13 +16,14 @@ so results differ from ``F.linear`` by float32 rounding only. With one thread, `
 falls back to ``torch.addmm`` on the ``[in, out]`` copy. ``PackedLinear.__call__`` is the one
 place that multiplies by the packed weights. Where the C++ matrix-vector kernel is built
 (``engine.kernels``), each role of matrix (q|k|v, attention projection, MLP up, MLP down, output
-projection) is timed both ways when the copies are made, and goes through the kernel over the
-model's own ``[out, in]`` weights -- no copy -- where that was faster (``FastWeights.choice``;
-measured here: the MLP's down projection at 1 thread, also q|k|v and the attention projection
-at 2; ``scripts/bench_kernels.py``). The step itself is ``engine.step.decode_step``
-(the one modes 6, 7 and 9 run too) over these copies, with ``attend_filled`` over a preallocated
-cache, with no mask, the new token seeing every cached key: on a CPU in fp32 the C++ kernel writes
-the new row and attends in one call (``engine.kernels.attend``), elsewhere SDPA on 4-D views.
+projection) is timed three ways when the copies are made -- the packed copies, the kernel over
+the model's own ``[out, in]`` weights (no copy), the kernel over an interleaved copy in which
+every four rows are one contiguous stream (``InterleavedLinear``) -- and takes the fastest
+(``FastWeights.choice``; ``scripts/bench_kernels.py`` times them per role). The step itself is
+``engine.step.decode_step`` (the one modes 6, 7 and 9 run too) over these copies, with
+``attend_filled`` over a preallocated cache, with no mask, the new token seeing every cached key:
+on a CPU in fp32 the C++ kernel writes the new row and attends in one call
+(``engine.kernels.attend``), elsewhere SDPA on 4-D views.
 
 The copies are built once per model (and chunk count) and kept in its ``engine.state.
 ModelState``; an in-place write to a parameter makes them stale, and they are built again.
@@ -125,7 +126,28 @@ class KernelLinear:
         return 0  # nothing held besides the model
 
 
-Linear = PackedLinear | KernelLinear
+@dataclass
+class InterleavedLinear:
+    """y = x @ W.T + b through the C++ kernel over an interleaved copy (``kernels.interleave``:
+    each group of four rows one contiguous stream, so a thread reads its rows front to back
+    in one sequential pass). More rows than the kernel takes go to ``F.linear`` over the
+    model's own weight."""
+
+    weight: torch.Tensor  # (out, in), the model's tensor
+    packed: torch.Tensor  # (groups, in / 16, 4, 16), the copy
+    bias: torch.Tensor | None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.size(0) > KERNEL_ROWS:
+            return F.linear(x, self.weight, self.bias)
+        return kernels.linear_interleaved(x.contiguous(), self.packed, self.weight.size(0),
+                                          self.bias)
+
+    def nbytes(self) -> int:
+        return self.packed.numel() * self.packed.element_size()
+
+
+Linear = PackedLinear | KernelLinear | InterleavedLinear
 ROLES = ("c_attn", "attn.c_proj", "c_fc", "mlp.c_proj", "lm_head")
 
 
@@ -139,29 +161,37 @@ def _pass_ms(fns: list[Linear], x: torch.Tensor) -> float:
 
 def _choose(packed: list[PackedLinear], own: list[torch.nn.Linear], device: torch.device,
             dtype: torch.dtype) -> tuple[list[Linear], str, dict[str, float]]:
-    """Per role, whichever of the packed copies and the C++ kernel over the model's own weights
-    multiplies a token faster on this machine, timed here (the kernel on a tie within 3%: it
-    holds no copy). Without the kernel, or off a CPU or fp32: the packed copies."""
+    """Per role, whichever multiplies a token fastest on this machine, timed here: the packed
+    copies, the C++ kernel over the model's own weights, or the kernel over an interleaved copy
+    (``InterleavedLinear``; widths a multiple of 16). The kernel over the model's weights wins a
+    tie within 3%: it holds no copy. Without the kernel, or off a CPU or fp32: the packed
+    copies."""
     if device.type != "cpu" or dtype != torch.float32 or not kernels.available()[0]:
         return list(packed), "packed", {}
-    kern = [KernelLinear(m.weight.detach(), None if m.bias is None else m.bias.detach())
-            for m in own]
+    bias = [None if m.bias is None else m.bias.detach() for m in own]
+    ways: dict[str, list[Linear]] = {
+        "packed": list(packed),
+        "kernel": [KernelLinear(m.weight.detach(), b) for m, b in zip(own, bias, strict=True)]}
+    if own[0].in_features % kernels.STRIP == 0:
+        ways["interleaved"] = [InterleavedLinear(m.weight.detach(), kernels.interleave(m.weight),
+                                                 b) for m, b in zip(own, bias, strict=True)]
     x = torch.randn(1, own[0].in_features, generator=torch.Generator().manual_seed(0))
-    ways: dict[str, list[Linear]] = {"packed": list(packed), "kernel": list(kern)}
     ms = {how: float("inf") for how in ways}
     for i in range(4):  # an untimed run each, then three interleaved: a slow moment of the
-        for how, fns in ways.items():  # machine hits both ways, not one
+        for how, fns in ways.items():  # machine hits every way, not one
             t = _pass_ms(fns, x)
             ms[how] = min(ms[how], t) if i else ms[how]
-    if ms["kernel"] <= 1.03 * ms["packed"]:
-        return list(kern), "kernel", ms
-    return list(packed), "packed", ms
+    best = min(ms, key=lambda how: ms[how])
+    if ms["kernel"] <= 1.03 * ms[best]:
+        best = "kernel"
+    return ways[best], best, ms
 
 
 class FastWeights:
-    """Mode 8's weights (built once per model and chunk count): per role, the packed copies or
-    the C++ kernel over the model's own weights, whichever measured faster here (``choice``,
-    ``tuned_ms``; ``tune_s`` the seconds that took, set-up never part of a step)."""
+    """Mode 8's weights (built once per model and chunk count): per role, the packed copies, the
+    C++ kernel over the model's own weights or over an interleaved copy, whichever measured
+    fastest here (``choice``, ``tuned_ms``; ``tune_s`` the seconds that took, set-up never part
+    of a step)."""
 
     def __init__(self, model: GPT, chunks: int) -> None:
         self.chunks = chunks
@@ -180,7 +210,7 @@ class FastWeights:
                                                chunks) for m in own[role]]
             per_role[role], self.choice[role], ms = _choose(packed, own[role], model.device,
                                                             model.dtype)
-            del packed  # the copies of a role the kernel serves are dropped here
+            del packed  # a role's copies not chosen are dropped here
             if ms:
                 self.tuned_ms[role] = ms
         self.tune_s = time.perf_counter() - t0

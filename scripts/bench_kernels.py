@@ -13,7 +13,8 @@ interleaved rounds beside ``sum()`` of the same fp32 matrices -- the read floor:
 
   fp32   ``F.linear`` over the model's ``[out, in]`` weight; mode 8's packed ``[in, out]``
          copies (``engine.fast.PackedLinear``, one chunk per thread); our C++ kernel
-         (``engine.kernels``) over the ``[out, in]`` weight
+         (``engine.kernels``) over the ``[out, in]`` weight, and over an interleaved copy
+         (``kernels.interleave``: every four rows one contiguous stream)
   bf16   ``F.linear`` in bf16; the C++ kernel over bf16 rows
   int8   the plain-PyTorch chunked dequantize + mm (``engine.quant``'s fallback); the C++
          kernel over int8 rows with a scale per row
@@ -84,6 +85,9 @@ def candidates(lins: list, threads: int) -> dict[str, tuple[str, int, Callable]]
     if ok:
         out["C++ kernel fp32"] = ("float32", fp32_bytes,
                                   over(lambda x, i: kernels.linear(x, ws[i])))
+        inter = [kernels.interleave(w) for w in ws]
+        out["C++ kernel fp32, interleaved copy"] = ("float32", fp32_bytes, over(
+            lambda x, i: kernels.linear_interleaved(x, inter[i], ws[i].size(0))))
     bf = [w.to(torch.bfloat16).contiguous() for w in ws]
     out["F.linear bf16"] = ("bfloat16", fp32_bytes // 2,
                             over(lambda x, i: F.linear(x.to(torch.bfloat16), bf[i]).float()))

@@ -94,10 +94,12 @@ def test_fast_reports_its_extra_memory_and_reuses_the_packing() -> None:
     d, v = CFG.n_embd, CFG.vocab_size
     role_bytes = {"c_attn": 3 * d * d, "attn.c_proj": d * d, "c_fc": 4 * d * d,
                   "mlp.c_proj": 4 * d * d}
+    copies = ("packed", "interleaved")
     copied = 4 * (CFG.n_layer * sum(n for r, n in role_bytes.items()
-                                    if a.weights.choice[r] == "packed")
-                  + (d * v if a.weights.choice["lm_head"] == "packed" else 0))
-    # a packed role holds a copy of its weights (+ padding and biases); a kernel role none
+                                    if a.weights.choice[r] in copies)
+                  + (d * v if a.weights.choice["lm_head"] in copies else 0))
+    # a packed or interleaved role holds a copy of its weights (+ padding and biases); a role
+    # the kernel serves over the model's own weights none
     assert copied <= a.extra_bytes <= copied * 1.1 + 4 * CFG.n_layer * 9 * d
     with torch.no_grad():
         model.lm_head.weight.add_(0.0)  # an in-place write: the packing is stale
@@ -283,3 +285,30 @@ def test_fast_without_the_kernel_packs_every_role_and_with_it_gives_the_same_log
         dec.prefill(idx[:, :8])
         got = dec.step(idx[:, 8:9])
         assert float((got - want).abs().max()) < 5e-6, forced
+
+
+def test_every_way_a_role_can_take_gives_f_linears_product() -> None:
+    """Whichever way ``_choose`` picks for a role (timing decides, so a test cannot), its
+    product is F.linear's: the packed copies, the kernel over the model's weights, the kernel
+    over the interleaved copy -- for a decode step's rows and for a prefill's many."""
+    from engine import kernels
+    from engine.fast import InterleavedLinear, KernelLinear, _choose
+
+    if not kernels.available()[0]:
+        pytest.skip(f"the C++ kernel is not built: {kernels.available()[1]}")
+    gen = torch.Generator().manual_seed(3)
+    lin = torch.nn.Linear(64, 40)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(40, 64, generator=gen))
+    ways = {"packed": PackedLinear.from_out_in(lin.weight, lin.bias, 2),
+            "kernel": KernelLinear(lin.weight.detach(), lin.bias.detach()),
+            "interleaved": InterleavedLinear(lin.weight.detach(),
+                                             kernels.interleave(lin.weight),
+                                             lin.bias.detach())}
+    for rows in (1, 5, 12):
+        x = torch.randn(rows, 64, generator=gen)
+        want = torch.nn.functional.linear(x, lin.weight, lin.bias).detach()
+        for how, way in ways.items():
+            assert (way(x) - want).abs().max() <= 1e-5, (how, rows)
+    chosen, how, ms = _choose([ways["packed"]], [lin], torch.device("cpu"), torch.float32)
+    assert set(ms) == {"packed", "kernel", "interleaved"} and how in ms and len(chosen) == 1

@@ -142,3 +142,23 @@ def test_attend_bad_input_says_what_is_allowed(change, message: str) -> None:  #
             "k_buf": torch.zeros(1, 2, 9, 8), "v_buf": torch.zeros(1, 2, 9, 8), "pos": 3}
     with pytest.raises(RuntimeError, match=re.escape(message)):
         kernels.attend(**change(args))
+
+
+@pytest.mark.parametrize("batch, out, inn", [(1, 37, 48), (3, 2304, 768), (8, 130, 3072),
+                                             (1, 50257, 768)])
+def test_interleaved_weights_give_the_same_product(batch: int, out: int, inn: int) -> None:
+    """``interleave`` + ``linear_interleaved``: F.linear's result to float32 summation order,
+    rows not a multiple of 4 included (padded with zero rows that are never returned)."""
+    gen = torch.Generator().manual_seed(out + inn)
+    x, w = torch.randn(batch, inn, generator=gen), torch.randn(out, inn, generator=gen) * 0.02
+    b = torch.randn(out, generator=gen)
+    wi = kernels.interleave(w)
+    assert wi.shape == (-(-out // 4), inn // 16, 4, 16)
+    ref = F.linear(x, w, b)
+    got = kernels.linear_interleaved(x, wi, out, b)
+    assert got.shape == ref.shape
+    assert (got - ref).abs().max() <= 2e-6 * max(1.0, ref.abs().max().item())
+    swapped = kernels.interleave(torch.cat([w[1:2], w[:1], w[2:]]))  # two rows' order lost
+    assert (kernels.linear_interleaved(x, swapped, out, b) - ref).abs().max() > 1e-3
+    with pytest.raises(ValueError, match="multiple of 16"):
+        kernels.interleave(torch.randn(4, 20))

@@ -124,6 +124,31 @@ def linear(x: Any, w: Any, scale: Any = None, bias: Any = None) -> Any:
     return torch.ops.kvlab.linear(x, w, scale, bias)
 
 
+STRIP, GROUP = 16, 4  # gemv.cpp's kStrip and kRows
+
+
+def interleave(w: Any) -> Any:
+    """fp32 ``w`` (out, in) repacked for ``linear_interleaved``: (groups, in/16, 4, 16), each
+    group of 4 rows one contiguous stream (rows padded with zeros to a multiple of 4). ``in``
+    must be a multiple of 16."""
+    import torch
+
+    out_f, in_f = w.shape
+    if in_f % STRIP:
+        raise ValueError(f"in_features must be a multiple of {STRIP}, got {in_f}")
+    pad = -out_f % GROUP
+    wp = torch.cat([w.detach(), w.new_zeros(pad, in_f)]) if pad else w.detach()
+    return (wp.reshape(-1, GROUP, in_f // STRIP, STRIP).permute(0, 2, 1, 3).contiguous()
+            .float())
+
+
+def linear_interleaved(x: Any, wi: Any, out_features: int, bias: Any = None) -> Any:
+    """y (B, out) = x @ W.T + bias over ``interleave(W)``: the same sums as ``linear``."""
+    import torch
+
+    return torch.ops.kvlab.linear_interleaved(x, wi, out_features, bias)
+
+
 def attend(q: Any, k: Any, v: Any, k_buf: Any, v_buf: Any, pos: int) -> Any:
     """``torch.ops.kvlab.attend`` (see the module docstring); load it with ``available()``."""
     import torch
