@@ -293,8 +293,8 @@ def test_a_mode_that_fails_the_long_gate_has_no_points_in_the_run(tiny: Loaded,
 
     real, order = gate._forced, []
 
-    def forced(model, name, tokens, start):
-        logits = real(model, name, tokens, start)
+    def forced(model, tokens, start, name):
+        logits = real(model, tokens, start, name)
         if start > 8:  # the long context
             order.append(("long gate", name))
             return logits + 1.0 if name == "concat" else logits
