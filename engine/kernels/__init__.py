@@ -9,6 +9,10 @@ compiled with ``-O3 -march=native`` for the CPU at hand).
                  y (B, out) = (x (B, in) @ w.T) * scale + bias for 1..8 rows of fp32 ``x``, with
                  ``w`` (out, in) contiguous in fp32, bf16 or int8 (int8 needs ``scale``, one fp32
                  per output row). The same results as ``F.linear`` up to float32 summation order.
+  interleave(w) -> wi; linear_interleaved(x, wi, out, bias=None) -> y
+                 the fp32 product over a copy of w in which every four rows are one contiguous
+                 stream (a thread then reads its rows in one sequential pass; mode 8 takes it
+                 per role where it times fastest)
   attend(q, k, v, k_buf, v_buf, pos) -> y (B, nh, hs)
                  writes one new token's k, v (B, nh, hs) at row ``pos`` of a layer's cache
                  (B, nh, T, hs) and attends its q over rows 0..pos (no mask): SDPA's result up

@@ -180,9 +180,6 @@ class _Parts:
         """
         kind, core_name = variant.rsplit("_", 1)
         cfg, B = self.cfg, self.batch
-        if core_name == "step":
-            return self._attend_filled(context)
-        core = self._core(core_name)
         nh, hs = cfg.n_head, cfg.head_dim
         cache = make_cache(kind, self.model, B, capacity=max(context, 1))
         if context > 1:
@@ -190,53 +187,34 @@ class _Parts:
                 cache.update(layer, self._randn(B, nh, context - 1, hs),
                              self._randn(B, nh, context - 1, hs))
             cache.advance(context - 1)
-        q, k1, v1 = (self._randn(B, nh, 1, hs) for _ in range(3))
         flush = _flush_buffer() if self.dev.type == "cpu" and self.cold else None
         if flush is not None and 2 * _layer_weight_bytes(self.model) < flush.nbytes / 1.5:
             flush = None  # a layer's weights are under half the cache: K/V stay in it
+        if core_name == "step":  # "prealloc_step": what decode_step's attend_filled runs (modes
+            q, k1, v1 = (self._randn(B, nh, hs) for _ in range(3))  # 8, 12, 13: the kernel's
+            with torch.no_grad():  # write + attention in one call on a CPU, else SDPA)
+                attend = attend_filled(cache.k_buf, cache.v_buf, context - 1)
 
-        def step() -> float | None:
-            total_s = 0.0
-            for layer in range(cfg.n_layer):
-                if flush is not None:
-                    flush.sum()
-                start = time.perf_counter()
+            def layer_part(layer: int) -> None:
+                attend(layer, q, k1, v1)
+        else:
+            core = self._core(core_name)
+            q, k1, v1 = (self._randn(B, nh, 1, hs) for _ in range(3))
+
+            def layer_part(layer: int) -> None:
                 k, v = cache.update(layer, k1, v1)
                 core(q, k, v, layer, context - 1)
-                total_s += time.perf_counter() - start
-            cache.crop(context - 1)  # back to where it was (cheap; the hollow run pays it too)
-            return total_s * 1e3 if self.dev.type == "cpu" else None
-
-        return step
-
-    def _attend_filled(self, context: int) -> Callable[[], float | None]:
-        """Variant "prealloc_step": what ``engine.step.decode_step`` attends with in modes 8,
-        12 and 13 (``attend_filled``: on a CPU in fp32 the C++ kernel's one call per layer that
-        writes the row and attends, else SDPA), over a preallocated cache holding
-        ``context - 1`` tokens; caches flushed before each layer as in ``attention``."""
-        cfg, B = self.cfg, self.batch
-        nh, hs = cfg.n_head, cfg.head_dim
-        cache = make_cache("prealloc", self.model, B, capacity=max(context, 1))
-        if context > 1:
-            for layer in range(cfg.n_layer):
-                cache.update(layer, self._randn(B, nh, context - 1, hs),
-                             self._randn(B, nh, context - 1, hs))
-            cache.advance(context - 1)
-        q, k1, v1 = (self._randn(B, nh, hs) for _ in range(3))
-        flush = _flush_buffer() if self.dev.type == "cpu" and self.cold else None
-        if flush is not None and 2 * _layer_weight_bytes(self.model) < flush.nbytes / 1.5:
-            flush = None
 
         def step() -> float | None:
             total_s = 0.0
             with torch.no_grad():
-                attend = attend_filled(cache.k_buf, cache.v_buf, context - 1)
                 for layer in range(cfg.n_layer):
                     if flush is not None:
                         flush.sum()
                     start = time.perf_counter()
-                    attend(layer, q, k1, v1)
+                    layer_part(layer)
                     total_s += time.perf_counter() - start
+            cache.crop(context - 1)  # back to where it was (cheap; the hollow run pays it too)
             return total_s * 1e3 if self.dev.type == "cpu" else None
 
         return step
