@@ -266,20 +266,21 @@ def test_fast_without_the_kernel_packs_every_role_and_with_it_gives_the_same_log
                 m.bias.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(2))
     idx = torch.randint(0, CFG.vocab_size, (1, 9), generator=torch.Generator().manual_seed(1))
     want = model(idx, use_cache=False)[0][:, -1]
-    for forced in ("packed", "kernel"):
+    for forced in ("packed", "kernel", "linear"):
         if forced == "kernel" and not kernels.available()[0]:
             continue
 
         def choose(packed, own, device, dtype, forced=forced):  # noqa: ANN001, ANN202
             if forced == "packed":
                 return list(packed), "packed", {}
-            return [fast.KernelLinear(m.weight.detach(), None if m.bias is None
-                                      else m.bias.detach()) for m in own], "kernel", {}
+            way = fast.KernelLinear if forced == "kernel" else fast.OwnLinear
+            return [way(m.weight.detach(), None if m.bias is None else m.bias.detach())
+                    for m in own], forced, {}
 
         monkeypatch.setattr(fast, "_choose", choose)
         w = fast.FastWeights(model, 2)
         assert set(w.choice.values()) == {forced}
-        assert (w.extra_bytes == 0) == (forced == "kernel")
+        assert (w.extra_bytes == 0) == (forced != "packed")
         dec = fast.FastDecoder(model, capacity=16)
         dec.weights = w
         dec.prefill(idx[:, :8])
@@ -292,7 +293,7 @@ def test_every_way_a_role_can_take_gives_f_linears_product() -> None:
     product is F.linear's: the packed copies, the kernel over the model's weights, the kernel
     over the interleaved copy -- for a decode step's rows and for a prefill's many."""
     from engine import kernels
-    from engine.fast import InterleavedLinear, KernelLinear, _choose
+    from engine.fast import InterleavedLinear, KernelLinear, OwnLinear, _choose
 
     if not kernels.available()[0]:
         pytest.skip(f"the C++ kernel is not built: {kernels.available()[1]}")
@@ -302,6 +303,7 @@ def test_every_way_a_role_can_take_gives_f_linears_product() -> None:
         lin.weight.copy_(torch.randn(40, 64, generator=gen))
     ways = {"packed": PackedLinear.from_out_in(lin.weight, lin.bias, 2),
             "kernel": KernelLinear(lin.weight.detach(), lin.bias.detach()),
+            "linear": OwnLinear(lin.weight.detach(), lin.bias.detach()),
             "interleaved": InterleavedLinear(lin.weight.detach(),
                                              kernels.interleave(lin.weight),
                                              lin.bias.detach())}
@@ -311,4 +313,28 @@ def test_every_way_a_role_can_take_gives_f_linears_product() -> None:
         for how, way in ways.items():
             assert (way(x) - want).abs().max() <= 1e-5, (how, rows)
     chosen, how, ms = _choose([ways["packed"]], [lin], torch.device("cpu"), torch.float32)
-    assert set(ms) == {"packed", "kernel", "interleaved"} and how in ms and len(chosen) == 1
+    assert set(ms) == {"packed", "linear", "kernel", "interleaved"} and how in ms
+    assert len(chosen) == 1 and type(chosen[0]) is type(ways[how])
+
+
+@pytest.mark.parametrize("times, want", [
+    ({"packed": 10.0, "linear": 10.2, "kernel": 10.5, "interleaved": 9.0}, "interleaved"),
+    ({"packed": 10.0, "linear": 10.2, "kernel": 10.5, "interleaved": 11.0}, "linear"),
+    ({"packed": 10.0, "linear": 10.2, "kernel": 10.1, "interleaved": 11.0}, "kernel"),
+    ({"packed": 10.0, "linear": 12.0, "kernel": 11.0, "interleaved": 11.0}, "packed"),
+])
+def test_a_way_that_holds_no_copy_wins_only_within_three_percent(
+        monkeypatch: pytest.MonkeyPatch, times: dict[str, float], want: str) -> None:
+    """The choice is the fastest way, except that the kernel over the model's weights, then
+    F.linear over them, take a tie within 3% (they hold no copy)."""
+    from engine import fast, kernels
+
+    if not kernels.available()[0]:
+        pytest.skip(f"the C++ kernel is not built: {kernels.available()[1]}")
+    lin = torch.nn.Linear(64, 32)
+    kinds = {fast.PackedLinear: "packed", fast.OwnLinear: "linear", fast.KernelLinear: "kernel",
+             fast.InterleavedLinear: "interleaved"}
+    monkeypatch.setattr(fast, "_pass_ms", lambda fns, x: times[kinds[type(fns[0])]])
+    packed = [PackedLinear.from_out_in(lin.weight, lin.bias, 1)]
+    chosen, how, ms = fast._choose(packed, [lin], torch.device("cpu"), torch.float32)
+    assert how == want and kinds[type(chosen[0])] == want and ms == times

@@ -11,6 +11,9 @@ shapes) and 35% on the lively std-0.2 weights at width 64 (refused).
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -184,3 +187,39 @@ def test_bad_peer_input_is_one_line() -> None:
         "uncached", "fast", "hf_dynamic", "ort_float32"]
     colors = {lineup.color(n) for n in lineup.names()}
     assert len(colors) == len(lineup.names())  # every mode and peer its own colour
+
+
+def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    root = Path(__file__).resolve().parents[1]
+    return subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(root), **env})
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the dynamic linker's report")
+def test_ctranslate2_runs_on_its_own_openmp_runtime_not_torchs(tmp_path: Path) -> None:
+    """Bound to torch's libgomp, CTranslate2's worker adds a second team to torch's runtime and
+    libgomp stops spinning for everyone (mode 8's step 19 -> 25 ms at 2 threads on the Xeon).
+    The dynamic linker's own report says where its parallel regions go."""
+    usable("ct2_float32")
+    log = tmp_path / "ld"
+    done = _python("import torch; from instruments.peers.ct2 import import_ctranslate2; "
+                   "import_ctranslate2()", LD_DEBUG="bindings", LD_DEBUG_OUTPUT=str(log))
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [ln for f in tmp_path.glob("ld*") for ln in f.read_text(errors="replace").splitlines()
+             if "libctranslate2" in ln.split(" to ")[0] and "`GOMP_parallel'" in ln]
+    assert lines, "CTranslate2's GOMP_parallel was not bound when it was loaded"
+    assert all("ctranslate2.libs/libgomp" in ln.split(" to ")[1] for ln in lines), lines[0]
+
+
+def test_a_paused_ctranslate2_generation_does_not_abort_the_exit() -> None:
+    """A measuring process that ends with a CTranslate2 generation still paused (nobody called
+    close) exits cleanly: the generations are ended before the interpreter shuts down."""
+    usable("ct2_float32")
+    done = _python(
+        "from tests.conftest import small_model; from engine.loop import random_prompt; "
+        "from instruments import lineup; m = small_model(seed=3); "
+        "d = lineup.make_decoder(m, 'ct2_float32', capacity=64); "
+        "ids = random_prompt(m, 1, 20, seed=1); d.seek(ids, 10); d.step(ids[:, 10:11]); "
+        "print('stepped')")
+    assert done.returncode == 0 and "stepped" in done.stdout, done.stderr[-2000:]
+    assert "Fatal Python error" not in done.stderr, done.stderr[-2000:]
