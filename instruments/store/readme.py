@@ -57,6 +57,11 @@ BLOCKS: dict[str, Block] = {
     "engine-speed": Block("engine-speed", speed.kernels,
                           f"`python scripts/bench_kernels.py` {_QUIET}"),
     "peers": Block("peers", speed.peers, f"`python scripts/bench_peers.py` {_QUIET}"),
+    "peers-epyc": Block("peers-epyc", speed.peers, "`python scripts/bench_peers.py` on the "
+                        "2-core AMD EPYC, before CTranslate2 had its own OpenMP runtime (kept as "
+                        "measured)"),
+    "engine-speed-epyc": Block("engine-speed-epyc", speed.kernels, "`python scripts/"
+                               "bench_kernels.py` on the 2-core AMD EPYC (kept as measured)"),
     "peers-before": Block("peers-before", speed.peers, "`python scripts/bench_peers.py` before "
                           "the kernel went into mode 8 (kept as measured)"),
     "speculate": Block("speculate", mk.listing, "`python scripts/bench_speculate.py` "
