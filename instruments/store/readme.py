@@ -54,6 +54,8 @@ BLOCKS: dict[str, Block] = {
     "sweep-time": Block("sweep", speed.sweep_bench,
                         f"`python scripts/bench_sweep.py --out /tmp/sweep` {_QUIET} (its "
                         "folders: browser-N/, cli/, cli-again/)", recursive=True),
+    "sweep-time-epyc": Block("sweep-epyc", speed.sweep_bench, "`python scripts/bench_sweep.py` "
+                             "on the 2-core AMD EPYC (kept as measured)", recursive=True),
     "engine-speed": Block("engine-speed", speed.kernels,
                           f"`python scripts/bench_kernels.py` {_QUIET}"),
     "peers": Block("peers", speed.peers, f"`python scripts/bench_peers.py` {_QUIET}"),
