@@ -171,7 +171,8 @@ def test_the_experiment_measures_both_tables_on_the_tiny_model() -> None:
     p = speculate.SpeculateParams([16], [1, 2, 4], new_tokens=12, repeats=1)
     run = speculate.run(loaded_model(model), p)
     verify, spec = run["tables"]["verify"], run["tables"]["speculative"]
-    assert [r["k"] for r in verify] == [1, 2, 4] and verify[0]["t_ratio"] == 1.0
+    # the asked k, and k + 1 (what a draft of k appends), measured: 3 and 5 besides 1, 2, 4
+    assert [r["k"] for r in verify] == [1, 2, 3, 4, 5] and verify[0]["t_ratio"] == 1.0
     assert [r["k"] for r in spec] == [1, 2, 4] and all(r["identical"] for r in spec)
     assert all(r["speedup_measured"] > 0 and r["break_even_acceptance"] is not None
                or r["verify_ratio"] >= r["k"] + 1 for r in spec)
@@ -189,3 +190,34 @@ def test_bad_speculate_input_says_what_is_allowed() -> None:
     from instruments import cli
 
     assert cli.main(["speculate", "--model", "tiny", "--batch", "2", "--no-progress"]) == 2
+
+
+def test_a_verify_sample_is_per_forward_of_several_run_back_to_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each verify sample runs BACK_TO_BACK forwards at the same context (appended, then
+    rewound), as the decoding loops run them, and its row is per forward: on a clock that
+    counts 1 ms per forward, every t(k) is 1 ms, not BACK_TO_BACK ms, and every forward of a
+    point appended after the same held tokens."""
+    from engine.weights import load
+    from instruments.measure.sampler import Sampler
+
+    model = load("tiny", "random").model
+    ticks = {"ms": 0.0}
+    held: dict[int, set[int]] = {}
+    append = Decoder.append
+
+    def counted(self: Decoder, tokens: torch.Tensor) -> torch.Tensor:
+        ticks["ms"] += 1.0
+        held.setdefault(tokens.size(1), set()).add(self.length)
+        return append(self, tokens)
+
+    monkeypatch.setattr(Decoder, "append", counted)
+    monkeypatch.setattr(speculate, "_sampler", lambda model, p, tr: Sampler(
+        "cpu", repeats=2, min_repeats=2, watch=None, clock=lambda: ticks["ms"] / 1e3))
+    run = speculate.run(loaded_model(model),
+                        speculate.SpeculateParams([16], [1, 2, 4], new_tokens=0, repeats=2))
+    verify = run["tables"]["verify"]
+    assert speculate.BACK_TO_BACK > 1
+    assert [r["k"] for r in verify] == [1, 2, 3, 4, 5]
+    assert all(r["latency_ms"] == pytest.approx(1.0) for r in verify), verify
+    assert all(held[k] == {16} for k in (1, 2, 4)), held  # (the gate appends 3 at 8 first)

@@ -68,6 +68,8 @@ BLOCKS: dict[str, Block] = {
                           "the kernel went into mode 8 (kept as measured)"),
     "speculate": Block("speculate", mk.listing, "`python scripts/bench_speculate.py` "
                        f"{_QUIET}"),
+    "speculate-epyc": Block("speculate-epyc", mk.listing, "`python scripts/bench_speculate.py` "
+                            "on the 2-core AMD EPYC (kept as measured)"),
     "gpu-check-length": Block(None, mk.gpu_check_length),
 }
 # A marker is a line of its own (a marker quoted inside a sentence is prose, not a block).
