@@ -17,8 +17,8 @@ falls back to ``torch.addmm`` on the ``[in, out]`` copy. ``PackedLinear.__call__
 place that multiplies by the packed weights. Where the C++ matrix-vector kernel is built
 (``engine.kernels``), each role of matrix (q|k|v, attention projection, MLP up, MLP down, output
 projection) is timed four ways when the copies are made -- the packed copies, ``F.linear`` over
-the model's own ``[out, in]`` weights (``OwnLinear``, no copy: fastest where the CPU's cache
-holds the weights), the kernel over them (no copy), the kernel over an interleaved copy in which
+the model's own ``[out, in]`` weights (``OwnLinear``, no copy: fastest for some roles on an
+AVX-512 Xeon), the kernel over them (no copy), the kernel over an interleaved copy in which
 every four rows are one contiguous stream (``InterleavedLinear``) -- and takes the fastest
 (``FastWeights.choice``; ``scripts/bench_kernels.py`` times them per role). The step itself is
 ``engine.step.decode_step`` (the one modes 6, 7 and 9 run too) over these copies, with
@@ -150,9 +150,9 @@ class InterleavedLinear:
 
 @dataclass
 class OwnLinear:
-    """y = F.linear(x, W, b) over the model's own ``[out, in]`` weight: no copy. On a CPU whose
-    cache holds the weights (a 480 MiB L3 here) this streams as fast as a read; on a CPU that
-    streams them from memory it lost to every copy (11 vs 21 GB/s on the 2-core EPYC)."""
+    """y = F.linear(x, W, b) over the model's own ``[out, in]`` weight: no copy. On the 2-core
+    Xeon (AVX-512) it streamed like a ``sum()`` of the same bytes (0.90-1.09x at 1 thread,
+    bench_kernels); on the 2-core EPYC it lost to every copy (11 vs 21 GB/s)."""
 
     weight: torch.Tensor  # (out, in), the model's tensor
     bias: torch.Tensor | None

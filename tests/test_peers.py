@@ -10,6 +10,7 @@ shapes) and 35% on the lively std-0.2 weights at width 64 (refused).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -50,15 +51,21 @@ def test_each_exact_peer_gives_mode_1s_logits(lively: GPT, name: str) -> None:
     assert check.max_diff is not None and check.max_diff < 5e-5, check.detail  # measured ≤ 1.2e-5
 
 
-def test_int8_peer_is_held_to_its_stated_bound() -> None:
+def test_int8_peer_is_held_to_its_stated_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     usable("ct2_int8")
     calm = GPT.random(GPTConfig(**{**SMALL, "n_embd": 256}), seed=3, std=0.02)
     check = Gate(calm).check("ct2_int8")
     scale = check.tolerance / peers.PEERS["ct2_int8"].tolerance  # the largest mode 1 logit
     assert check.passed, check.detail
-    assert 1e-3 < check.max_diff / scale < 0.15  # lossy, within its bound (measured 8.2%)
-    refused = Gate(small_model(seed=3)).check("ct2_int8")  # std-0.2 weights: ~35%, refused
-    assert not refused.passed and refused.max_diff > refused.tolerance
+    share = check.max_diff / scale
+    assert 1e-3 < share < 0.15  # lossy, within its bound (measured 8.2% on the EPYC)
+    # A bound tighter than the error it makes refuses it. (On the tiny shape's std-0.2 weights
+    # CTranslate2's int8 strayed by ~35% on the AVX2 EPYC and 3.3% on the AVX-512 Xeon: its
+    # error depends on the CPU's int8 path, so the refusal is tested against a set bound.)
+    strict = dataclasses.replace(peers.PEERS["ct2_int8"], tolerance=share / 2)
+    monkeypatch.setitem(peers.PEERS, "ct2_int8", strict)
+    refused = Gate(calm).check("ct2_int8")
+    assert not refused.passed and refused.max_diff > refused.tolerance, refused.detail
 
 
 @pytest.mark.parametrize("name", ["hf_static", "hf_dynamic", "ort_float32", "ov_float32",
