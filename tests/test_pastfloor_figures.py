@@ -89,3 +89,12 @@ def test_a_weight_only_rung_is_set_against_its_own_floor_and_the_fp32_one() -> N
     fp32 = pd.DataFrame([row("prealloc_fused", "", 30.0)])
     assert "weights in" not in explained_sentence(fp32, "prealloc_fused")
     assert len(attribution_figure(fp32).data) == 7
+
+
+def test_the_k_plus_one_points_are_drawn_but_only_powers_of_two_labelled() -> None:
+    drafts = VERIFY[VERIFY["k"] > 1]  # what drafts of 2, 4, 8 tokens append: 3, 5, 9
+    with_next = pd.concat([VERIFY, drafts.assign(k=drafts["k"] + 1)], ignore_index=True)
+    fig = fs.verify_figure(with_next)
+    measured = [t for t in fig.data if t.name.startswith("measured after")]
+    assert all(sorted(t.x) == [1, 2, 3, 4, 5, 8, 9] for t in measured)
+    assert list(fig.layout.xaxis.tickvals) == [1, 2, 4, 8]

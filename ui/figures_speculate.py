@@ -46,7 +46,10 @@ def verify_figure(df: pd.DataFrame) -> go.Figure:
                              line=dict(color="#7f7f7f", dash="dot"),
                              hovertemplate="k = %{x}: %{y}<extra>compute-bound</extra>"))
     fig = style(fig, x_title, y_title, log_x=True, log_y=True, legend="verify forward")
-    fig.update_xaxes(tickvals=ks, ticktext=[str(k) for k in ks])
+    # ticks at the powers of two: the k + 1 points beside them (what a draft of k appends) are
+    # drawn but not labelled, or 16 and 17 would print over each other on a log axis
+    ticks = [k for k in ks if k & (k - 1) == 0] or ks
+    fig.update_xaxes(tickvals=ticks, ticktext=[str(k) for k in ticks])
     return fig
 
 
