@@ -171,3 +171,45 @@ def test_the_predicted_step_covers_the_weight_only_rungs() -> None:
     rows = calibration.calibrate(model, ["int8_weights"], 1, 2, repeats=1)
     got = predict_point(Calibration(rows), "int8_weights", 2)
     assert got["predicted_ms"] is not None and got["weights_ms"] >= 0, got["why"]
+
+
+@pytest.mark.parametrize("storage", quant.STORAGES)
+def test_a_cpu_step_multiplies_straight_through_the_kernel_as_the_module_does(
+        storage: str) -> None:
+    """Where the C++ kernel is built, a weight-only decode step calls it directly with the
+    stored rows, scale and bias (no module call, no separate bias add): the same product as the
+    module, biases included; rows the kernel does not take go through the module."""
+    from engine import kernels
+
+    if not kernels.available()[0]:
+        pytest.skip(f"the C++ kernel is not built: {kernels.available()[1]}")
+    model = small_model(seed=4)
+    with torch.no_grad():  # biases start at zero: give them values a dropped bias would miss
+        for m in model.modules():
+            if isinstance(m, torch.nn.Linear) and m.bias is not None:
+                m.bias.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(2))
+    view = weight_only(model, storage)
+    w = quant.step_weights(view)
+    fc = w.layers[0][4]
+    assert isinstance(fc, quant._KernelStep) and fc.bias is not None
+    for rows in (1, 3, 12):  # 12: more than the kernel takes
+        x = torch.randn(rows, model.config.n_embd, generator=torch.Generator().manual_seed(rows))
+        with torch.no_grad():
+            want = view.transformer.h[0].mlp.c_fc(x)
+            assert float((fc(x) - want).abs().max()) < 1e-4, rows
+    # a whole step: the same logits as the step over the modules themselves
+    from engine.step import StepWeights, attend_filled, decode_step
+
+    tr = view.transformer
+    modules = StepWeights(quant._Rows(tr.wte, model.config.n_embd), tr.wpe.weight.detach(),
+                          [(b.ln_1, b.attn.c_attn, b.attn.c_proj, b.ln_2, b.mlp.c_fc,
+                            b.mlp.c_proj) for b in tr.h], tr.ln_f, view.lm_head,
+                          model.config.n_head)
+    cfg = model.config
+    shape = (cfg.n_layer, 1, cfg.n_head, 16, cfg.n_embd // cfg.n_head)
+    token = torch.tensor([[5]])
+    with torch.no_grad():
+        got = decode_step(w, token, 0, attend_filled(torch.zeros(shape), torch.zeros(shape), 0))
+        want = decode_step(modules, token, 0,
+                           attend_filled(torch.zeros(shape), torch.zeros(shape), 0))
+    assert float((got - want).abs().max()) < 1e-4
