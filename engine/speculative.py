@@ -12,7 +12,8 @@ with fewer forwards when the drafts are right:
      prefix of the draft at once; keep the longest prefix of the draft that agrees with those
      choices, plus the choice after it (so every forward yields at least one token), and
      ``decoder.rewind`` the cache to drop the rejected rows. No draft found: a plain step.
-A draft never runs past ``n``: the output is exactly ``n`` tokens. Batch 1 only (each sequence
+Steps 2 and 3 outside the forward are ``draft_feed`` and ``keep`` (the experiment times them
+apart with the same calls). A draft never runs past ``n``: the output is exactly ``n`` tokens. Batch 1 only (each sequence
 would accept a different number of tokens).
 
 Exactness: the verified logits come from a forward over several new tokens; its matmuls may
@@ -89,6 +90,29 @@ def propose(history: torch.Tensor, k: int, ngram: int = 3) -> list[int]:
     return []
 
 
+def draft_feed(history: torch.Tensor, size: int, most: int, ngram: int,
+               device: torch.device | str = "cpu") -> tuple[list[int], torch.Tensor]:
+    """The draft after ``history[:size]`` (up to ``most`` tokens, ``propose``) and what one
+    verify forward feeds: the last token and the draft, (1, 1 + d) on ``device``."""
+    draft = propose(history[:size], most, ngram)
+    return draft, torch.tensor([[int(history[size - 1]), *draft]], dtype=torch.long,
+                               device=device)
+
+
+def keep(draft: list[int], rows: torch.Tensor, history: torch.Tensor, size: int
+         ) -> tuple[int, int]:
+    """Of ``draft``, the longest prefix that agrees with the greedy choice of each of ``rows``
+    (1 + d, vocab) logits, plus the choice after it, written into ``history`` at ``size``;
+    (tokens of the draft accepted, tokens written)."""
+    choices = rows.argmax(dim=-1).tolist()  # (1 + d,)
+    agreed = 0
+    while agreed < len(draft) and draft[agreed] == choices[agreed]:
+        agreed += 1
+    new = [*draft[:agreed], choices[agreed]]
+    history[size : size + len(new)] = torch.tensor(new)
+    return agreed, len(new)
+
+
 @torch.no_grad()
 def speculative_decode(
     decoder: Decoder,
@@ -123,21 +147,13 @@ def speculative_decode(
             out.stopped_early = True
             break
         room = n - (size - prompt.size(1))  # tokens still to make; a forward makes <= d + 1
-        draft = propose(history[:size], min(k, room - 1), ngram)
+        draft, feed = draft_feed(history, size, min(k, room - 1), ngram, dev)
         held = decoder.length
-        feed = torch.tensor([[int(history[size - 1]), *draft]], dtype=torch.long, device=dev)
-        if draft:
-            choices = decoder.append(feed)[0].argmax(dim=-1).tolist()  # (1 + d,)
-        else:
-            choices = decoder.step(feed).argmax(dim=-1).tolist()
-        agreed = 0
-        while agreed < len(draft) and draft[agreed] == choices[agreed]:
-            agreed += 1
+        rows = decoder.append(feed)[0] if draft else decoder.step(feed)  # (1 + d, vocab)
+        agreed, made = keep(draft, rows, history, size)
         if agreed < len(draft):
             decoder.rewind(held + 1 + agreed)  # drop the rows of the rejected draft tokens
-        new = [*draft[:agreed], choices[agreed]]
-        history[size : size + len(new)] = torch.tensor(new)
-        size += len(new)
+        size += made
         out.forwards.append(Forward(held, len(draft), agreed))
     out.tokens = history[prompt.size(1) : size].unsqueeze(0).to(dev)
     return out

@@ -245,17 +245,17 @@ def prompt_ids(model: GPT, text: str, new_tokens: int) -> tuple[torch.Tensor, st
 
 def _drafting_ms(history: Any, forwards: list[Any], k: int, ngram: int, prompt_len: int,
                  n: int, vocab: int) -> list[float]:
-    """Each speculative forward's own work besides the forward, timed apart (median of 3), as
-    ``engine.speculative``'s loop does it: the n-gram search over the history it saw, the fed
-    tokens made a tensor, the greedy choice of each of the 1 + drafted rows of logits, the
-    comparison with the draft, the new tokens written into the history."""
+    """Each speculative forward's own work besides the forward, timed apart (median of 3): the
+    loop's own ``draft_feed`` (the n-gram search over the history it saw, the fed tensor) and
+    ``keep`` (the greedy choice of each of the 1 + drafted rows, the comparison, the history
+    written), over stand-in logits."""
     import time
 
     import torch
 
-    from engine.speculative import propose
+    from engine.speculative import draft_feed, keep
 
-    rows = torch.randn(1, k + 1, vocab, generator=torch.Generator().manual_seed(0))
+    rows = torch.randn(k + 1, vocab, generator=torch.Generator().manual_seed(0))
     scratch = history.clone()
     out = []
     for f in forwards:
@@ -264,14 +264,8 @@ def _drafting_ms(history: Any, forwards: list[Any], k: int, ngram: int, prompt_l
         times = []
         for _ in range(3):
             start = time.perf_counter()
-            draft = propose(history[:size], min(k, room - 1), ngram)
-            feed = torch.tensor([[int(history[size - 1]), *draft]], dtype=torch.long)
-            choices = rows[0, : feed.size(1)].argmax(dim=-1).tolist()
-            agreed = 0
-            while agreed < len(draft) and draft[agreed] == choices[agreed]:
-                agreed += 1
-            new = [*draft[:agreed], choices[agreed]]
-            scratch[size : size + len(new)] = torch.tensor(new)
+            draft, feed = draft_feed(history, size, min(k, room - 1), ngram)
+            keep(draft, rows[: feed.size(1)], scratch, size)
             times.append(time.perf_counter() - start)
         out.append(statistics.median(times) * 1e3)
     return out
