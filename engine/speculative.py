@@ -13,8 +13,8 @@ with fewer forwards when the drafts are right:
      choices, plus the choice after it (so every forward yields at least one token), and
      ``decoder.rewind`` the cache to drop the rejected rows. No draft found: a plain step.
 Steps 2 and 3 outside the forward are ``draft_feed`` and ``keep`` (the experiment times them
-apart with the same calls). A draft never runs past ``n``: the output is exactly ``n`` tokens. Batch 1 only (each sequence
-would accept a different number of tokens).
+apart with the same calls). A draft never runs past ``n``: the output is exactly ``n`` tokens.
+Batch 1 only (each sequence would accept a different number of tokens).
 
 Exactness: the verified logits come from a forward over several new tokens; its matmuls may
 round differently from a single step's (a few 1e-7 of the logits in fp32), so a choice
