@@ -21,7 +21,8 @@ $(VENV)/.installed: requirements.txt
 
 # The CPU matrix-vector kernel (engine/kernels), compiled once per machine and source change;
 # without a compiler the lab still runs, on torch's own kernels (the modes say so).
-$(VENV)/.kernel: $(VENV)/.installed engine/kernels/gemv.cpp engine/kernels/attend.cpp engine/kernels/simd.h
+$(VENV)/.kernel: $(VENV)/.installed engine/kernels/gemv.cpp engine/kernels/attend.cpp engine/kernels/layers.cpp \
+		engine/kernels/simd.h engine/kernels/ops.h
 	$(PY) -m engine.kernels build || echo "the C++ kernel was not built: the fast modes use torch"
 	touch $@
 

@@ -26,8 +26,9 @@ model's own. The view reads ``config`` from the model. A view is kept in the mod
 The decoder (``WeightOnlyDecoder``) is mode 8's over the view: the prefill, seek, rewind and the
 multi-token ``append`` run ``GPT.forward`` over it (preallocated cache, fused attention), and each
 decode step runs ``engine.step.decode_step`` over the view's weights (``step_weights``; on a CPU
-each Linear's stored rows, scale and bias go straight into the C++ kernel), so a step pays for
-its weights and not for a forward's per-module Python.
+each Linear's stored rows, scale and bias go straight into the C++ kernel, and the whole step is
+one C++ call, ``engine.step.fused_step``), so a step pays for its weights and not for a
+forward's per-module Python.
 
 The per-token matrix-vector product lives in ONE function per storage, ``int8_linear(x, wq,
 scale)`` and ``bf16_linear(x, w)``; ``kernel(storage, device_type)`` names what each runs, for
@@ -57,7 +58,7 @@ from .decoders import Decoder
 from .fast import FastDecoder, _layer_norm
 from .model import GPT
 from .state import ModelState, weights_version
-from .step import StepWeights
+from .step import KERNEL, Product, StepWeights, fused_step
 
 INT8_MAX = 127.0
 STORAGES = ("int8", "bfloat16")
@@ -331,6 +332,10 @@ class _KernelStep:
             return self.module(x)
         return kernels.linear(x.contiguous(), self.rows, self.scale, self.bias)
 
+    @property
+    def product(self) -> Product:
+        return Product(KERNEL, self.rows, self.scale, self.bias, self.rows.size(0))
+
 
 def step_weights(view: WeightOnlyGPT) -> StepWeights:
     """The view's modules as ``engine.step.decode_step``'s weights: mode 8's step, multiplying
@@ -362,6 +367,7 @@ class WeightOnlyDecoder(FastDecoder):
         Decoder.__init__(self, view, batch_size=batch_size, capacity=capacity,
                          cache_kind="prealloc", mask="none", logits="last")
         self.step_weights = step_weights(view)
+        self.fused = fused_step(self.step_weights)
         self.storage = storage
         self.kernel = kernel(storage, view.device.type)
         self.extra_bytes = view.stored_bytes()  # held besides the model's own weights

@@ -21,10 +21,18 @@ What differs between the modes is passed in, never re-written:
 This is ``GPT.forward``'s arithmetic for one token, without its Python per call: the same
 embeddings, layer norms, fused q|k|v projection, GELU and residual adds, the attention
 computed from the same keys (``tests/test_fast.py`` holds every mode to mode 1's tokens).
+
+  fused_step(weights) -> fn(token, pos, k_buf, v_buf) -> logits, or None
+      the same step after the embedding as ONE call into the C++ kernels
+      (``torch.ops.kvlab.decode_layers``): on a CPU in fp32 with the kernel built, when every
+      product of ``weights`` says how (a ``product`` attribute: a ``Product``) and every norm is
+      a plain ``F.layer_norm`` partial. Equal to ``decode_step`` with ``attend_filled`` bit for
+      bit, without the ~1 ms of Python and dispatch around a step's ~160 calls (modes 8, 12, 13).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
@@ -71,6 +79,54 @@ def decode_step(w: StepWeights, token: torch.Tensor, pos: int | torch.Tensor,
         x = x + c_proj(y.reshape(batch, n_embd))  # heads side by side again
         x = x + mlp_proj(F.gelu(c_fc(ln_2(x)), approximate="tanh"))
     return w.head(w.ln_f(x))
+
+
+# How layers.cpp multiplies by one matrix: the C++ kernel over [out, in] rows (fp32, bf16 or int8
+# with a scale), over an interleaved copy, addmm over an [in, out] copy, baddbmm over chunked
+# copies, F.linear over [out, in].
+KERNEL, INTERLEAVED, PACKED, CHUNKED, LINEAR = range(5)
+FUSED_ROWS = 8  # the most sequences the kernels take at once
+
+
+class Product(NamedTuple):
+    """One matrix product as the fused step takes it (see layers.cpp)."""
+
+    kind: int
+    weight: torch.Tensor
+    scale: torch.Tensor | None
+    bias: torch.Tensor | None
+    out: int  # the product's width (chunked and interleaved copies are padded)
+
+
+Fused = Callable[[torch.Tensor, int, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def fused_step(w: StepWeights) -> Fused | None:
+    """``decode_step`` with ``attend_filled`` as one call into the C++ kernels (module
+    docstring), or None where it does not apply: off a CPU or fp32, kernel not built, or a part
+    without a fused form. The returned ``fn(token, pos, k_buf, v_buf)`` takes 1 to
+    ``FUSED_ROWS`` sequences; the caller sends more through ``decode_step``."""
+    if not kernel_attends(w.wpe.device, w.wpe.dtype):
+        return None
+    norms = [f for layer in w.layers for f in (layer[0], layer[3])] + [w.ln_f]
+    fns = [f for layer in w.layers for f in (layer[1], layer[2], layer[4], layer[5])] + [w.head]
+    if not all(isinstance(f, functools.partial) and f.func is F.layer_norm for f in norms) or \
+            not all(isinstance(getattr(f, "product", None), Product) for f in fns):
+        return None
+    ln_w = [f.keywords["weight"] for f in norms]
+    ln_b = [f.keywords["bias"] for f in norms]
+    eps = norms[0].keywords["eps"]
+    products: list[Product] = [f.product for f in fns]
+    args = ([p.weight for p in products], [p.scale for p in products],
+            [p.bias for p in products], [p.kind for p in products], [p.out for p in products])
+    wte, wpe, n_head = w.wte, w.wpe, w.n_head
+
+    def step(token: torch.Tensor, pos: int, k_buf: torch.Tensor, v_buf: torch.Tensor
+             ) -> torch.Tensor:
+        x = wte[token[:, 0]] + wpe[pos]  # (B, C), as decode_step embeds
+        return kernels.decode_layers(x, ln_w, ln_b, *args, k_buf, v_buf, pos, n_head, eps)
+
+    return step
 
 
 def kernel_attends(device: torch.device, dtype: torch.dtype) -> bool:

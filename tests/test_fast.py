@@ -16,6 +16,7 @@ from engine import GPT, GPTConfig, decode, make_decoder, modes
 from engine.compiled import CompiledDecoder, CudaGraphDecoder
 from engine.fast import FastDecoder, PackedLinear
 from engine.modes import MODES
+from engine.state import ModelState
 from instruments.checks.gate import Gate
 from instruments.measure.memory import step_memory_growth
 
@@ -265,7 +266,8 @@ def test_fast_without_the_kernel_packs_every_role_and_with_it_gives_the_same_log
             if isinstance(m, torch.nn.Linear) and m.bias is not None:
                 m.bias.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(2))
     idx = torch.randint(0, CFG.vocab_size, (1, 9), generator=torch.Generator().manual_seed(1))
-    want = model(idx, use_cache=False)[0][:, -1]
+    with torch.no_grad():
+        want = model(idx, use_cache=False)[0][:, -1]
     for forced in ("packed", "kernel", "linear"):
         if forced == "kernel" and not kernels.available()[0]:
             continue
@@ -278,11 +280,11 @@ def test_fast_without_the_kernel_packs_every_role_and_with_it_gives_the_same_log
                     for m in own], forced, {}
 
         monkeypatch.setattr(fast, "_choose", choose)
-        w = fast.FastWeights(model, 2)
+        ModelState.of(model).drop(("packed",))  # the decoder packs again, the forced way
+        dec = fast.FastDecoder(model, capacity=16, chunks=2)
+        w = dec.weights
         assert set(w.choice.values()) == {forced}
         assert (w.extra_bytes == 0) == (forced != "packed")
-        dec = fast.FastDecoder(model, capacity=16)
-        dec.weights = w
         dec.prefill(idx[:, :8])
         got = dec.step(idx[:, 8:9])
         assert float((got - want).abs().max()) < 5e-6, forced

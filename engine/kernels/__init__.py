@@ -1,6 +1,7 @@
-"""Our CPU kernels for a decode step: ``torch.ops.kvlab.linear`` and ``torch.ops.kvlab.attend``, a
-small C++ extension built once per machine (``gemv.cpp``, ``attend.cpp`` and their ``simd.h``,
-compiled with ``-O3 -march=native`` for the CPU at hand).
+"""Our CPU kernels for a decode step: ``torch.ops.kvlab.linear``, ``.attend`` and
+``.decode_layers``, a small C++ extension built once per machine (``gemv.cpp``, ``attend.cpp``,
+``layers.cpp``, their ``simd.h`` and ``ops.h``, compiled with ``-O3 -march=native`` for the CPU
+at hand).
 
   build()        compile it now (about 15-30 s on 2 cores; ``make`` does it while installing,
                  ``python -m engine.kernels build`` by hand); returns (ok, why not)
@@ -17,6 +18,10 @@ compiled with ``-O3 -march=native`` for the CPU at hand).
                  writes one new token's k, v (B, nh, hs) at row ``pos`` of a layer's cache
                  (B, nh, T, hs) and attends its q over rows 0..pos (no mask): SDPA's result up
                  to float32 rounding, without its per-call set-up (``attend.cpp``).
+  decode_layers(x, ...) -> logits
+                 a whole decode step after the embedding -- every block, ln_f, the output
+                 projection -- in one call over the kernels above and ATen (``layers.cpp``;
+                 ``engine.step.fused_step`` is its one caller).
 
 Why: at batch 1 a decode step reads every weight once, so its time is the speed at which the
 weights stream from memory. On these 2-core machines ``F.linear`` over ``[out, in]`` weights
@@ -35,8 +40,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-SOURCES = [Path(__file__).with_name(n) for n in ("gemv.cpp", "attend.cpp")]
-HEADERS = [Path(__file__).with_name("simd.h")]
+SOURCES = [Path(__file__).with_name(n) for n in ("gemv.cpp", "attend.cpp", "layers.cpp")]
+HEADERS = [Path(__file__).with_name(n) for n in ("simd.h", "ops.h")]
 NAME = "kvlab_kernels"
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 _state: dict[str, Any] = {"loaded": False, "why": "not built yet: run `python -m engine.kernels "
@@ -158,6 +163,16 @@ def attend(q: Any, k: Any, v: Any, k_buf: Any, v_buf: Any, pos: int) -> Any:
     import torch
 
     return torch.ops.kvlab.attend(q, k, v, k_buf, v_buf, pos)
+
+
+def decode_layers(x: Any, ln_w: Any, ln_b: Any, w: Any, scale: Any, bias: Any, kind: Any,
+                  out: Any, k_buf: Any, v_buf: Any, pos: int, n_head: int, eps: float) -> Any:
+    """``torch.ops.kvlab.decode_layers``: every block and the output projection of one decode
+    step in one call (``layers.cpp``; ``engine.step.fused_step`` builds its arguments)."""
+    import torch
+
+    return torch.ops.kvlab.decode_layers(x, ln_w, ln_b, w, scale, bias, kind, out, k_buf, v_buf,
+                                         pos, n_head, eps)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,6 +25,7 @@
 #include <limits>
 #include <vector>
 
+#include "ops.h"
 #include "simd.h"
 
 namespace {
@@ -113,6 +114,10 @@ void check_new(const at::Tensor& t, const char* name, int64_t batch, int64_t nh,
               name, " must be fp32 on the CPU with its last dimension contiguous");
 }
 
+}  // namespace
+
+namespace kvlab {
+
 at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor k_buf,
                   at::Tensor v_buf, int64_t pos) {
   TORCH_CHECK(q.dim() == 3, "q must be (B, nh, hs)");
@@ -150,9 +155,9 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   return y;
 }
 
-}  // namespace
+}  // namespace kvlab
 
 TORCH_LIBRARY_FRAGMENT(kvlab, m) {
   m.def("attend(Tensor q, Tensor k, Tensor v, Tensor(a!) k_buf, Tensor(b!) v_buf, int pos) -> Tensor",
-        &attend);
+        &kvlab::attend);
 }

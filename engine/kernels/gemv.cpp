@@ -18,6 +18,7 @@
 #include <cstring>
 #include <optional>
 
+#include "ops.h"
 #include "simd.h"
 
 namespace {
@@ -143,6 +144,10 @@ void run_interleaved(const float* x, const float* wi, const float* bias, float* 
   });
 }
 
+}  // namespace
+
+namespace kvlab {
+
 at::Tensor linear_interleaved(const at::Tensor& x, const at::Tensor& wi, int64_t out,
                               const std::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() &&
@@ -201,10 +206,10 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<
   return y;
 }
 
-}  // namespace
+}  // namespace kvlab
 
 TORCH_LIBRARY(kvlab, m) {
-  m.def("linear(Tensor x, Tensor w, Tensor? scale, Tensor? bias) -> Tensor", &linear);
+  m.def("linear(Tensor x, Tensor w, Tensor? scale, Tensor? bias) -> Tensor", &kvlab::linear);
   m.def("linear_interleaved(Tensor x, Tensor wi, int out, Tensor? bias) -> Tensor",
-        &linear_interleaved);
+        &kvlab::linear_interleaved);
 }
