@@ -66,9 +66,11 @@ MODES: dict[str, ModeSpec] = {spec.name: spec for spec in (
              "reported apart.", "engine.compiled:CompiledDecoder", dict(variant="compiled"),
              needs="compiler", slow_setup=True),
     ModeSpec("fast", 8, "8 · fast CPU path (transposed weights, split matmuls)", "#e377c2", True,
-             "Weights copied once to [in, out] (split across the cores) with a transposed copy "
-             "of the output projection, preallocated cache, fused attention: streams the "
-             "weights faster.", "engine.fast:FastDecoder"),
+             "Per role of matrix, the fastest of four ways measured when the weights load "
+             "([in, out] copies split across the cores, F.linear, our C++ kernel over the "
+             "weights or an interleaved copy); preallocated cache, one-call attention, and on a "
+             "CPU the whole step in one C++ call: streams the weights faster.",
+             "engine.fast:FastDecoder"),
     ModeSpec("fast_compiled", 9, "9 · step compiled with freezing + max-autotune",
              "#bcbd22", True, "torch.compile with freezing and max_autotune of mode 7's "
              "read-only step over the model's own [out, in] weights (not mode 8's packed "

@@ -101,6 +101,9 @@ def _sdpa_reference(q, k, v, k_buf, v_buf, pos):  # noqa: ANN001, ANN202
 @pytest.mark.parametrize("batch, nh, hs, t_max, pos", [
     (1, 12, 64, 600, 511), (1, 12, 64, 1024, 1023), (2, 3, 20, 40, 0), (3, 4, 16, 33, 17),
     (1, 2, 8, 9, 6),
+    # an odd number of rows (the single-pass value sum's last row), the widest head it takes
+    # (8 vectors with AVX-512), and one wider (the lane-group loop)
+    (1, 4, 64, 300, 128), (1, 2, 128, 200, 128), (1, 1, 160, 50, 30),
 ])
 def test_attend_matches_sdpa_and_writes_the_cache(batch: int, nh: int, hs: int, t_max: int,
                                                   pos: int) -> None:
