@@ -5,9 +5,9 @@
 each mode (gated first) and context, ``attribute_step``'s row. ``steps`` decode steps are timed
 plainly (``step_ms``, the median), then the same number run under ``torch.profiler``, each
 inside a ``record_function`` span (``instruments.measure.timing.Spans``). From the trace, per step:
-ATen operator calls (all, and top-level), kernel launches and device time (CUDA), time inside
-top-level operators or the compiled region (``ops_ms``) and the host time between them
-(``python_ms``). The floors are formulas over measured rates: ``flop_floor_ms`` = FLOPs /
+operator calls, ATen's and our kernels' (all, and top-level), kernel launches and device time
+(CUDA), time inside top-level operators or the compiled region (``ops_ms``) and the host time
+between them (``python_ms``). The floors are formulas over measured rates: ``flop_floor_ms`` = FLOPs /
 measured matmul peak, ``byte_floor_ms`` = bytes / measured read bandwidth (FLOPs and bytes from
 ``instruments.costmodel.costs``, peaks from ``instruments.measure.device.peaks``);
 ``above_floor_ms`` = step_ms - max(floors): host time and kernels slower than the peak rates
@@ -97,6 +97,9 @@ def summary(run: dict[str, Any]) -> list[str]:
 
 
 STEP_SPAN = "kv_lab.decode_step"
+# Operator calls: ATen's and our C++ kernels' (mode 8's whole step is one ``kvlab::`` call, the
+# ATen calls it makes nested inside it)
+OP_PREFIXES = ("aten::", "kvlab::")
 _LAUNCH_NAMES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cudaGraphLaunch")
 
 
@@ -186,7 +189,7 @@ def _read_trace(prof: Any, cuda: bool) -> _Trace:
     for span in spans:
         start, end = span.time_range.start, span.time_range.end
         children = list(span.cpu_children)
-        top += sum(1 for c in children if c.name.startswith("aten::"))
+        top += sum(1 for c in children if c.name.startswith(OP_PREFIXES))
         busy = sum(c.time_range.end - c.time_range.start for c in children)
         issued = max((c.time_range.end for c in children), default=start) - start
         per_step.append((end - start, busy, issued))
@@ -195,7 +198,7 @@ def _read_trace(prof: Any, cuda: bool) -> _Trace:
     wall, busy, issued = sorted(per_step)[n // 2]
     walls = sorted(w for w, _, _ in per_step)
     spread = (walls[(3 * n) // 4] - walls[n // 4]) if n >= 4 else 0.0
-    cpu_ops = sum(1 for e in events if e.name.startswith("aten::")
+    cpu_ops = sum(1 for e in events if e.name.startswith(OP_PREFIXES)
                   and e.device_type == cpu_type and inside(e))
     kernels = launches = device_ms = None
     if cuda:
