@@ -8,8 +8,8 @@ inside a ``record_function`` span (``instruments.measure.timing.Spans``). From t
 operator calls, ATen's and our kernels' (all, and top-level), kernel launches and device time
 (CUDA), time inside top-level operators or the compiled region (``ops_ms``) and the host time
 between them (``python_ms``). The floors are formulas over measured rates: ``flop_floor_ms`` =
-FLOPs / measured matmul peak, ``byte_floor_ms`` = bytes / measured read bandwidth (FLOPs and bytes from
-``instruments.costmodel.costs``, peaks from ``instruments.measure.device.peaks``);
+FLOPs / measured matmul peak, ``byte_floor_ms`` = bytes / measured read bandwidth (FLOPs and
+bytes from ``instruments.costmodel.costs``, peaks from ``instruments.measure.device.peaks``);
 ``above_floor_ms`` = step_ms - max(floors): host time and kernels slower than the peak rates
 together, not "overhead" alone.
 Bytes count the mode's weights as it stores them (``weight_storage``: int8 and bf16 rungs stream
