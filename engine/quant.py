@@ -64,7 +64,6 @@ INT8_MAX = 127.0
 STORAGES = ("int8", "bfloat16")
 CHUNK_BYTES = 1 << 20  # fp32 scratch per chunk of rows: stays in a core's L2
 FEW_ROWS = 16  # more input rows than this (a prefill): dequantize once, one big matmul
-KERNEL_ROWS = 8  # the C++ kernel takes up to this many rows (a decode step, a short verify)
 
 
 # ------------------------------------------------------------------------------ the kernels
@@ -78,8 +77,9 @@ def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _our_kernel(x: torch.Tensor) -> bool:
     """Does ``engine.kernels``' C++ matrix-vector product take this input (a CPU, 1 to
-    ``KERNEL_ROWS`` fp32 rows, no gradient) and is it built? ``KVLAB_NO_KERNEL`` switches it off."""
-    if (x.device.type != "cpu" or x.dtype != torch.float32 or x.size(0) > KERNEL_ROWS
+    ``kernels.MAX_ROWS`` fp32 rows, no gradient) and is it built? ``KVLAB_NO_KERNEL`` switches
+    it off."""
+    if (x.device.type != "cpu" or x.dtype != torch.float32 or x.size(0) > kernels.MAX_ROWS
             or (x.requires_grad and torch.is_grad_enabled())):
         return False
     return kernels.available()[0]

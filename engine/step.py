@@ -85,7 +85,6 @@ def decode_step(w: StepWeights, token: torch.Tensor, pos: int | torch.Tensor,
 # with a scale), over an interleaved copy, addmm over an [in, out] copy, baddbmm over chunked
 # copies, F.linear over [out, in].
 KERNEL, INTERLEAVED, PACKED, CHUNKED, LINEAR = range(5)
-FUSED_ROWS = 8  # the most sequences the kernels take at once
 
 
 class Product(NamedTuple):
@@ -105,7 +104,7 @@ def fused_step(w: StepWeights) -> Fused | None:
     """``decode_step`` with ``attend_filled`` as one call into the C++ kernels (module
     docstring), or None where it does not apply: off a CPU or fp32, kernel not built, or a part
     without a fused form. The returned ``fn(token, pos, k_buf, v_buf)`` takes 1 to
-    ``FUSED_ROWS`` sequences; the caller sends more through ``decode_step``."""
+    ``kernels.MAX_ROWS`` sequences; the caller sends more through ``decode_step``."""
     if not kernel_attends(w.wpe.device, w.wpe.dtype):
         return None
     norms = [f for layer in w.layers for f in (layer[0], layer[3])] + [w.ln_f]

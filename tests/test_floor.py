@@ -298,3 +298,14 @@ def test_static_shape_modes_are_charged_for_the_whole_cache() -> None:
         4 * CFG.n_layer * CFG.n_embd * 118)
     assert costs.step_bytes(CFG, "float32", 10, True, keys=128) > costs.step_bytes(
         CFG, "float32", 10, True) + 118 * costs.kv_bytes_per_token(CFG, "float32")
+
+
+def test_a_step_without_excess_is_explained_exactly_once() -> None:
+    """Operators faster than the floor (the fused step on a tiny model): no excess, and the
+    share explained is 1, not a rounding above it (2.435 and 1.425 ms gave 1.0000000000000002
+    as (floor part + idle) / step)."""
+    from instruments.experiments.attribution import with_floors
+
+    row = with_floors({"step_ms": 2.435, "busy_ms": 1.425, "flops": 1, "bytes": 10**9}, PEAKS)
+    assert row["floor_ms"] > row["busy_ms"] and row["excess_ms"] == 0
+    assert row["explained_share"] == 1.0

@@ -134,6 +134,7 @@ def linear(x: Any, w: Any, scale: Any = None, bias: Any = None) -> Any:
 
 
 STRIP, GROUP = 16, 4  # gemv.cpp's kStrip and kRows
+MAX_ROWS = 8  # the most rows of x (sequences of a decode step) every kernel here takes
 
 
 def interleave(w: Any) -> Any:

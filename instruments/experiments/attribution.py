@@ -303,7 +303,9 @@ def with_floors(row: dict[str, Any], peaks: Peaks) -> dict[str, Any]:
             "bound": "memory" if byte_floor >= flop_floor else "compute",
             "above_floor_ms": step_ms - floor, "floor_above_step": floor > step_ms,
             "floor_part_ms": floor_part, "excess_ms": busy - floor_part,
-            "explained_share": (floor_part + step_ms - busy) / step_ms if step_ms > 0 else None}
+            # = (floor_part + idle) / step, written so that no excess gives exactly 1 (the fused
+            # step's operators can take less than the floor on a tiny model)
+            "explained_share": 1.0 - (busy - floor_part) / step_ms if step_ms > 0 else None}
 
 
 def profile_mode(model: GPT, mode: str, contexts: list[int], p: AttributionParams,
