@@ -104,7 +104,8 @@ def fused_step(w: StepWeights) -> Fused | None:
     """``decode_step`` with ``attend_filled`` as one call into the C++ kernels (module
     docstring), or None where it does not apply: off a CPU or fp32, kernel not built, or a part
     without a fused form. The returned ``fn(token, pos, k_buf, v_buf)`` takes 1 to
-    ``kernels.MAX_ROWS`` sequences; the caller sends more through ``decode_step``."""
+    ``kernels.MAX_ROWS`` sequences, under ``torch.no_grad`` (the kernels record no gradient;
+    the decoders' ``step`` is decorated so); the caller sends more through ``decode_step``."""
     if not kernel_attends(w.wpe.device, w.wpe.dtype):
         return None
     norms = [f for layer in w.layers for f in (layer[0], layer[3])] + [w.ln_f]
