@@ -319,7 +319,9 @@ class _Rows:
 class _KernelStep:
     """A weight-only Linear as a CPU decode step multiplies by it: its stored rows, scale and
     bias straight into ``engine.kernels``' one call (no module call, no reshape, no separate
-    bias add: 49 of each per gpt2 step); rows the kernel does not take go through the module."""
+    bias add: 49 of each per gpt2 step); rows the kernel does not take go through the module.
+    Where it applies, the decoder's step is ``engine.step.fused_step`` over ``product``; this
+    call is that step's Python form (``decode_step``), which the fused one must equal."""
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module

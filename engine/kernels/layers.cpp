@@ -20,7 +20,7 @@
 // and dispatcher around them cost about 1 ms of a 14-40 ms step (a step with every matrix
 // product replaced by a no-op took 1.4 ms at 128 tokens, 0.4 of it the attention). Here the
 // same ATen calls and kernels run back to back: the same arithmetic in the same order, so the
-// logits equal decode_step's bit for bit (tests/test_kernels.py).
+// logits equal decode_step's bit for bit (tests/test_fused_step.py).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
