@@ -92,7 +92,9 @@ with st.expander("What to measure", expanded=job is None):
     repeats = c5.number_input("Repeats", 1, 20, spec0.repeats, key="sweep_repeats",
                               help=f"The most timed samples per point. Each point takes "
                               f"{spec0.min_repeats}, more while they disagree by more than "
-                              f"{spec0.spread:.0%}; the line is their median.")
+                              f"{spec0.spread:.0%}; the line is their median. A cheap point "
+                              f"(a cached step) takes samples until they add up to "
+                              f"{spec0.point_ms:.0f} ms, up to {spec0.cheap_repeats}.")
     e2e = c6.toggle("End-to-end too", True, key="sweep_e2e",
                     help="Also time one whole generation per mode (Figure 3).")
     retake = c6.toggle("Retake disturbed samples", True, key="sweep_retake", disabled=not cpu,

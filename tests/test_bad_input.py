@@ -84,6 +84,8 @@ def test_sweep_widgets_bound_batch_and_repeats(results: Path) -> None:
     (dict(modes=["warp_drive"]), "unknown mode"), (dict(modes=[]), "mode"),
     (dict(contexts=[]), "context"), (dict(contexts=[0, 8]), "1.."),
     (dict(contexts=[8, 999]), "1.."),
+    (dict(point_ms=-5.0), "point ms"), (dict(point_ms=1e9), "point ms"),
+    (dict(cheap_repeats=0), "cheap repeats"),
 ])
 def test_sweep_params_reject_bad_values(kwargs: dict, says: str) -> None:
     params = LatencyParams(**{**dict(contexts=[4, 8], modes=["uncached"]), **kwargs})

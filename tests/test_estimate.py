@@ -37,6 +37,13 @@ def test_a_sweep_estimate_adds_up_its_work() -> None:
              for m in p.modes}
     fill = estimate.point_ms(fits, CFG, "float32", "uncached", 64)  # the cache, filled once
     want_ms = sum(2 * sum(v) + v[0] for v in point.values()) + fill
+    p.point_ms = 0.0  # two samples a point
+    assert estimate.sweep_seconds(p, CFG, "float32", fits, 7.0) == pytest.approx(
+        want_ms / 1e3 + 7.0, rel=0.02)
+    p.point_ms = 250.0  # cheap points: as many ~40-60 ms samples as add up to 250 ms, at most 5
+    n = {ms: max(2, min(5, -(-250.0 // ms))) for v in point.values() for ms in v}
+    assert 5 in n.values() and len(set(n.values())) > 1  # both rules are exercised
+    want_ms = sum(sum(ms * n[ms] for ms in v) + v[0] for v in point.values()) + fill
     assert estimate.sweep_seconds(p, CFG, "float32", fits, 7.0) == pytest.approx(
         want_ms / 1e3 + 7.0, rel=0.02)
     assert estimate.sweep_seconds(LatencyParams([8], ["fast"]), CFG, "float32", fits) is None

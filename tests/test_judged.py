@@ -52,8 +52,9 @@ def point(durations_ms: list[float], flagged: set[int] = frozenset(), *, repeats
     def step() -> None:
         clock.now_s += next(times) / 1e3
 
+    cheap = {k: kw.pop(k) for k in ("point_ms", "cheap_repeats") if k in kw}
     sampler = Sampler("cpu", repeats=repeats, min_repeats=2, spread=0.10, retakes=3,
-                      watch=watch, clock=clock, budget=budget)  # type: ignore[arg-type]
+                      watch=watch, clock=clock, budget=budget, **cheap)  # type: ignore[arg-type]
     return sampler.point(step, **kw), watch
 
 
@@ -117,3 +118,18 @@ def test_a_lone_flagged_sample_with_no_room_is_retaken_as_before() -> None:
     got, watch = point([150.0, 100.0], flagged={0}, repeats=1)
     assert got.samples_ms == approx([100.0]) and got.set_aside_ms == approx([150.0])
     assert watch.waits == 1
+
+
+def test_a_cheap_point_takes_samples_until_they_add_up_to_point_ms() -> None:
+    """Two agreeing 40 ms samples would end the point; with point_ms 250 it takes five (the cap),
+    so one slow sample among them no longer moves the median."""
+    steps = [40.0, 41.0, 60.0, 40.5, 40.2, 40.1, 40.3]
+    plain, _ = point(steps)
+    assert plain.samples_ms == approx([40.0, 41.0])
+    got, _ = point(steps, point_ms=250.0, cheap_repeats=5)
+    assert got.samples_ms == approx(steps[:5]) and got.median_ms == approx(40.5)
+    assert got.confirmed_by == "samples"
+    fewer, _ = point(steps, point_ms=120.0, cheap_repeats=5)  # 40 + 41 + 60 >= 120: three
+    assert fewer.samples_ms == approx(steps[:3])
+    slow, _ = point([300.0, 301.0, 302.0], point_ms=250.0, cheap_repeats=5)
+    assert slow.samples_ms == approx([300.0, 301.0])  # an expensive point: unchanged

@@ -127,7 +127,7 @@ def _sweep(tiny, monkeypatch, flagged: int, retakes: int) -> list[dict]:
     watch = FlagFirst(flagged)
     monkeypatch.setattr(CpuWatch, "for_device", classmethod(lambda cls, device: watch))
     params = LatencyParams([8, 16], ["uncached", "concat"], repeats=1, warmup=0,
-                           retakes=retakes, measure_peaks=False)
+                           retakes=retakes, measure_peaks=False, point_ms=0.0)  # 1 sample
     return get("latency").run(tiny, params)
 
 

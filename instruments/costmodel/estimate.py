@@ -17,6 +17,7 @@ shows the estimate before Run when a sweep of the same model, device, dtype and 
 from __future__ import annotations
 
 import bisect
+import math
 import statistics
 from dataclasses import dataclass
 from typing import Any
@@ -79,6 +80,16 @@ def point_ms(fits: dict[str, Fit], cfg: GPTConfig, dtype: Any, mode: str, t: int
     return None if f is None else f.ms(cost_of(cfg, dtype, mode, t, batch))
 
 
+def samples(params: Any, sample_ms: float) -> int:
+    """The fewest samples the Sampler takes of a point whose samples cost ``sample_ms``: the
+    sweep's ``min_repeats``, or as many as add up to its ``point_ms`` (at most
+    ``cheap_repeats``; ``LatencyParams``)."""
+    point_ms = getattr(params, "point_ms", 0.0) or 0.0
+    cheap = min(params.cheap_repeats, math.ceil(point_ms / sample_ms)) \
+        if sample_ms > 0 and point_ms else 0
+    return max(min(params.min_repeats, params.repeats), cheap)
+
+
 def sweep_seconds(params: Any, cfg: GPTConfig, dtype: Any, fits: dict[str, Fit],
                   overhead_s: float = 0.0) -> float | None:
     """Seconds a sweep with ``params`` (``LatencyParams``) should take; None if a mode has no
@@ -90,7 +101,7 @@ def sweep_seconds(params: Any, cfg: GPTConfig, dtype: Any, fits: dict[str, Fit],
         if mode not in fits:
             return None
         per = [point_ms(fits, cfg, dtype, mode, t, params.batch_size) or 0.0 for t in contexts]
-        total_ms += sum(per) * params.min_repeats + per[0] * params.warmup
+        total_ms += sum(x * samples(params, x) for x in per) + per[0] * params.warmup
         if modes.MODES[mode].cached and fill is not None:
             total_ms += fill.ms(cost_of(cfg, dtype, "uncached_last", contexts[-1],
                                         params.batch_size))

@@ -79,7 +79,10 @@ class LatencyParams:
     is quiet, up to ``retakes`` times per point ("crop" only), while retakes and waits stay
     within ``retake_share`` of the elapsed sweep. ``predicted_ms`` ({mode: {context: ms}}) and
     ``prediction_error`` ({mode: share}, the calibration's measured miss): a first sample within
-    that error of the prediction needs no second one.
+    that error of the prediction needs no second one. A cheap point (a cached step) samples on,
+    past ``repeats`` if need be, until its samples add up to ``point_ms`` or there are
+    ``cheap_repeats`` of them (``point_ms`` 0: off): its median then stands on five samples for
+    a fraction of a second, and one disturbed sample no longer moves it.
     """
     contexts: list[int]
     modes: list[str]
@@ -98,6 +101,8 @@ class LatencyParams:
     retake_share: float = 0.15  # retakes and quiet-waits: at most this share of the sweep
     predicted_ms: dict[str, dict[int, float]] | None = None  # mode -> context -> predicted step
     prediction_error: dict[str, float] | None = None  # mode -> the prediction's measured miss
+    point_ms: float = 250.0  # a cheap point samples on until its samples add up to this
+    cheap_repeats: int = 5  # ... or until it has this many
 
     @classmethod
     def defaults(cls, device: str, block_size: int) -> LatencyParams:
@@ -117,6 +122,11 @@ class LatencyParams:
         whole("fewest repeats", self.min_repeats, 1)
         whole("warmup", self.warmup, 0)
         whole("retakes", self.retakes, 0)
+        whole("cheap repeats", self.cheap_repeats, 1)
+        if isinstance(self.point_ms, bool) or not isinstance(self.point_ms, int | float) or \
+                not 0 <= self.point_ms <= 60_000:
+            raise ValueError("point ms (the timed ms a cheap point's samples add up to) must be "
+                             f"from 0 (off) to 60000, got {self.point_ms!r}")
         if self.method not in ("crop", "generate"):
             raise ValueError(f"method must be 'crop' or 'generate', got {self.method!r}")
         if not 0 < self.spread < 10:
@@ -169,6 +179,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup-steps", type=int, default=None,
                    help="steps per cached warm-up run (default: 32 on CPU, a full run on CUDA)")
     p.add_argument("--no-peaks", action="store_true", help="do not measure the device's peaks")
+    p.add_argument("--point-ms", type=float, default=LatencyParams.point_ms,
+                   help="a cheap point samples on until its samples add up to this many ms "
+                   "(at most 5 samples; 0: off; default %(default)s)")
     p.add_argument("--retakes", type=int, default=3,
                    help="CPU: samples per point set aside and taken again when another process "
                    "used the CPU during them and they were out of line (0 keeps every sample)")
@@ -187,7 +200,7 @@ def from_args(args: argparse.Namespace, block_size: int) -> LatencyParams:
         args.warmup_steps if args.warmup_steps is not None else base.warmup_steps,
         e2e_new_tokens=end_to_end.new_tokens(args, block_size), e2e_prompt_len=args.prompt_len,
         measure_peaks=not args.no_peaks, method=args.method, retakes=args.retakes,
-        retake_share=args.retake_share)
+        retake_share=args.retake_share, point_ms=args.point_ms)
 
 
 def summary(run: dict[str, Any]) -> list[str]:
@@ -202,6 +215,13 @@ def _point_work(mode: str, t: int) -> float:
     """Relative cost of one sample, for the time left: a cached step is 1; a forward grows with
     t (about 1 + t/16 on a CPU; the estimate rescales itself by the time actually taken)."""
     return 1.0 if lineup.spec(mode).cached else 1.0 + t / 16
+
+
+def _samples(p: LatencyParams, mode: str) -> int:
+    """Samples a point of ``mode`` takes at the least, for the time left: a cached step is
+    cheap, so it takes ``cheap_repeats`` when ``point_ms`` is on."""
+    fewest = min(p.min_repeats, p.repeats)
+    return max(fewest, p.cheap_repeats) if p.point_ms and lineup.spec(mode).cached else fewest
 
 
 class _Mode:
@@ -223,7 +243,8 @@ class _Mode:
         self.sampler: Sampler = Sampler(
             model.device, repeats=p.repeats, min_repeats=p.min_repeats, spread=p.spread,
             retakes=p.retakes, warmup=p.warmup, should_stop=tr.stop if tr else None,
-            on_set_aside=set_aside, budget=budget)
+            on_set_aside=set_aside, budget=budget, point_ms=p.point_ms,
+            cheap_repeats=p.cheap_repeats)
 
     def calls(self, idx: torch.Tensor, t: int) -> tuple[Any, Any, str]:
         """(prepare, step, phase) of one sample at context t: a forward of t tokens (a cached
@@ -276,8 +297,8 @@ def run(loaded: Loaded, params: LatencyParams, progress: ProgressFn | None = Non
                          "or shorter contexts.")
     generate = params.method == "generate"
     work = sum(generation_work(params, contexts) if generate and lineup.spec(m).cached
-               else sum(_point_work(m, t) * min(params.min_repeats, params.repeats)
-                        for t in contexts) for m in params.modes)
+               else sum(_point_work(m, t) * _samples(params, m) for t in contexts)
+               for m in params.modes)
     e2e = params.e2e_new_tokens > 0
     points = len(contexts) * len(params.modes) + (len(params.modes) if e2e else 0)
     tr = Tracker(progress, should_stop, points, total_work=work)
