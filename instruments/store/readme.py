@@ -56,6 +56,9 @@ BLOCKS: dict[str, Block] = {
                         "folders: browser-N/, cli/, cli-again/)", recursive=True),
     "sweep-time-epyc": Block("sweep-epyc", speed.sweep_bench, "`python scripts/bench_sweep.py` "
                              "on the 2-core AMD EPYC (kept as measured)", recursive=True),
+    "sweep-time-slow-host": Block("sweep-slow-host", speed.sweep_bench, "`python scripts/"
+                                  "bench_sweep.py` on a second, slower host of the Xeon kind "
+                                  "(kept as measured)", recursive=True),
     "engine-speed": Block("engine-speed", speed.kernels,
                           f"`python scripts/bench_kernels.py` {_QUIET}"),
     "peers": Block("peers", speed.peers, f"`python scripts/bench_peers.py` {_QUIET}"),
