@@ -237,7 +237,7 @@ def test_the_peers_table_sets_each_engine_against_the_floor_of_its_own_run(copy:
 
     def rows(threads: int, fast_ms: float) -> list[dict]:
         return [{"engine": "fast", "context_len": 128, "latency_ms": fast_ms, "floor_ms": 40.0,
-                 "x_floor": fast_ms / 40.0},
+                 "x_floor": fast_ms / 40.0, "x_fastest_exact": 1.0},
                 {"engine": "ct2_float32", "context_len": 128, "latency_ms": 60.0,
                  "floor_ms": 40.0, "x_floor": 1.5},
                 {"engine": "ort_float32", "available": False, "latency_ms": None,
@@ -250,3 +250,6 @@ def test_the_peers_table_sets_each_engine_against_the_floor_of_its_own_run(copy:
     assert "| 1 | 128 | 40.0 | 1.20× | 1.50× |" in body  # the newest run of 1 thread only
     assert "| 1 | 128 | 40.0 | 1.25× |" not in body
     assert "not timed: `ort_float32` (pip install onnxruntime)" in body
+    # the README's summary: ours against CTranslate2 at the same precision, from the same run
+    summary = (copy / "README.md").read_text()
+    assert "| 1 | 128 | 40.0 | `fast` | 48.0 (1.20×) | 60.0 (1.50×) | 0.80 | – | – | – |" in summary

@@ -62,6 +62,8 @@ BLOCKS: dict[str, Block] = {
     "engine-speed": Block("engine-speed", speed.kernels,
                           f"`python scripts/bench_kernels.py` {_QUIET}"),
     "peers": Block("peers", speed.peers, f"`python scripts/bench_peers.py` {_QUIET}"),
+    "peers-summary": Block("peers", speed.peers_summary,
+                           f"`python scripts/bench_peers.py` {_QUIET}"),
     "peers-epyc": Block("peers-epyc", speed.peers, "`python scripts/bench_peers.py` on the "
                         "2-core AMD EPYC, before CTranslate2 had its own OpenMP runtime (kept as "
                         "measured)"),
