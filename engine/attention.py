@@ -26,7 +26,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
 from .config import MASK_KINDS, GPTConfig
 
@@ -47,6 +46,15 @@ class FusedAttention:
             # wrongly gets: is_causal aligns the triangle to the top-left, an offset of 0.)
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         # Several new tokens after a cache: the triangle aligned to the bottom-right.
+        if q.device.type == "cpu":
+            # What causal_lower_right does on a CPU (no flash or efficient kernel takes it there):
+            # the boolean triangle, materialized. Written out because torch.nn.attention.bias
+            # imports torch._dynamo: 1.5 s on a 2-core CPU, in the measuring process of every
+            # sweep whose gate appends after a cache (tests/test_model.py holds them equal).
+            mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        from torch.nn.attention.bias import causal_lower_right
+
         return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(T, S))
 
     def nbytes(self) -> int:

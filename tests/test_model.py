@@ -137,3 +137,23 @@ def test_mask_variants_cost_and_hold_nothing_in_the_model() -> None:
     assert not list(m.buffers())  # the write-up's buffers belong to the variant, not the model
     with pytest.raises(ValueError, match="allowed"):
         make_attention("triangle", m.config, m.device)
+
+
+def test_fused_attention_after_a_cache_equals_causal_lower_right_bit_for_bit() -> None:
+    """On a CPU the fused mask kind writes out the bottom-right triangle instead of importing
+    torch.nn.attention.bias (1.5 s of torch._dynamo); it must be what that bias computes there,
+    bit for bit, for several new tokens after a cache -- and not the top-left triangle."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    from engine.attention import FUSED
+
+    gen = torch.Generator().manual_seed(0)
+    for t, s in ((2, 9), (5, 133), (16, 40)):
+        q = torch.randn(1, 3, t, 16, generator=gen)
+        k, v = torch.randn(2, 1, 3, s, 16, generator=gen)
+        want = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=causal_lower_right(t, s))
+        got = FUSED(q, k, v, layer=0, offset=s - t)
+        assert torch.equal(got, want), (t, s)
+        top_left = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        assert not torch.allclose(got, top_left)  # the test can see the wrong triangle
