@@ -48,6 +48,7 @@ from instruments.experiments.inputs import (
     preset_contexts,
     whole,
 )
+from instruments.experiments.latency_retakes import note_disturbed
 from instruments.experiments.utilization import add_shares, listed_peaks, row
 from instruments.spine import (
     Loaded,
@@ -353,7 +354,7 @@ def run(loaded: Loaded, params: LatencyParams, progress: ProgressFn | None = Non
         passed = [c["mode"] for c in tr.tables.get("checks", []) if c["passed"]]
         stopped = end_to_end.measure(model, params.end_to_end(), passed, tr)
         timings["e2e_s"] = time.perf_counter() - t0
-    retakes = _note_disturbed(tr, budget)
+    retakes = note_disturbed(tr, budget)
     if stopped:
         tr.note("stopped: what was measured is kept")
     peaks = None
@@ -375,30 +376,6 @@ def run(loaded: Loaded, params: LatencyParams, progress: ProgressFn | None = Non
     add_shares(out["tables"]["latency"], peaks,
                listed_peaks(meta["device_name"], meta["dtype"], bool(meta.get("tf32")),
                             meta["device"]))
-    return out
-
-
-def _note_disturbed(tr: Tracker, budget: RetakeBudget | None) -> dict[str, Any]:
-    """Say how many flagged samples were retaken, kept in line, kept out of line; the counts
-    (meta.retakes)."""
-    rows = tr.tables.get("latency", [])
-    out = {"retaken": sum(len(r.get("set_aside_ms", [])) for r in rows),
-           "flagged_consistent": sum(r.get("flagged_consistent", 0) for r in rows),
-           "disturbed_kept": sum(r.get("disturbed_kept", 0) for r in rows),
-           "confirmed_by_prediction": sum(r.get("confirmed_by") == "prediction" for r in rows),
-           "retake_s": budget.spent_s if budget is not None else 0.0,
-           "budget_share": budget.share if budget is not None else None,
-           "budget_refused": budget.refused if budget is not None else 0}
-    if out["retaken"]:
-        tr.note(f"{out['retaken']} sample(s) set aside and taken again: another process used "
-                "the CPU while they ran and they were out of line with the point's other "
-                "samples or its prediction (every one is kept in the run, beside its point)")
-    if out["flagged_consistent"]:
-        tr.note(f"{out['flagged_consistent']} sample(s) were flagged as disturbed but agreed "
-                "with their point's other samples or its prediction: kept")
-    if out["disturbed_kept"]:
-        tr.note(f"{out['disturbed_kept']} sample(s) were disturbed and kept out of line: the "
-                "retakes or their budget ran out; the medians they enter may be high")
     return out
 
 
