@@ -18,8 +18,9 @@ sample. Cached modes (method "crop"): the decoder seeks to t - 1 tokens (its cac
 once, growing with the contexts, and cropped back) before each timed step at t -- no generation
 up to t. The samples of a point are the ``Sampler``'s (``instruments.measure.sampler``): at
 least ``min_repeats``, more while they disagree by more than ``spread``, at most ``repeats`` (a
-prediction within its measured error stands in for one); a sample the CPU watch flags is retaken
-only when out of line, within a budget (``LatencyParams``). The row keeps what was set aside and
+prediction within its measured error stands in for one; a cheap point samples on to
+``point_ms``); a sample the CPU watch flags is retaken only when out of line, within a budget
+(``LatencyParams``). The row keeps what was set aside and
 why (``set_aside_ms``, ``set_aside_why``), counts flagged samples kept in line
 (``flagged_consistent``) and out of line (``disturbed_kept``), its ``retake_s`` and what ended the
 point (``confirmed_by``: "samples", "prediction" or None); meta.retakes sums them. Method
@@ -173,7 +174,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeats", type=int, default=None,
                    help="the most timed samples per point (at least 2, more while they "
-                   "disagree by more than 10%%): default 3 on CPU, 5 on CUDA")
+                   "disagree by more than 10%%; a cheap point up to 5): default 3 on CPU, 5 on "
+                   "CUDA")
     p.add_argument("--method", default="crop", choices=["crop", "generate"],
                    help="crop: fill the cache once and crop it to each context (default); "
                    "generate: one whole generation per repeat, the write-up's way")
