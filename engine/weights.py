@@ -89,6 +89,18 @@ def _hub_reachable(timeout_s: float = 2.0) -> bool:
         return False
 
 
+def _cached(source: str) -> bool:
+    """Whether the Hugging Face cache holds ``source``'s config: asked of huggingface_hub, which
+    torch has already imported, so that "auto" with no copy and no network falls back to random
+    weights without importing transformers' GPT-2 (5 s of a measuring process's start on a
+    2-core CPU)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:  # pragma: no cover - a dependency of transformers
+        return True  # cannot tell: let transformers look
+    return isinstance(try_to_load_from_cache(source, "config.json"), str)
+
+
 def _from_pretrained(source: str, *, local_only: bool) -> nn.Module:
     try:
         from transformers import GPT2LMHeadModel
@@ -154,6 +166,8 @@ def load(
     else:
         source = hub_id or name
         try:
+            if weights == "auto" and not _cached(source) and not _hub_reachable():
+                raise WeightsError("no network and no cached copy")
             try:
                 hf = _from_pretrained(source, local_only=True)  # the Hugging Face cache first
             except WeightsError:

@@ -76,3 +76,41 @@ def test_mode_1s_one_forward_equals_its_steps() -> None:
     scale = float(steps.abs().max())
     assert float((one - steps).abs().max()) <= 1e-6 * scale * 10
     assert float((one[1:] - steps[:-1]).abs().max()) > 1e-2 * scale
+
+
+@pytest.mark.parametrize("preset", ["tiny", "gpt2"])
+def test_mode_1s_greedy_tokens_from_one_forward_equal_its_loop(preset: str) -> None:
+    """Mode 1's greedy tokens found with a candidate stream in one forward are what its own
+    loop gives, whether the candidate agrees, differs from some token on, or is all wrong: on
+    a lively small model (varied tokens) and on gpt2 with random weights (one token repeated)."""
+    from engine.weights import load
+    from instruments.checks.gate import GREEDY_TOKENS, _reference_greedy, greedy
+
+    state = load(preset, weights="random")
+    gate = Gate(state, batch=2)
+    prompt = gate.tokens[:, : gate.short]
+    want = greedy(gate.state, "uncached", prompt, GREEDY_TOKENS)
+    if preset == "tiny":
+        assert int(want[0].unique().numel()) > 4  # lively: the candidate's errors matter
+    wrong_from_5 = want.clone()
+    wrong_from_5[1, 5:] = (want[1, 5:] + 1) % state.model.config.vocab_size
+    for candidate in (want, wrong_from_5, (want + 7) % state.model.config.vocab_size):
+        assert torch.equal(_reference_greedy(gate.state, prompt, candidate), want)
+
+
+def test_a_gate_whose_first_checked_mode_is_broken_still_judges_by_mode_1s_own_stream() -> None:
+    """The sweep's gate finds mode 1's greedy tokens with the first checked mode's as the
+    candidate. On a lively model, a broken first mode must then be told "differ at token k"
+    with the same k as against mode 1's own loop, and a correct mode after it "identical"."""
+    from engine.weights import load
+
+    model = private_view(load("tiny", weights="random").model)
+    loop, lazy = Gate(model), Gate(model)
+    loop.reference()  # mode 1's greedy tokens from its own loop, before any bug
+    with inject_bug(model, "positions"):
+        broken = lazy.check("concat", "short")  # the candidate: a wrong stream
+        assert not broken.passed and broken.tokens.startswith("differ at token")
+        assert broken.tokens == loop.check("concat", "short").tokens
+    assert lazy.reference()["greedy"].equal(loop.reference()["greedy"])
+    fine = lazy.check("fast")
+    assert fine.passed and fine.tokens == "identical (16 tokens)", fine.detail

@@ -103,6 +103,44 @@ def test_pretrained_unavailable_offline(monkeypatch) -> None:
     assert loaded.fallback and "unavailable" in loaded.fallback
 
 
+_FROM_CACHE = """
+import sys
+from engine.weights import load
+state = load("gpt2", weights="auto", hub_id="kvlab-test/not-cached")
+print(state.provenance.label, "|", state.provenance.fallback, "transformers" in sys.modules)
+state = load("gpt2", weights="auto", hub_id="kvlab-test/tiny-gpt2")
+print(state.provenance.label, state.model.config.n_layer, "transformers" in sys.modules)
+"""
+
+
+def test_auto_finds_a_cached_copy_and_skips_transformers_without_one(tmp_path) -> None:
+    """"auto" loads pretrained weights from the Hugging Face cache (a tiny model saved into a
+    cache of the hub's layout), and with no copy and no network falls back to random weights
+    without importing transformers: asked of a fresh interpreter, whose hub settings are read
+    at import."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    repo = tmp_path / "hub" / "models--kvlab-test--tiny-gpt2"
+    commit = "0" * 40
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=64, n_positions=128,
+                               vocab_size=300)).save_pretrained(repo / "snapshots" / commit)
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-c", _FROM_CACHE], env=env, capture_output=True,
+                         text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr
+    missing, found = out.stdout.strip().splitlines()[-2:]
+    assert missing == ("random (seed 0) | pretrained weights for 'kvlab-test/not-cached' "
+                       "unavailable (no network and no cached copy) False")
+    assert found == "pretrained (kvlab-test/tiny-gpt2) 2 True"
+
+
 def test_random_weights_are_seeded_and_labelled() -> None:
     a, b = load("gpt2", weights="random", seed=5), load("gpt2", weights="random", seed=5)
     assert a.provenance.label == "random (seed 5)" and a.provenance.fallback is None

@@ -21,7 +21,7 @@ from instruments import experiments
 from instruments.experiments import Experiment, to_dict
 from instruments.experiments.latency import LatencyParams
 from instruments.process import client, protocol
-from instruments.process.worker import Channel, Worker, classify
+from instruments.process.worker import Channel, Worker, classify, same_random
 from instruments.spine import ModelSpec
 from instruments.store.results import load_runs
 
@@ -77,6 +77,22 @@ def test_out_of_memory_is_reported_and_the_next_request_works(monkeypatch) -> No
                    "params": small_sweep()})
     result = _messages(out)[-1]
     assert result["type"] == "result" and len(result["run"]["tables"]["latency"]) == 6
+
+
+def test_random_after_auto_that_fell_back_is_not_loaded_again(monkeypatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no network: "auto" falls back to random
+    monkeypatch.setenv("HF_HUB_CACHE", "/nonexistent-hf-cache")
+    worker, out = _worker()
+    auto, random = ModelSpec("gpt2", weights="auto"), ModelSpec("gpt2", weights="random")
+    held = worker.ensure(auto)
+    assert held.info["weights_fallback"] and held.info["weights_label"] == "random (seed 0)"
+    again = worker.ensure(random)
+    assert again.model is held.model and again.spec == random  # the same weights, kept
+    assert again.info["weights_fallback"] is None and again.info["weights_label"] == \
+        "random (seed 0)"
+    assert not same_random(held, ModelSpec("gpt2", weights="random", seed=1))
+    assert not same_random(held, ModelSpec("gpt2", weights="random", dtype="bfloat16"))
+    assert not same_random(again, auto)  # "auto" may find pretrained weights: load it
 
 
 def test_bad_requests_say_what_is_allowed() -> None:

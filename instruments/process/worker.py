@@ -23,7 +23,7 @@ import queue
 import sys
 import threading
 import traceback
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any, TextIO
 
 from instruments import experiments
@@ -42,6 +42,16 @@ class Channel:
         with self.lock:
             self.out.write(protocol.encode(message))
             self.out.flush()
+
+
+def same_random(loaded: Loaded, spec: ModelSpec) -> bool:
+    """Whether ``loaded`` (asked for as "auto", fallen back) already holds the seeded random
+    weights that ``spec`` asks for as "random"."""
+    was = loaded.spec
+    return (spec.weights == "random" and was.weights == "auto"
+            and (was.name, was.device, was.dtype, was.seed)
+            == (spec.name, spec.device, spec.dtype, spec.seed)
+            and loaded.info.get("weights_label") == f"random (seed {spec.seed})")
 
 
 class Worker:
@@ -73,6 +83,12 @@ class Worker:
         if spec.device != self.device:
             raise ValueError(f"this measuring process holds {self.device}; asked for "
                              f"{spec.device}")
+        if self.loaded is not None and self.loaded.spec != spec and same_random(self.loaded,
+                                                                                 spec):
+            # "auto" that fell back to random weights holds what "random" asks for: a user who
+            # switches the sidebar from the one to the other does not wait for a second load
+            self.loaded = replace(self.loaded, spec=spec,
+                                  info={**self.loaded.info, "weights_fallback": None})
         if self.loaded is None or self.loaded.spec != spec:
             self.release()
             self.loaded = load(spec)
@@ -200,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         worker.serve()
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the server went away while a message was on its way: nobody
+        return 0  # is left to tell, and its log should not end in a traceback
     return 0
 
 
