@@ -67,8 +67,11 @@ def streamlit_server(results: Path, tiny: bool = True, env: dict[str, str] | Non
 
 
 def settle(page, timeout_ms: int = 60_000) -> None:
-    """Wait until the app is idle (no 'Running…' indicator) and check for exceptions."""
-    status = '[data-testid="stStatusWidget"]'
+    """Wait until the app is idle (its script not running) and check for exceptions. Streamlit
+    1.67 marks the state on the app's root (``data-test-script-state``); its "Running…" status
+    widget is not drawn in a headless browser, so waiting on that waited for nothing -- a page
+    still loading its model (seconds) counted as idle."""
+    status = '[data-testid="stApp"][data-test-script-state="running"]'
     end = time.monotonic() + timeout_ms / 1000
     while True:  # idle twice in a row, 0.8 s apart: a rerun can start right after a click
         page.wait_for_timeout(800)
