@@ -94,6 +94,8 @@ def _cached(source: str) -> bool:
     torch has already imported, so that "auto" with no copy and no network falls back to random
     weights without importing transformers' GPT-2 (5 s of a measuring process's start on a
     2-core CPU)."""
+    if os.environ.get("TRANSFORMERS_CACHE"):  # a cache of transformers' own: let it look
+        return True
     try:
         from huggingface_hub import try_to_load_from_cache
     except ImportError:  # pragma: no cover - a dependency of transformers
