@@ -7,6 +7,7 @@ process (ui.jobs) -> figures. This process never imports torch and never times a
 
 import streamlit as st
 
+from instruments.process import client
 from ui.state import sidebar
 
 st.set_page_config(page_title="KV Cache Lab", page_icon=":material/memory:", layout="wide")
@@ -25,5 +26,6 @@ PAGES = [
 ]
 
 nav = st.navigation(PAGES)
+client.prestart("cpu")  # torch imports there while this server probes the devices
 sidebar()
 nav.run()

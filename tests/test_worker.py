@@ -174,6 +174,25 @@ def test_a_killed_process_keeps_its_rows_and_the_next_run_starts_afresh(tmp_path
     assert again.state == "done" and again.pid != job.pid and again.saved_path is None
 
 
+def test_prestart_starts_one_process_ahead_and_the_next_job_uses_it() -> None:
+    running = client.running_pid("cpu")
+    if running is not None:  # an earlier test's process: end it, so one has to be started
+        os.kill(running, signal.SIGKILL)
+        end = time.monotonic() + 10
+        while client.running_pid("cpu") is not None and time.monotonic() < end:
+            time.sleep(0.05)
+    client.prestart("cpu")
+    client.prestart("cpu")  # a second call while the first is on its way starts nothing
+    end = time.monotonic() + 120
+    while client.running_pid("cpu") is None and time.monotonic() < end:
+        time.sleep(0.05)
+    pid = client.running_pid("cpu")
+    assert pid is not None and pid != running
+    client.prestart("cpu")  # alive: nothing to do
+    job = wait(client.submit("load", {}, TINY))
+    assert job.state == "done" and job.pid == pid
+
+
 def test_a_model_switch_reaches_the_process() -> None:
     small = ModelSpec("tiny", seed=1)
     a = wait(client.submit("latency", small_sweep(contexts=[4]), small))

@@ -8,8 +8,9 @@ message it streams back into the job: progress, rows, tokens, the final run. ``j
 stops it after its current step; ``keep_alive()`` turning false (a closed tab) does the same.
 When the job ends its run is saved -- the final one, or, if the process failed or died, one
 built from the rows it streamed, marked partial -- and a dead process is replaced by a fresh one
-on the next request. ``model_info(spec)`` loads a model in its process (when the device is
-free) and says what was loaded: weights label, fallback, shapes.
+on the next request (``prestart(device)`` starts one ahead, in the background).
+``model_info(spec)`` loads a model in its process (when the device is free) and says what was
+loaded: weights label, fallback, shapes.
 """
 
 from __future__ import annotations
@@ -136,6 +137,32 @@ def process(device: str) -> MeasuringProcess:
         if proc is None or not proc.alive():
             proc = _PROCESSES[device] = MeasuringProcess(device)
         return proc
+
+
+_PRESTARTING: set[str] = set()
+
+
+def prestart(device: str = "cpu") -> None:
+    """Start the device's measuring process in the background unless one is alive or on its
+    way: the server's first page then finds torch imported when it asks for a model, instead of
+    waiting for the device probe and then for this process, one after the other (on a 2-core
+    CPU each imports torch: seconds). A process that fails to start here is started again, and
+    its failure reported, by the first job that needs it."""
+    with _PROCESSES_LOCK:
+        proc = _PROCESSES.get(device)
+        if (proc is not None and proc.alive()) or device in _PRESTARTING:
+            return
+        _PRESTARTING.add(device)
+
+    def start() -> None:
+        try:
+            process(device)
+        except Exception:  # noqa: BLE001 - reported by the job that next needs the process
+            pass
+        finally:
+            _PRESTARTING.discard(device)
+
+    threading.Thread(target=start, name=f"kvlab-prestart-{device}", daemon=True).start()
 
 
 def running_pid(device: str) -> int | None:
