@@ -26,6 +26,6 @@ PAGES = [
 ]
 
 nav = st.navigation(PAGES)
-client.prestart("cpu")  # torch imports there while this server probes the devices
+client.prestart(client.likely_device())  # torch imports there while the devices are probed
 sidebar()
 nav.run()

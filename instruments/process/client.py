@@ -165,6 +165,12 @@ def prestart(device: str = "cpu") -> None:
     threading.Thread(target=start, name=f"kvlab-prestart-{device}", daemon=True).start()
 
 
+def likely_device() -> str:
+    """The device the sidebar will most likely offer first, guessed without torch (the probe
+    decides): "cuda" where an NVIDIA driver is loaded, else "cpu"."""
+    return "cuda" if Path("/proc/driver/nvidia/version").exists() else "cpu"
+
+
 def running_pid(device: str) -> int | None:
     proc = _PROCESSES.get(device)
     return proc.pid if proc is not None and proc.alive() else None
