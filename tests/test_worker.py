@@ -193,6 +193,17 @@ def test_prestart_starts_one_process_ahead_and_the_next_job_uses_it() -> None:
     assert job.state == "done" and job.pid == pid
 
 
+def test_a_process_that_ends_with_an_empty_log_leaves_no_file() -> None:
+    proc = client.MeasuringProcess("cpu")
+    log = Path(proc.log_path)
+    assert log.exists()
+    proc.send({"type": "exit"})
+    end = time.monotonic() + 30
+    while log.exists() and time.monotonic() < end:
+        time.sleep(0.05)
+    assert not proc.alive() and not log.exists()
+
+
 def test_a_model_switch_reaches_the_process() -> None:
     small = ModelSpec("tiny", seed=1)
     a = wait(client.submit("latency", small_sweep(contexts=[4]), small))

@@ -15,6 +15,8 @@ loaded: weights label, fallback, shapes.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import functools
 import itertools
 import json
@@ -72,6 +74,14 @@ class MeasuringProcess:
             if msg is not None:
                 self.messages.put(msg)
         self.messages.put({"type": "exit", "code": self.proc.wait()})
+        self.drop_empty_log()
+
+    def drop_empty_log(self) -> None:
+        """Remove the process's log once it has ended with nothing in it (most do): a server
+        that runs for months should not leave a file in the temp folder per process."""
+        with contextlib.suppress(OSError):
+            if os.path.getsize(self.log_path) == 0:
+                os.unlink(self.log_path)
 
     def _wait_hello(self) -> dict[str, Any]:
         end = time.monotonic() + START_TIMEOUT_S
@@ -169,6 +179,19 @@ def likely_device() -> str:
     """The device the sidebar will most likely offer first, guessed without torch (the probe
     decides): "cuda" where an NVIDIA driver is loaded, else "cpu"."""
     return "cuda" if Path("/proc/driver/nvidia/version").exists() else "cpu"
+
+
+@atexit.register
+def _end_processes() -> None:
+    """When the server exits: close each process's input (it then ends, as on a closed pipe),
+    wait a moment, and drop the logs left empty."""
+    for proc in list(_PROCESSES.values()):
+        with contextlib.suppress(OSError, ValueError):
+            if proc.proc.stdin is not None:
+                proc.proc.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.proc.wait(timeout=2)
+        proc.drop_empty_log()
 
 
 def running_pid(device: str) -> int | None:
