@@ -111,8 +111,10 @@ with model_col:
     if label is None:
         st.caption("Weights: known once the model is loaded.")
     elif label.startswith("random"):
+        why = (client.known_info(choice.spec()) or {}).get("weights_fallback")
         st.warning(f"**Random weights** — {label}. Generated text is gibberish; timings and "
-                   "memory are those of the real shapes.")
+                   "memory are those of the real shapes."
+                   + header.fallback_note(why))
     else:
         st.success(f"**{label}**")
     a, b, c = st.columns(3)
@@ -120,13 +122,16 @@ with model_col:
     b.metric("Parameters", f"{costs.param_count(cfg) / 1e6:.1f} M")
     c.metric("Context limit (tokens)", f"{cfg.block_size:,}")
     a, b, c = st.columns(3)
-    a.metric("Layers × heads × width", f"{cfg.n_layer} × {cfg.n_head} × {cfg.n_embd}")
+    a.metric("Layers", f"{cfg.n_layer}",
+             help=f"{cfg.n_head} heads of {cfg.n_embd // cfg.n_head} dimensions each; width "
+             f"{cfg.n_embd}")
     b.metric(f"Weights ({choice.dtype})",
              f"{costs.weight_bytes(cfg, choice.dtype) / 2**20:.0f} MiB")
     c.metric("KV cache per token",
              f"{costs.kv_bytes_per_token(cfg, choice.dtype) / 2**10:.0f} KiB")
-    st.caption(f"On {choice.device}, {choice.dtype}. Change the model, weights, device and "
-               "dtype in the sidebar; every page uses the same choice.")
+    st.caption(f"{cfg.n_layer} layers × {cfg.n_head} heads × width {cfg.n_embd}, on "
+               f"{choice.device}, {choice.dtype}. Change the model, weights, device and dtype in "
+               "the sidebar; every page uses the same choice.")
 
 st.subheader("The pages")
 for path, title, what in GUIDE:

@@ -74,11 +74,16 @@ def model(choice: Choice | None = None, quiet: bool = False) -> GPTConfig:
             reason = (info or {}).get("weights_fallback")
             st.warning(f"**Random weights** ({label}). Text will be gibberish; timings and "
                        "memory are the real ones for these shapes."
-                       + (f" Pretrained weights: {reason}." if reason else ""))
+                       + fallback_note(reason))
         elif label is None:
             st.caption("Which weights load is known once the model is loaded (the device is "
                        "busy now).")
     return cfg
+
+
+def fallback_note(reason: str | None) -> str:
+    """Why "auto" fell back to random weights, as a sentence ("" when it did not)."""
+    return f" {reason[0].upper()}{reason[1:]}." if reason else ""
 
 
 def weights_label(choice: Choice) -> str | None:
