@@ -69,6 +69,16 @@ def test_every_page_renders(results: Path, page: str) -> None:
     assert at.session_state["choice"].model == "tiny"
 
 
+def test_the_overview_guides_to_every_page() -> None:
+    """Each page the router offers has its line on the Overview (the Peers page once had none)."""
+    import re
+
+    root = Path(APP).parent
+    routed = set(re.findall(r'st\.Page\("(pages/\w+\.py)"', (root / "app.py").read_text()))
+    guided = set(re.findall(r'\("(pages/\w+\.py)", "', (root / "pages/overview.py").read_text()))
+    assert routed - {"pages/overview.py"} == guided
+
+
 def configure_sweep(at: AppTest, contexts: str, repeats: int = 1, e2e: bool = False) -> None:
     at.selectbox(key="sweep_preset").set_value("custom list / range").run()
     at.text_input(key="sweep_custom").set_value(contexts)
