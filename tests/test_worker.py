@@ -204,6 +204,25 @@ def test_a_process_that_ends_with_an_empty_log_leaves_no_file() -> None:
     assert not proc.alive() and not log.exists()
 
 
+def test_a_prestart_that_fails_is_not_tried_again(monkeypatch) -> None:
+    from instruments.process import processes
+
+    tries = []
+
+    def fails(device: str) -> None:
+        tries.append(device)
+        raise RuntimeError("the measuring process for cuda could not start")
+
+    monkeypatch.setattr(processes, "process", fails)
+    monkeypatch.setattr(processes, "_PRESTART_FAILED", set())
+    for _ in range(3):  # as every page run calls it
+        processes.prestart("cuda")
+        end = time.monotonic() + 5
+        while "cuda" in processes._PRESTARTING and time.monotonic() < end:
+            time.sleep(0.01)
+    assert tries == ["cuda"]
+
+
 def test_a_model_switch_reaches_the_process() -> None:
     small = ModelSpec("tiny", seed=1)
     a = wait(client.submit("latency", small_sweep(contexts=[4]), small))

@@ -135,17 +135,20 @@ def process(device: str) -> MeasuringProcess:
 
 
 _PRESTARTING: set[str] = set()
+_PRESTART_FAILED: set[str] = set()
+_PRESTART_LOCK = threading.Lock()
 
 
 def prestart(device: str = "cpu") -> None:
     """Start the device's measuring process in the background unless one is alive or on its
     way: the server's first page then finds torch imported when it asks for a model, instead of
     waiting for the device probe and then for this process, one after the other (on a 2-core
-    CPU each imports torch: seconds). A process that fails to start here is started again, and
-    its failure reported, by the first job that needs it."""
-    with _PROCESSES_LOCK:
-        proc = _PROCESSES.get(device)
-        if (proc is not None and proc.alive()) or device in _PRESTARTING:
+    CPU each imports torch: seconds). A process that fails to start here is not tried ahead
+    again (a guessed GPU a CPU-only torch cannot use); the first job that needs it starts it
+    and reports why it could not."""
+    with _PRESTART_LOCK:  # not the processes' lock: held for seconds while one starts, and
+        proc = _PROCESSES.get(device)  # every page run calls this
+        if (proc is not None and proc.alive()) or device in _PRESTARTING | _PRESTART_FAILED:
             return
         _PRESTARTING.add(device)
 
@@ -153,7 +156,7 @@ def prestart(device: str = "cpu") -> None:
         try:
             process(device)
         except Exception:  # noqa: BLE001 - reported by the job that next needs the process
-            pass
+            _PRESTART_FAILED.add(device)
         finally:
             _PRESTARTING.discard(device)
 
