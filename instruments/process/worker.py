@@ -46,12 +46,12 @@ class Channel:
 
 def same_random(loaded: Loaded, spec: ModelSpec) -> bool:
     """Whether ``loaded`` (asked for as "auto", fallen back) already holds the seeded random
-    weights that ``spec`` asks for as "random"."""
+    weights that ``spec`` asks for as "random": "auto" falls back to the same seed's."""
     was = loaded.spec
     return (spec.weights == "random" and was.weights == "auto"
+            and bool(loaded.info.get("weights_fallback"))
             and (was.name, was.device, was.dtype, was.seed)
-            == (spec.name, spec.device, spec.dtype, spec.seed)
-            and loaded.info.get("weights_label") == f"random (seed {spec.seed})")
+            == (spec.name, spec.device, spec.dtype, spec.seed))
 
 
 class Worker:
@@ -83,8 +83,7 @@ class Worker:
         if spec.device != self.device:
             raise ValueError(f"this measuring process holds {self.device}; asked for "
                              f"{spec.device}")
-        if self.loaded is not None and self.loaded.spec != spec and same_random(self.loaded,
-                                                                                 spec):
+        if self.loaded is not None and same_random(self.loaded, spec):
             # "auto" that fell back to random weights holds what "random" asks for: a user who
             # switches the sidebar from the one to the other does not wait for a second load
             self.loaded = replace(self.loaded, spec=spec,
