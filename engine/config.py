@@ -1,9 +1,14 @@
-"""Model shapes: `GPTConfig` and the four GPT-2 presets.
+"""Model shapes: `GPTConfig` (GPT-2) and `LlamaConfig` (the Llama family), and GPT-2's presets.
 
 A config describes shapes only (plus the causal-mask variant a decoder uses when its mode names
 none); it holds no weights and no device. `GPTConfig.from_name("gpt2")` returns the 124M shape;
 "tiny" (2 layers, width 64, 128 tokens, GPT-2's vocabulary) is the test shape that tests and
-smoke runs use.
+smoke runs use. Which presets exist, and of which family, is ``engine.families``' table.
+
+Both configs answer the same questions, so caches, costs and the planner need not know the
+family: ``n_layer``, ``n_head`` (query heads), ``n_kv_head`` (heads the KV cache holds: GPT-2's
+every head, GQA's fewer), ``head_dim``, ``n_embd``, ``block_size``, ``vocab_size``, ``mask``,
+``family``, ``kv_bytes_per_token(element_bytes)``.
 Torch-free: the dashboard's server process reads shapes without importing torch.
 """
 
@@ -52,9 +57,19 @@ class GPTConfig:
         if self.mask not in MASK_KINDS:
             raise ValueError(f"unknown mask kind {self.mask!r}; allowed: {', '.join(MASK_KINDS)}")
 
+    family = "gpt2"
+
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
+
+    @property
+    def n_kv_head(self) -> int:
+        return self.n_head  # every head caches its own K and V
+
+    def kv_bytes_per_token(self, element_bytes: int) -> int:
+        """K and V of one token across every layer: 2 x n_layer x n_kv_head x head_dim x el."""
+        return 2 * self.n_layer * self.n_kv_head * self.head_dim * element_bytes
 
     @classmethod
     def from_name(cls, name: str, **overrides: object) -> GPTConfig:
@@ -65,3 +80,62 @@ class GPTConfig:
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """The Llama family's shapes: RMSNorm, rotary positions (RoPE), a SwiGLU MLP of width
+    ``n_hidden``, grouped-query attention (``n_head`` query heads share ``n_kv_head`` K/V
+    heads, ``n_head / n_kv_head`` each), the output projection tied to the embedding when
+    ``tied``. SmolLM2-135M: 30 layers, width 576, 9 / 3 heads, MLP 1,536, 49,152 tokens, 8,192
+    positions, RoPE base 100,000 (read from its GGUF file's metadata)."""
+
+    n_layer: int = 30
+    n_head: int = 9
+    n_kv_head: int = 3
+    n_embd: int = 576
+    n_hidden: int = 1536
+    block_size: int = 8192
+    vocab_size: int = 49152
+    rope_theta: float = 100000.0
+    norm_eps: float = 1e-5
+    tied: bool = True
+    mask: str = "none"
+
+    family = "llama"
+
+    def __post_init__(self) -> None:
+        for name in ("n_layer", "n_head", "n_kv_head", "n_embd", "n_hidden", "block_size",
+                     "vocab_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"LlamaConfig.{name} must be a positive integer, got {value!r}")
+        if self.n_embd % self.n_head:
+            raise ValueError(
+                f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        if self.n_head % self.n_kv_head:
+            raise ValueError(f"n_head ({self.n_head}) must be a multiple of n_kv_head "
+                             f"({self.n_kv_head}): each K/V head serves a whole group")
+        if (self.n_embd // self.n_head) % 2:
+            raise ValueError("the head size must be even: RoPE rotates pairs of channels")
+        if self.mask not in MASK_KINDS:
+            raise ValueError(f"unknown mask kind {self.mask!r}; allowed: {', '.join(MASK_KINDS)}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def groups(self) -> int:
+        """Query heads per K/V head: query head h reads K/V head h // groups."""
+        return self.n_head // self.n_kv_head
+
+    def kv_bytes_per_token(self, element_bytes: int) -> int:
+        """K and V of one token across every layer: 2 x n_layer x n_kv_head x head_dim x el."""
+        return 2 * self.n_layer * self.n_kv_head * self.head_dim * element_bytes
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+ModelConfig = GPTConfig | LlamaConfig  # what every model of engine.families is described by
