@@ -1,11 +1,13 @@
-"""KV Cache Lab's engine: a from-scratch GPT-2 with its KV caches, and the one decode loop.
+"""KV Cache Lab's engine: from-scratch models (GPT-2, the Llama family) with their KV caches, and
+the one decode loop.
 
-A plain library: the model, the caches, the causal-mask variants, weights loading, the
-tokenizer, the decode modes, the one decode step of modes 6-9, the loop that runs them, and
-``ModelState`` (everything built on one model besides its weights). It measures nothing and
-imports nothing of ``instruments`` or the UI. The public names below are loaded on first use,
-so that the torch-free modules (``config``, ``modes``, ``dtypes``, ``tokenizer``) can be
-imported without importing torch.
+A plain library: the family table (``families``), the models, the caches, the causal-mask
+variants, weights loading, the tokenizers, the decode modes (``modes``: one ``ModeSpec`` each),
+the decoders (one module per way of stepping), the one decode step of modes 6-9 and 12-13, the
+loop that runs them, and ``ModelState`` (everything built on one model besides its weights). It
+measures nothing and imports nothing of ``instruments`` or the UI. The public names below are
+loaded on first use, so that the torch-free modules (``config``, ``families``, ``modes``,
+``dtypes``, ``tokenizer``) can be imported without importing torch.
 """
 
 from __future__ import annotations
@@ -14,14 +16,14 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "PRESETS": "config", "GPTConfig": "config",
+    "GPTConfig": "config", "LlamaConfig": "config",
     "Decoder": "decoders", "make_decoder": "decoders",
     "Generation": "loop", "Step": "loop", "decode": "loop", "generate": "loop",
     "ConcatKVCache": "kv_cache", "PreallocKVCache": "kv_cache", "make_cache": "kv_cache",
     "make_attention": "attention",
     "GPT": "model",
     "ModelState": "state", "Provenance": "state",
-    "WeightsError": "weights", "load": "weights",
+    "WeightsError": "weights", "load": "families",
 }
 __all__ = sorted(_EXPORTS)
 

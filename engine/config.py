@@ -1,9 +1,9 @@
-"""Model shapes: `GPTConfig` (GPT-2) and `LlamaConfig` (the Llama family), and GPT-2's presets.
+"""Model shapes: `GPTConfig` (GPT-2) and `LlamaConfig` (the Llama family).
 
 A config describes shapes only (plus the causal-mask variant a decoder uses when its mode names
-none); it holds no weights and no device. `GPTConfig.from_name("gpt2")` returns the 124M shape;
-"tiny" (2 layers, width 64, 128 tokens, GPT-2's vocabulary) is the test shape that tests and
-smoke runs use. Which presets exist, and of which family, is ``engine.families``' table.
+none); it holds no weights and no device. Which presets exist (gpt2 to gpt2-xl, smollm2-135m,
+the test shapes), of which family and with which shapes, is ``engine.families``' table:
+``families.config("gpt2")``.
 
 Both configs answer the same questions, so caches, costs and the planner need not know the
 family: ``n_layer``, ``n_head`` (query heads), ``n_kv_head`` (heads the KV cache holds: GPT-2's
@@ -22,19 +22,6 @@ from dataclasses import asdict, dataclass
 #   "shared_bool" a single bool buffer shared by all layers
 #   "none"        no stored mask: scaled_dot_product_attention applies causality itself
 MASK_KINDS = ("none", "shared_bool", "seed")
-
-PRESETS: dict[str, dict[str, int]] = {
-    "gpt2": dict(n_layer=12, n_head=12, n_embd=768),  # 124M
-    "gpt2-medium": dict(n_layer=24, n_head=16, n_embd=1024),  # 350M
-    "gpt2-large": dict(n_layer=36, n_head=20, n_embd=1280),  # 774M
-    "gpt2-xl": dict(n_layer=48, n_head=25, n_embd=1600),  # 1558M
-}
-# Not a GPT-2: a shape small enough for tests and dry runs, with GPT-2's vocabulary so the
-# tokenizer works. Its random weights are drawn with a large std so greedy streams are lively.
-TEST_PRESETS: dict[str, dict[str, int]] = {
-    "tiny": dict(n_layer=2, n_head=2, n_embd=64, block_size=128, vocab_size=50257),
-}
-
 
 @dataclass(frozen=True)
 class GPTConfig:
@@ -70,13 +57,6 @@ class GPTConfig:
     def kv_bytes_per_token(self, element_bytes: int) -> int:
         """K and V of one token across every layer: 2 x n_layer x n_kv_head x head_dim x el."""
         return 2 * self.n_layer * self.n_kv_head * self.head_dim * element_bytes
-
-    @classmethod
-    def from_name(cls, name: str, **overrides: object) -> GPTConfig:
-        shapes = {**PRESETS, **TEST_PRESETS}
-        if name not in shapes:
-            raise ValueError(f"unknown model preset {name!r}; allowed: {', '.join(shapes)}")
-        return cls(**{**shapes[name], **overrides})  # type: ignore[arg-type]
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)

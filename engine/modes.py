@@ -1,10 +1,18 @@
-"""The ladder of decode modes: each registered once, with its rung, label, colour and factory.
+"""The ladder of decode modes: each described once, in one ``ModeSpec``, and nowhere else.
 
-``MODES[name]`` is a ``ModeSpec``; ``ordered(names)`` sorts names by rung; ``available(name,
-device)`` says whether a mode can run on a device type ("cpu" | "cuda") and why not. This module
-is torch-free (the dashboard's server reads it to draw choices and colours); the decoders
-themselves are built in the measuring process by ``engine.decoders.make_decoder``, which imports
-each factory named here on first use (modes 6-9 pull in ``torch._dynamo``, slow to import).
+``MODES[name]`` is a ``ModeSpec``: rung, label, colour, what it does, the decoder that runs it,
+how it stores and reads the KV cache and the weights, how it attends, whether the step
+predictor can model it (or why not), its roles (the exact default of a device, the baseline
+beside the peers, ...), the model families it runs and why not the others. Everything else --
+the sidebar, the CLI's ``--modes``, the gate, the cost model, the planner, the pages' default
+picks -- asks these fields (through ``instruments.lineup`` outside ``engine/``), never a list of
+names kept by hand. ``register(spec)`` adds a mode (a test registers a toy one).
+
+``ordered(names)`` sorts names by rung; ``available(name, device, family)`` says whether a mode
+can run on a device type ("cpu" | "cuda") and a model family, and why not. This module is
+torch-free (the dashboard's server reads it to draw choices and colours); the decoders are built
+in the measuring process by ``engine.decoders.make_decoder``, which imports each factory named
+here on first use (modes 6-9 pull in ``torch._dynamo``, slow to import).
 
 Every decoder has the same two calls (``engine.decoders.Decoder``):
   decoder.prefill(idx)  -> logits (B, vocab) for the token after ``idx`` (B, T)
@@ -18,6 +26,27 @@ import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+# How a cached step attends (``ModeSpec.attention``); with the cache kind it names the
+# attention part the step predictor calibrates ("concat_seed", "prealloc_step", ...):
+#   "seed"       explicit scores, masked by the write-up's fp32 triangle buffers
+#   "fused"      scaled_dot_product_attention over the cache, no stored mask
+#   "step"       one new token over a filled preallocated cache, no mask (the C++ kernel on a CPU)
+#   "static"     the whole capacity under a mask computed from the position (fixed shapes)
+#   "read_only"  a compiled step that only reads the cache; the caller writes the new rows
+ATTENTIONS = ("seed", "fused", "step", "static", "read_only")
+# Roles a mode can hold (``ModeSpec.roles``); pages and experiments pick their defaults by role:
+ROLES = {
+    "peer_baseline": "our exact cached modes timed beside the peers (Peers page, bench_peers)",
+    "peer_rung": "our lossy rungs timed beside the peers' own quantized engines",
+    "attribution": "profiled by default on the Floor lab (one per way of stepping)",
+    "planner_step": "timed on the KV planner page: the cache layouts it plans for",
+    "reference_cached": "the plain exact cached mode others are compared with (precision)",
+    "reference_uncached": "the plain uncached forward a prompt's prefill is costed as",
+    "seed_pair": "the write-up's own pair: no cache against its concatenating cache",
+    "bench": "llama-bench's pp / tg throughput by default: the write-up's cache, mode 5, mode 6",
+}
+NOT_COMPILED = "compiled or graph-captured: its step fuses the operators the predictor sums"
+
 
 @dataclass(frozen=True)
 class ModeSpec:
@@ -25,90 +54,177 @@ class ModeSpec:
     rung: int  # position on the ladder: the order everywhere, and the number in the label
     label: str  # shown in the UI and in saved rows
     color: str  # one colour per mode in every chart
-    cached: bool
     description: str
     factory: str  # "module:callable" building the decoder: factory(model, **options, **kw)
     options: dict[str, object] = field(default_factory=dict)
-    needs: str = ""  # "" | "cuda" | "compiler": what the device must offer
-    slow_setup: bool = False  # first use compiles for minutes on a CPU: opt-in, never a default
-    # Not exact by design (a lossy cache): the share of mode 1's largest |logit| its logits may
-    # stray by, used by the gate when larger than the dtype's own tolerance. 0: exact.
-    tolerance: float = 0.0
+    cache: str | None = "prealloc"  # the KV cache kind (engine.kv_cache); None: no cache
+    attention: str = "fused"  # ATTENTIONS: how a step attends
+    weight_layout: str = "out_in"  # "out_in": nn.Linear's own; "packed": mode 8's chosen copies
     # How the Linear weights are stored ("" = the model dtype; "int8" = int8 with one fp32
     # scale per output channel; "bfloat16"): the bytes a step streams, so the mode's own floor.
     weight_storage: str = ""
+    kv_storage: str = ""  # "" = the model dtype; "int8" = int8 with a scale per token and head
+    logits_all: bool = False  # projects every position onto the vocabulary (mode 1)
+    appends: bool = True  # takes several tokens at once (decoder.append: speculative decoding)
+    predicted: str = ""  # "" when the step predictor models it; else why it does not
+    needs: str = ""  # "" | "cuda" | "compiler": what the device must offer
+    slow_setup: bool = False  # first use compiles for minutes on a CPU: opt-in, never a default
+    # Not exact by design (a lossy cache or weights): the share of mode 1's largest |logit| its
+    # logits may stray by, used by the gate when larger than the dtype's own tolerance. 0: exact.
+    tolerance: float = 0.0
+    default_on: tuple[str, ...] = ()  # device kinds where it is "the KV cache" (fastest exact)
+    roles: frozenset[str] = frozenset()  # ROLES it holds
+    families: tuple[str, ...] | None = None  # model families it runs (None: every one)
+    why_not: str = ""  # why it does not run the other families
+
+    def __post_init__(self) -> None:
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"{self.name}: unknown attention {self.attention!r}; allowed: "
+                             f"{', '.join(ATTENTIONS)}")
+        unknown = set(self.roles) - set(ROLES)
+        if unknown:
+            raise ValueError(f"{self.name}: unknown role {sorted(unknown)[0]!r}; allowed: "
+                             f"{', '.join(ROLES)}")
+        if self.families is not None and not self.why_not:
+            raise ValueError(f"{self.name}: runs only {', '.join(self.families)}; say why not "
+                             "the other families (why_not)")
+
+    @property
+    def cached(self) -> bool:
+        return self.cache is not None
+
+    @property
+    def attention_part(self) -> str:
+        """The attention the step predictor calibrates for it: cache kind + how it attends
+        ("prealloc_step", ...), or the uncached forward's "seed"."""
+        return f"{self.cache}_{self.attention}" if self.cached else self.attention
+
+    def runs(self, family: str) -> tuple[bool, str]:
+        """(does it run models of ``family``, why not)."""
+        if self.families is None or family in self.families:
+            return True, ""
+        return False, self.why_not
 
 
-_EAGER = "engine.decoders:Decoder"
-MODES: dict[str, ModeSpec] = {spec.name: spec for spec in (
-    ModeSpec("uncached", 1, "1 · no cache, logits at every position", "#d62728", False,
+_EAGER = "engine.decoders.eager:Decoder"
+_WEIGHT_ONLY = "engine.decoders.weight_only:WeightOnlyDecoder"
+_GPT2_STEP = ("gpt2",)
+_GPT2_STEP_WHY = ("its one-token step (engine.step) is written for GPT-2's blocks: LayerNorm, "
+                  "one fused q|k|v product, GELU, learned positions")
+MODES: dict[str, ModeSpec] = {}
+
+
+def register(spec: ModeSpec) -> ModeSpec:
+    """Add ``spec`` to the ladder (replacing a mode of the same name); returns it."""
+    MODES[spec.name] = spec
+    return spec
+
+
+for _spec in (
+    ModeSpec("uncached", 1, "1 · no cache, logits at every position", "#d62728",
              "The naive loop: the whole sequence re-run every step, output projection on every "
-             "position.", _EAGER, dict(cache_kind=None, mask="seed", logits="all")),
-    ModeSpec("uncached_last", 2, "2 · no cache, last-position logits", "#ff7f0e", False,
+             "position.", _EAGER, dict(mask="seed", logits="all"), cache=None,
+             attention="seed", logits_all=True, roles=frozenset({"seed_pair"})),
+    ModeSpec("uncached_last", 2, "2 · no cache, last-position logits", "#ff7f0e",
              "Still re-runs the sequence, but projects only the last position onto the "
-             "vocabulary.", _EAGER, dict(cache_kind=None, mask="seed", logits="last")),
-    ModeSpec("concat", 3, "3 · concatenating KV cache (the write-up's)", "#1f77b4", True,
+             "vocabulary.", _EAGER, dict(mask="seed", logits="last"), cache=None,
+             attention="seed", roles=frozenset({"reference_uncached"})),
+    ModeSpec("concat", 3, "3 · concatenating KV cache (the write-up's)", "#1f77b4",
              "torch.cat grows the cache every step; explicit attention with the fp32 mask "
-             "buffers.", _EAGER, dict(cache_kind="concat", mask="seed")),
-    ModeSpec("prealloc", 4, "4 · preallocated cache, written in place", "#2ca02c", True,
+             "buffers.", _EAGER, dict(mask="seed"), cache="concat", attention="seed",
+             roles=frozenset({"seed_pair", "peer_baseline", "attribution", "bench"})),
+    ModeSpec("prealloc", 4, "4 · preallocated cache, written in place", "#2ca02c",
              "Cache buffers sized once, new keys/values written at their position; same "
-             "attention.", _EAGER, dict(cache_kind="prealloc", mask="seed")),
+             "attention.", _EAGER, dict(mask="seed"), attention="seed"),
     ModeSpec("prealloc_fused", 5, "5 · preallocated cache + fused attention, no stored mask",
-             "#17becf", True, "scaled_dot_product_attention applies causality itself: no mask "
-             "buffers at all.", _EAGER, dict(cache_kind="prealloc", mask="none")),
-    ModeSpec("cuda_graph", 6, "6 · CUDA graph of the whole decode step", "#9467bd", True,
+             "#17becf", "scaled_dot_product_attention applies causality itself: no mask "
+             "buffers at all.", _EAGER, dict(mask="none"), default_on=("cuda",),
+             roles=frozenset({"peer_baseline", "attribution", "planner_step",
+                              "reference_cached", "bench"})),
+    ModeSpec("cuda_graph", 6, "6 · CUDA graph of the whole decode step", "#9467bd",
              "The decode step is captured once over the preallocated cache and replayed with "
              "one launch; positions live in a tensor, attention spans the whole capacity under "
-             "a mask.", "engine.compiled:CudaGraphDecoder", needs="cuda"),
-    ModeSpec("compiled", 7, "7 · torch.compile of the decode step", "#8c564b", True,
+             "a mask.", "engine.decoders.captured:CudaGraphDecoder", attention="static",
+             appends=False, predicted=NOT_COMPILED, needs="cuda",
+             roles=frozenset({"attribution", "bench"}), families=_GPT2_STEP,
+             why_not=_GPT2_STEP_WHY),
+    ModeSpec("compiled", 7, "7 · torch.compile of the decode step", "#8c564b",
              "torch.compile (reduce-overhead on a GPU, inductor on a CPU) of a step that only "
              "reads the cache; the caller writes the new key/value row. Compile time is "
-             "reported apart.", "engine.compiled:CompiledDecoder", dict(variant="compiled"),
-             needs="compiler", slow_setup=True),
-    ModeSpec("fast", 8, "8 · fast CPU path (transposed weights, split matmuls)", "#e377c2", True,
+             "reported apart.", "engine.decoders.compiled:CompiledDecoder",
+             dict(variant="compiled"), attention="read_only", appends=False,
+             predicted=NOT_COMPILED, needs="compiler", slow_setup=True, families=_GPT2_STEP,
+             why_not=_GPT2_STEP_WHY, roles=frozenset({"attribution"})),
+    ModeSpec("fast", 8, "8 · fast CPU path (transposed weights, split matmuls)", "#e377c2",
              "Per role of matrix, the fastest of four ways measured when the weights load "
              "([in, out] copies split across the cores, F.linear, our C++ kernel over the "
              "weights or an interleaved copy); preallocated cache, one-call attention, and on a "
              "CPU the whole step in one C++ call: streams the weights faster.",
-             "engine.fast:FastDecoder"),
-    ModeSpec("fast_compiled", 9, "9 · step compiled with freezing + max-autotune",
-             "#bcbd22", True, "torch.compile with freezing and max_autotune of mode 7's "
-             "read-only step over the model's own [out, in] weights (not mode 8's packed "
-             "copies): inductor packs them itself and generates matrix-vector kernels. Minutes "
-             "to compile on a CPU; holds packed weight copies.", "engine.compiled:CompiledDecoder",
-             dict(variant="fast_compiled"), needs="compiler", slow_setup=True),
+             "engine.decoders.fast:FastDecoder", attention="step", weight_layout="packed",
+             appends=False, default_on=("cpu",),
+             roles=frozenset({"peer_baseline", "attribution"})),
+    ModeSpec("fast_compiled", 9, "9 · step compiled with freezing + max-autotune", "#bcbd22",
+             "torch.compile with freezing and max_autotune of mode 7's read-only step over the "
+             "model's own [out, in] weights (not mode 8's packed copies): inductor packs them "
+             "itself and generates matrix-vector kernels. Minutes to compile on a CPU; holds "
+             "packed weight copies.", "engine.decoders.compiled:CompiledDecoder",
+             dict(variant="fast_compiled"), attention="read_only", appends=False,
+             predicted=NOT_COMPILED, needs="compiler", slow_setup=True, families=_GPT2_STEP,
+             why_not=_GPT2_STEP_WHY),
     ModeSpec("paged", 10, "10 · paged KV cache (blocks of 16 tokens, gathered per step)",
-             "#393b79", True, "Keys/values in 16-token blocks of a shared pool, handed out as "
+             "#393b79", "Keys/values in 16-token blocks of a shared pool, handed out as "
              "positions need them (a block table per sequence, as vLLM does); every step gathers "
              "the blocks back in order for fused attention -- the copy a paged-attention kernel "
-             "avoids. Exact.", _EAGER, dict(cache_kind="paged", mask="none")),
-    ModeSpec("int8_kv", 11, "11 · int8 KV cache (a scale per token and head)", "#637939", True,
+             "avoids. Exact.", _EAGER, dict(mask="none"), cache="paged",
+             roles=frozenset({"planner_step"})),
+    ModeSpec("int8_kv", 11, "11 · int8 KV cache (a scale per token and head)", "#637939",
              "Keys/values stored as int8 with one absmax scale per token and head (a quarter of "
              "fp32's bytes), dequantized every step for fused attention. Not exact: its logits "
              "error is measured and must stay within 5% of the largest logit.", _EAGER,
-             dict(cache_kind="kv_int8", mask="none"), tolerance=0.05),
+             dict(mask="none"), cache="kv_int8", kv_storage="int8", tolerance=0.05,
+             roles=frozenset({"planner_step"})),
     ModeSpec("int8_weights", 12, "12 · int8 weights (a scale per output channel)", "#8c6d31",
-             True, "Every Linear weight, the tied embedding/output projection included, stored "
+             "Every Linear weight, the tied embedding/output projection included, stored "
              "as int8 with one fp32 scale per output channel: a quarter of fp32's bytes to "
              "stream. Activations and the KV cache stay in the model dtype (mode 5's cache and "
              "attention). Not exact: its logits error is measured and must stay within 5% of "
-             "the largest logit.", "engine.quant:WeightOnlyDecoder", dict(storage="int8"),
-             tolerance=0.05, weight_storage="int8"),
-    ModeSpec("bf16_weights", 13, "13 · bf16 weights (bf16 matmuls)", "#843c39", True,
+             "the largest logit.", _WEIGHT_ONLY, dict(storage="int8"), attention="step",
+             weight_storage="int8", tolerance=0.05, roles=frozenset({"peer_rung"})),
+    ModeSpec("bf16_weights", 13, "13 · bf16 weights (bf16 matmuls)", "#843c39",
              "Every Linear weight (and the tied embedding/output projection) stored in bfloat16, "
              "half of fp32's bytes; each matmul runs in bf16 and returns the model dtype. "
              "Activations and the KV cache stay in the model dtype (mode 5's cache and "
              "attention). Not exact: its logits error must stay within 3% of the largest "
-             "logit.", "engine.quant:WeightOnlyDecoder", dict(storage="bfloat16"),
-             tolerance=0.03, weight_storage="bfloat16"),
-)}
-UNCACHED = tuple(name for name, spec in MODES.items() if not spec.cached)
-SEED_PAIR = ("uncached", "concat")  # what the write-up compared as "no cache" vs "KV cache"
+             "logit.", _WEIGHT_ONLY, dict(storage="bfloat16"), attention="step",
+             weight_storage="bfloat16", tolerance=0.03, roles=frozenset({"peer_rung"})),
+):
+    register(_spec)
+
 ALIASES = {"cached": "concat"}  # the write-up's published rows call mode 3 "cached"
 OTHER_COLOR = "#7f7f7f"
 
 
+def uncached() -> tuple[str, ...]:
+    """The modes without a KV cache (they re-run the whole sequence every step)."""
+    return tuple(name for name, spec in MODES.items() if not spec.cached)
+
+
+def with_role(role: str) -> list[str]:
+    """The modes holding ``role`` (``ROLES``), in ladder order."""
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}; allowed: {', '.join(ROLES)}")
+    return ordered(n for n, s in MODES.items() if role in s.roles)
+
+
+def seed_pair() -> tuple[str, str]:
+    """What the write-up compared as "no cache" against "KV cache": (uncached, cached)."""
+    pair = with_role("seed_pair")
+    return (next(m for m in pair if not MODES[m].cached), next(m for m in pair
+                                                                if MODES[m].cached))
+
+
 def spec(name: str) -> ModeSpec:
+    name = ALIASES.get(name, name)
     if name not in MODES:
         raise ValueError(f"unknown mode {name!r}; allowed: {', '.join(MODES)}")
     return MODES[name]
@@ -134,15 +250,20 @@ def ordered(names: Iterable[str]) -> list[str]:
     return sorted(seen, key=rank)
 
 
-def available(name: str, device: str) -> tuple[bool, str]:
-    """(can it run on ``device`` ("cpu", "cuda", "cuda:1"), why not). Torch-free."""
+def available(name: str, device: str, family: str | None = None) -> tuple[bool, str]:
+    """(can it run on ``device`` ("cpu", "cuda", "cuda:1") and, when given, a model of
+    ``family``; why not). Torch-free."""
     if name not in MODES:
         return False, f"unknown mode {name!r}; allowed: {', '.join(MODES)}"
+    spec = MODES[name]
+    if family is not None:
+        ok, why = spec.runs(family)
+        if not ok:
+            return False, f"not for {family} models: {why}"
     kind = str(device).split(":")[0]
-    needs = MODES[name].needs
-    if needs == "cuda" and kind != "cuda":
+    if spec.needs == "cuda" and kind != "cuda":
         return False, "needs a CUDA GPU"
-    if needs == "compiler":
+    if spec.needs == "compiler":
         if kind == "cuda" and importlib.util.find_spec("triton") is None:
             return False, "torch.compile on a GPU needs triton, which is not installed"
         if kind == "cpu" and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
@@ -152,11 +273,12 @@ def available(name: str, device: str) -> tuple[bool, str]:
     return True, ""
 
 
-def choices(device: str) -> tuple[list[str], dict[str, str]]:
-    """Modes that can run on ``device`` (ladder order), and why each other one cannot."""
+def choices(device: str, family: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """Modes that can run on ``device`` (and ``family``), ladder order, and why each other one
+    cannot."""
     usable, missing = [], {}
-    for name in MODES:
-        ok, why = available(name, device)
+    for name in ordered(MODES):
+        ok, why = available(name, device, family)
         if ok:
             usable.append(name)
         else:
@@ -164,12 +286,18 @@ def choices(device: str) -> tuple[list[str], dict[str, str]]:
     return usable, missing
 
 
-def fastest_exact(device: str) -> str:
-    """The default cached mode where one mode is offered as "the KV cache": mode 8 on a CPU (our
-    fastest exact step there: docs/peers.md), mode 5 elsewhere."""
-    return "fast" if str(device).startswith("cpu") else "prealloc_fused"
+def fastest_exact(device: str, family: str | None = None) -> str:
+    """The default cached mode where one mode is offered as "the KV cache": the mode whose
+    ``default_on`` names the device kind (mode 8 on a CPU -- our fastest exact step there:
+    docs/peers.md -- mode 5 elsewhere), or the first exact cached mode that runs here."""
+    kind = str(device).split(":")[0]
+    usable = choices(device, family)[0]
+    found = [n for n in usable if kind in MODES[n].default_on]
+    return found[0] if found else next(n for n in usable
+                                       if MODES[n].cached and not MODES[n].tolerance)
 
 
-def defaults(device: str) -> list[str]:
-    """Modes available on ``device`` that are cheap to set up (no minutes of compile)."""
-    return [n for n in choices(device)[0] if not MODES[n].slow_setup]
+def defaults(device: str, family: str | None = None) -> list[str]:
+    """Modes available on ``device`` (and ``family``) that are cheap to set up (no minutes of
+    compile)."""
+    return [n for n in choices(device, family)[0] if not MODES[n].slow_setup]

@@ -54,11 +54,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import kernels
-from .decoders import Decoder
-from .fast import FastDecoder, _layer_norm
 from .model import GPT
 from .state import ModelState, weights_version
-from .step import KERNEL, Product, StepWeights, fused_step
 
 INT8_MAX = 127.0
 STORAGES = ("int8", "bfloat16")
@@ -75,7 +72,7 @@ def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return wq.contiguous(), scale.contiguous()
 
 
-def _our_kernel(x: torch.Tensor) -> bool:
+def kernel_takes(x: torch.Tensor) -> bool:
     """Does ``engine.kernels``' C++ matrix-vector product take this input (a CPU, 1 to
     ``kernels.MAX_ROWS`` fp32 rows, no gradient) and is it built? ``KVLAB_NO_KERNEL`` switches
     it off."""
@@ -87,7 +84,7 @@ def _our_kernel(x: torch.Tensor) -> bool:
 
 def int8_linear(x: torch.Tensor, wq: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """y (N, out) = x (N, in) @ (wq * scale[:, None]).T, in x's dtype. The one int8 kernel."""
-    if _our_kernel(x):
+    if kernel_takes(x):
         return kernels.linear(x.contiguous(), wq, scale)
     if x.device.type == "cuda" and _CUDA_INT8PACK[0]:
         try:
@@ -134,7 +131,7 @@ def kernel(storage: str, device_type: str) -> str:
 
 def bf16_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """y (N, out) = x (N, in) @ w.T with w in bf16, returned in x's dtype. The one bf16 kernel."""
-    if _our_kernel(x):  # faster than F.linear in bf16 on every gpt2 matrix (bench_kernels)
+    if kernel_takes(x):  # faster than F.linear in bf16 on every gpt2 matrix (bench_kernels)
         return kernels.linear(x.contiguous(), w)
     return F.linear(x.to(w.dtype), w).to(x.dtype)
 
@@ -299,77 +296,3 @@ def _view(model: GPT, storage: str, version: tuple[Any, ...]) -> WeightOnlyGPT:
     view.storage = storage
     view.version = version
     return view  # type: ignore[return-value]
-
-
-class _Rows:
-    """The view's embedding as ``decode_step`` indexes it: ``rows[token]`` looks the tokens up
-    through the weight-only embedding (int8 rows times their scale, or bf16 rows)."""
-
-    def __init__(self, emb: nn.Module, width: int) -> None:
-        self.emb, self.width = emb, width
-
-    def __getitem__(self, idx: torch.Tensor) -> torch.Tensor:
-        return self.emb(idx)
-
-    def size(self, dim: int) -> int:
-        assert dim == 1, "decode_step asks for the embedding's width only"
-        return self.width
-
-
-class _KernelStep:
-    """A weight-only Linear as a CPU decode step multiplies by it: its stored rows, scale and
-    bias straight into ``engine.kernels``' one call (no module call, no reshape, no separate
-    bias add: 49 of each per gpt2 step); rows the kernel does not take go through the module.
-    Where it applies, the decoder's step is ``engine.step.fused_step`` over ``product``; this
-    call is that step's Python form (``decode_step``), which the fused one must equal."""
-
-    def __init__(self, module: nn.Module) -> None:
-        self.module = module
-        self.rows = module.wq if isinstance(module, Int8Linear) else module.weight
-        self.scale = module.scale if isinstance(module, Int8Linear) else None
-        self.bias = None if module.bias is None else module.bias.detach()
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if not _our_kernel(x):
-            return self.module(x)
-        return kernels.linear(x.contiguous(), self.rows, self.scale, self.bias)
-
-    @property
-    def product(self) -> Product:
-        return Product(KERNEL, self.rows, self.scale, self.bias, self.rows.size(0))
-
-
-def step_weights(view: WeightOnlyGPT) -> StepWeights:
-    """The view's modules as ``engine.step.decode_step``'s weights: mode 8's step, multiplying
-    by the weight-only Linears (through ``_KernelStep`` where the C++ kernel is built and the
-    view is fp32 on a CPU; LayerNorms as plain ``F.layer_norm`` calls)."""
-    tr = view.transformer
-    direct = (view.device.type == "cpu" and view.dtype == torch.float32
-              and kernels.available()[0])
-
-    def lin(m: nn.Module) -> Any:
-        return _KernelStep(m) if direct else m
-
-    layers = [(_layer_norm(b.ln_1), lin(b.attn.c_attn), lin(b.attn.c_proj), _layer_norm(b.ln_2),
-               lin(b.mlp.c_fc), lin(b.mlp.c_proj)) for b in tr.h]
-    return StepWeights(_Rows(tr.wte, view.config.n_embd), tr.wpe.weight.detach(), layers,
-                       _layer_norm(tr.ln_f), lin(view.lm_head), view.config.n_head)
-
-
-class WeightOnlyDecoder(FastDecoder):
-    """Mode 8's decoder over ``weight_only``: the prefill and multi-token appends through
-    ``GPT.forward`` into a preallocated cache (fused attention), each decode step through
-    ``engine.step.decode_step`` (no per-module Python of a forward)."""
-
-    appends = True  # GPT.forward over the view takes several tokens at once
-
-    def __init__(self, model: GPT | ModelState, *, storage: str, batch_size: int = 1,
-                 capacity: int | None = None) -> None:
-        view = weight_only(model, storage)
-        Decoder.__init__(self, view, batch_size=batch_size, capacity=capacity,
-                         cache_kind="prealloc", mask="none", logits="last")
-        self.step_weights = step_weights(view)
-        self.fused = fused_step(self.step_weights)
-        self.storage = storage
-        self.kernel = kernel(storage, view.device.type)
-        self.extra_bytes = view.stored_bytes()  # held besides the model's own weights

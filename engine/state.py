@@ -5,7 +5,8 @@
   state.attention(kind)       the causal-mask variant ``kind`` (``engine.attention``), built once
                               and shared by every decoder of the model; ``mask_nbytes()``
   state.cached(key, build)    anything else built once per model: mode 8's packed weight copies
-                              (``engine.fast``), modes 7/9's compiled steps (``engine.compiled``)
+                              (``engine.decoders.fast``), modes 7/9's compiled steps
+                              (``engine.decoders.compiled``)
   state.clear()               drop all of it now
 
 The measuring process holds one (``instruments.spine.Loaded``) and drops it when a request names

@@ -7,7 +7,7 @@
 What differs between the modes is passed in, never re-written:
   weights  ``StepWeights``: the embeddings, and per layer the callables a block is made of --
            the model's own modules (``model_weights``: modes 6, 7, 9) or mode 8's packed copies
-           (``engine.fast``)
+           (``engine.decoders.fast``)
   attend   ``attend(layer, q, k, v) -> y`` with q, k, v (B, nh, hs) the new token's, y
            (B, nh, [1,] hs); it owns the KV cache:
              ``attend_filled``     writes the new row at int ``pos``, attends over rows 0..pos
@@ -79,6 +79,12 @@ def decode_step(w: StepWeights, token: torch.Tensor, pos: int | torch.Tensor,
         x = x + c_proj(y.reshape(batch, n_embd))  # heads side by side again
         x = x + mlp_proj(F.gelu(c_fc(ln_2(x)), approximate="tanh"))
     return w.head(w.ln_f(x))
+
+
+def layer_norm_call(ln: torch.nn.LayerNorm) -> functools.partial[torch.Tensor]:
+    """``ln`` as a plain ``F.layer_norm`` call over its (detached) weight and bias."""
+    return functools.partial(F.layer_norm, normalized_shape=ln.normalized_shape,
+                             weight=ln.weight.detach(), bias=ln.bias.detach(), eps=ln.eps)
 
 
 # How layers.cpp multiplies by one matrix: the C++ kernel over [out, in] rows (fp32, bf16 or int8

@@ -2,9 +2,12 @@
 
 ``get_tokenizer()`` returns the encoding or raises ``TokenizerError`` saying how to make the
 files available (internet once, or ``TIKTOKEN_CACHE_DIR`` pointing at a folder holding them).
-``encode_for(text, vocab_size)`` / ``decode_for(ids, vocab_size)`` pick by the model's
-vocabulary: a model of ``BYTE_VOCAB`` (256) tokens reads text as UTF-8 bytes (the small model
-trained for the tests, ``tests/fixtures/bytes_stdlib``); any other, GPT-2's BPE.
+``for_config(cfg)`` is the GPT-2 family's tokenizer object (``engine.families.tokenizer``),
+picked by the model's vocabulary: a model of ``BYTE_VOCAB`` (256) tokens reads text as UTF-8
+bytes (the small model trained for the tests, ``tests/fixtures/bytes_stdlib``); any other,
+GPT-2's BPE. Every family's tokenizer has the same surface: ``encode(text)``, ``decode(ids)``,
+``decode_each(ids)`` (one string per token), ``chat(user_text)`` (the prompt with the model's
+chat template; ValueError where it has none), ``chat_template``, ``eos_id``, ``name``.
 """
 
 from __future__ import annotations
@@ -58,20 +61,58 @@ def decode_each(ids: list[int]) -> list[str]:
 BYTE_VOCAB = 256  # a vocabulary of bytes: text is its UTF-8 encoding, no tokenizer files
 
 
-def encode_for(text: str, vocab_size: int) -> list[int]:
-    """``text`` as the ids a model of ``vocab_size`` tokens reads (bytes, or GPT-2's BPE)."""
-    if vocab_size == BYTE_VOCAB:
+class GPT2Tokenizer:
+    """GPT-2's byte-level BPE (tiktoken) behind the one tokenizer surface every family offers
+    (``engine.families.tokenizer``): ``encode``, ``decode``, ``decode_each``, ``chat``."""
+
+    name = "GPT-2 BPE (tiktoken)"
+    eos_id: int | None = 50256
+    chat_template = False  # GPT-2 was not trained on chats
+
+    def __init__(self, vocab_size: int = 50257) -> None:
+        self.vocab_size = vocab_size
+
+    def encode(self, text: str) -> list[int]:
+        ids = encode(text)
+        if ids and max(ids) >= self.vocab_size:
+            raise ValueError(f"the text has GPT-2 token {max(ids)}, outside this model's "
+                             f"vocabulary of {self.vocab_size}; allowed: a GPT-2-vocabulary "
+                             f"model, or one of {BYTE_VOCAB} byte tokens")
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        return text_or_ids(ids)
+
+    def decode_each(self, ids: list[int]) -> list[str]:
+        return decode_each(ids)
+
+    def chat(self, user_text: str) -> str:
+        raise ValueError("GPT-2 has no chat template; allowed: plain prompts")
+
+
+class ByteTokenizer:
+    """Text as its UTF-8 bytes: the 256-token vocabulary of the small model trained for the tests
+    (``tests/fixtures/bytes_stdlib``); no files needed."""
+
+    name = "UTF-8 bytes"
+    eos_id: int | None = None
+    chat_template = False
+
+    def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
-    ids = encode(text)
-    if ids and max(ids) >= vocab_size:
-        raise ValueError(f"the text has GPT-2 token {max(ids)}, outside this model's "
-                         f"vocabulary of {vocab_size}; allowed: a GPT-2-vocabulary model, or "
-                         f"one of {BYTE_VOCAB} byte tokens")
-    return ids
 
-
-def decode_for(ids: list[int], vocab_size: int) -> str:
-    """The text of ``ids`` for a model of ``vocab_size`` tokens (see ``encode_for``)."""
-    if vocab_size == BYTE_VOCAB:
+    def decode(self, ids: list[int]) -> str:
         return bytes(ids).decode("utf-8", errors="replace")
-    return text_or_ids(ids)
+
+    def decode_each(self, ids: list[int]) -> list[str]:
+        return [bytes([i]).decode("utf-8", errors="replace") for i in ids]
+
+    def chat(self, user_text: str) -> str:
+        raise ValueError("a byte-level model has no chat template; allowed: plain prompts")
+
+
+def for_config(cfg: object) -> GPT2Tokenizer | ByteTokenizer:
+    """The GPT-2 family's tokenizer for a model of ``cfg``: bytes for a 256-token vocabulary,
+    GPT-2's BPE otherwise (``engine.families``' ``tokenizer`` for GPT-2)."""
+    vocab = int(cfg.vocab_size)  # type: ignore[attr-defined]
+    return ByteTokenizer() if vocab == BYTE_VOCAB else GPT2Tokenizer(vocab)

@@ -1,7 +1,8 @@
-"""Getting weights into our GPT: OpenAI's through ``transformers``, a local folder, or random.
+"""Getting weights into our GPT-2: OpenAI's through ``transformers``, a local folder, or random.
 
-``load(name, weights=..., device=..., dtype=...) -> ModelState`` is the one entry point: the
-model, and where its weights came from (``state.provenance``: a label, and for "auto" why it
+``load_gpt2(name, weights=..., device=..., dtype=...) -> ModelState`` is the GPT-2 family's
+loader (``engine.families.load`` is the one entry point for every family): the model, and where
+its weights came from (``state.provenance``: a label, and for "auto" why it
 fell back). ``weights`` is "random" (seeded, real shapes), "pretrained" (hub id = the preset
 name, or ``hub_id``), "auto" (pretrained if it can be had quickly, else random), or a path to a
 local checkpoint folder. Checkpoints are read as safetensors only: never unpickled. Failures
@@ -17,8 +18,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from . import dtypes
-from .config import PRESETS, TEST_PRESETS, GPTConfig
+from . import dtypes, families
+from .config import GPTConfig
 from .model import GPT
 from .state import ModelState, Provenance
 
@@ -117,7 +118,7 @@ def _from_pretrained(source: str, *, local_only: bool) -> nn.Module:
             from exc
 
 
-def load(
+def load_gpt2(
     name: str = "gpt2",
     weights: str = "auto",
     *,
@@ -131,21 +132,22 @@ def load(
     whose ``provenance`` says where the weights came from (shown everywhere the model is)."""
     torch_dtype = dtypes.to_torch(dtype)
     is_path = weights not in WEIGHT_CHOICES
-    if not is_path and name not in PRESETS and name not in TEST_PRESETS:
-        raise ValueError(f"unknown model preset {name!r}; allowed: {', '.join(PRESETS)}")
+    preset = families.preset(name)  # ValueError naming the presets
+    if preset.family != "gpt2":
+        raise ValueError(f"{name!r} is not a GPT-2 preset; load it with engine.families.load")
     fallback = None
 
-    if name in TEST_PRESETS:
+    if preset.test:
         if weights not in ("random", "auto"):
             raise ValueError(f"{name!r} is a test shape with random weights only; "
                              "choose random weights")
         # Large std: a tiny random model's greedy stream is then lively enough for a wrong
         # cache to change the tokens.
-        model = GPT.random(GPTConfig.from_name(name, mask=mask), seed=seed, device=device,
+        model = GPT.random(families.config(name, mask=mask), seed=seed, device=device,
                            dtype=torch_dtype, std=0.2)
         label = f"random (seed {seed}, test shape)"
     elif weights == "random":
-        model = GPT.random(GPTConfig.from_name(name, mask=mask), seed=seed, device=device,
+        model = GPT.random(families.config(name, mask=mask), seed=seed, device=device,
                            dtype=torch_dtype)
         label = f"random (seed {seed})"
     elif is_path:
@@ -186,7 +188,7 @@ def load(
                     "pass that folder as the weights; or choose random weights."
                 ) from exc
             fallback = f"pretrained weights for {source!r} unavailable ({exc})"
-            model = GPT.random(GPTConfig.from_name(name, mask=mask), seed=seed, device=device,
+            model = GPT.random(families.config(name, mask=mask), seed=seed, device=device,
                                dtype=torch_dtype)
             label = f"random (seed {seed})"
         else:

@@ -36,8 +36,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from engine.config import PRESETS, TEST_PRESETS
-from instruments import experiments
+from instruments import experiments, lineup
 from instruments.experiments.inputs import MAX_BATCH
 from instruments.spine import Collector, Event, Loaded, ModelSpec, base_meta, partial_record
 from instruments.store import results
@@ -53,8 +52,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="gpt2", help=f"{', '.join([*PRESETS, *TEST_PRESETS])}")
-    p.add_argument("--weights", default="random", help="random | auto | pretrained | PATH")
+    p.add_argument("--model", default="gpt2", help=", ".join(lineup.models(tests=True)))
+    p.add_argument("--weights", default=None,
+                   help="random | auto | pretrained | PATH (GPT-2); package | random (SmolLM2); "
+                   "default: random for GPT-2 (fast, offline), the model's real weights for "
+                   "the others")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
     p.add_argument("--batch", type=int, default=1, help=f"sequences per step (1..{MAX_BATCH})")
@@ -65,9 +67,6 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-ALL = ("hardware", "latency", "memory")  # what `all` runs, in order
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m instruments", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
@@ -75,9 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(exp.name, aliases=list(exp.aliases), help=exp.title)
         _common(p)
         exp.add_arguments(p)
-    p = sub.add_parser("all", help=" + ".join(ALL))
+    p = sub.add_parser("all", help=" + ".join(experiments.in_all()))
     _common(p)
-    for name in ALL:
+    for name in experiments.in_all():
         experiments.get(name).add_arguments(p)
     _store_parsers(sub)
     return parser
@@ -228,7 +227,7 @@ def run_one(command: str, loaded: Loaded, args: argparse.Namespace, stop: _Stop)
     """Run one command's experiment and save its run; True if it ended early (partial)."""
     exp = experiments.get(command)
     try:
-        p = exp.from_args(args, loaded.model.config.block_size)
+        p = exp.from_args(args, loaded.model.config)
         p.check(loaded.model.config, args.device)
     except ValueError as exc:
         raise CliError(str(exc)) from exc
@@ -257,10 +256,12 @@ def load(args: argparse.Namespace) -> Loaded:
     from instruments.measure.device import device_available
     from instruments.spine import load as load_model
 
-    is_path = args.weights not in ("random", "auto", "pretrained")
-    if args.model not in PRESETS and args.model not in TEST_PRESETS and not is_path:
+    if args.model not in lineup.models(tests=True):
         raise CliError(f"unknown model {args.model!r}; allowed: "
-                       f"{', '.join([*PRESETS, *TEST_PRESETS])}")
+                       f"{', '.join(lineup.models(tests=True))}")
+    if args.weights is None:  # GPT-2's real weights need the hub: random unless asked
+        args.weights = "random" if lineup.family_of(args.model).name == "gpt2" else \
+            lineup.preset(args.model).weights[0]
     ok, why = device_available(args.device)
     if not ok:
         raise CliError(f"device {args.device!r} cannot be used: {why}")
@@ -290,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
 
             torch.set_num_threads(args.threads)
         loaded = load(args)
-        names = list(ALL) if args.command == "all" else [args.command]
+        names = experiments.in_all() if args.command == "all" else [args.command]
         args.group = uuid.uuid4().hex[:12] if args.command == "all" else None
         stop = _Stop()
         with stop.installed():

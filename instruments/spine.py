@@ -36,8 +36,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    name: str = "gpt2"  # a preset of engine.config (or "tiny", the test shape)
-    weights: str = "random"  # random | auto | pretrained | a checkpoint folder
+    name: str = "gpt2"  # a preset of engine.families (or a test shape: "tiny", "llama-tiny")
+    weights: str = "random"  # one of the preset's weight choices, or a checkpoint folder
     device: str = "cpu"
     dtype: str = "float32"
     seed: int = 0
@@ -78,14 +78,15 @@ class Loaded:
 
 def load(spec: ModelSpec) -> Loaded:
     """The model a spec names, in eval mode, and what the pages need to know about it."""
-    from engine.weights import load as load_weights
+    from engine.families import load as load_weights
 
-    state = load_weights(spec.name, weights=spec.weights, device=spec.device, dtype=spec.dtype,
+    state = load_weights(spec.name, spec.weights, device=spec.device, dtype=spec.dtype,
                          seed=spec.seed)
     model = state.model
     info = {"weights_label": state.provenance.label,
             "weights_fallback": state.provenance.fallback,
-            "config": model.config.to_dict(), "params": model.num_params(),
+            "config": model.config.to_dict(), "family": model.config.family,
+            "params": model.num_params(),
             "device": str(model.device), "dtype": spec.dtype}
     return Loaded(model, spec, info, state)
 
@@ -191,7 +192,8 @@ def base_meta(loaded: Loaded, kind: str, params: Any) -> dict[str, Any]:
     spec = loaded.spec
     meta = {**p, "batch_size": p.get("batch_size", 1)}  # the params, flattened into meta
     meta.update(
-        experiment=kind, model=spec.name, weights=loaded.info.get("weights_label"),
+        experiment=kind, model=spec.name, family=loaded.model.config.family,
+        weights=loaded.info.get("weights_label"),
         device=spec.device, device_name=facts["name"], dtype=spec.dtype,
         config=loaded.model.config.to_dict(), threads=torch.get_num_threads(),
         tf32=bool(torch.backends.cuda.matmul.allow_tf32) if spec.device.startswith("cuda")

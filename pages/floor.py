@@ -12,7 +12,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from engine.config import PRESETS
+from instruments import lineup
+from instruments.costmodel import predict
 from instruments.experiments import to_dict
 from instruments.experiments.attribution import AttributionParams
 from instruments.experiments.inputs import parse_contexts
@@ -46,7 +47,7 @@ choice = header.page("Floor lab", "Where does a decode step's time go: arithmeti
 cfg = header.model(choice)
 cpu = is_cpu(choice)
 block = cfg.block_size
-usable, unavailable = mode_choices(choice.device)
+usable, unavailable = mode_choices(choice.device, cfg.family)
 
 
 def _start(key: str, experiment: str, params: object, what: str) -> None:
@@ -77,7 +78,7 @@ with tab_attr:
                 "launches per step, time inside operators (CPU) or kernels (GPU), and the "
                 "rest; next to the floors **bytes ÷ measured bandwidth** and **FLOPs ÷ measured "
                 "peak**.")
-    want = ["concat", "prealloc_fused", "fast", "cuda_graph"]
+    want = AttributionParams.defaults(choice.device, cfg).modes
     a1, a2, a3 = st.columns([2, 2, 1])
     modes = a1.multiselect("Decode modes", usable, [m for m in want if m in usable],
                            key="floor_attr_modes", format_func=mode_label,
@@ -127,8 +128,8 @@ with tab_pred:
                 "operators, and the same step on a *hollow* model (the same layers with widths "
                 "of 4: only dispatch and Python left) -- then add them up and set the sum "
                 "against the measured step. The residual is what the parts do not explain.")
-    defaults = PredictionParams.defaults(choice.device, block)
-    predictable = [m for m in usable if m in predicted.PREDICTABLE]
+    defaults = PredictionParams.defaults(choice.device, cfg)
+    predictable = predict.predictable(usable)
     r1, r2, r3 = st.columns([3, 2, 1])
     pmodes = r1.multiselect("Decode modes", predictable,
                             [m for m in defaults.modes if m in predictable],
@@ -201,14 +202,14 @@ with tab_scope:
                     horizontal=True)
     ctx = int(c2.number_input("Context (tokens)", 8, block - 16, min(128, block - 16),
                               key="floor_scope_ctx"))
-    cached_mode = c3.selectbox("Cached mode", [m for m in usable if m not in
-                                                ("uncached", "uncached_last")],
+    cached_mode = c3.selectbox("Cached mode", [m for m in usable if m not in lineup.uncached()],
                                key="floor_scope_mode", format_func=mode_label)
     if what == "batch size":
         batches = st.multiselect("Batch sizes", [1, 2, 4, 8, 16, 32, 64], [1, 2, 4, 8, 16, 32],
                                  key="floor_scope_b")
     else:
-        names = st.multiselect("Models (random weights)", list(PRESETS), list(PRESETS),
+        sizes = [m for m in lineup.models() if lineup.family_of(m).name == cfg.family]
+        names = st.multiselect("Models (random weights)", sizes, sizes,
                                key="floor_scope_m",
                                help="Each is built with seeded random weights on "
                                f"{choice.device}; ones that do not fit are skipped.")
@@ -285,7 +286,7 @@ with tab_spec:
                    "weights.")
     v1, v2, v3 = st.columns([2, 1.2, 1.8])
     vmodes = [m for m in usable if appends(m)]
-    sdef = SpeculateParams.defaults(choice.device, block)
+    sdef = SpeculateParams.defaults(choice.device, cfg)
     vmode = v1.selectbox("Decode mode", vmodes, key="floor_spec_mode", format_func=mode_label,
                          index=vmodes.index(sdef.mode) if sdef.mode in vmodes else 0,
                          help="Modes that append several tokens in one forward. Speedups are "

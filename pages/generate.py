@@ -11,7 +11,6 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from engine import modes
 from engine.tokenizer import TokenizerError, encode, text_or_ids
 from instruments import lineup
 from instruments.experiments import to_dict
@@ -32,11 +31,11 @@ limit = cfg.block_size
 prompt = st.text_area("Prompt", "Hello, I'm a language model,", max_chars=4000, key="gen_prompt")
 n_new = st.number_input("New tokens", min_value=1, max_value=limit, value=min(40, limit - 16),
                         step=10, key="gen_new")
-usable = mode_choices(choice.device)[0]
+usable = mode_choices(choice.device, cfg.family)[0]
 m1, m2 = st.columns(2)
+cached = lineup.fastest_exact(choice.device, cfg.family)
 left = m1.selectbox("Left", usable, key="gen_left", format_func=mode_label,
-                    index=usable.index(cached) if (cached := modes.fastest_exact(choice.device))
-                    in usable else 0)
+                    index=usable.index(cached) if cached in usable else 0)
 right = m2.selectbox("Right", usable, key="gen_right", format_func=mode_label,
                      index=usable.index("uncached") if "uncached" in usable else 0)
 clicked = st.button("Generate", type="primary", disabled=jobs.running(KEY), icon=RUN_ICON)

@@ -35,7 +35,7 @@ if cpu:
             "process's resident set size.", icon=":material/memory:")
 job = jobs.get(KEY)
 busy = jobs.running(KEY)
-spec0 = MemoryParams.defaults(choice.device, block)  # the experiment's own defaults
+spec0 = MemoryParams.defaults(choice.device, cfg)  # the experiment's own defaults
 
 # ----------------------------------------------------------------------------- breakdown
 st.subheader("Where the bytes go")

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import streamlit as st
 
-from instruments import lineup, peers
+from instruments import lineup
 from instruments.experiments import to_dict
 from instruments.experiments.inputs import parse_contexts
-from instruments.experiments.peers import OURS, PeersParams, verdict
+from instruments.experiments.peers import PeersParams, verdict
 from instruments.process.client import Job
 from ui import header, jobs
 from ui.figures_peers import not_run, peers_figure, peers_table
@@ -28,9 +28,9 @@ choice = header.page("Peers", "Other inference engines holding the same weights 
                      "after round, with a read of the weights as the floor.")
 cfg = header.model(choice)
 block = cfg.block_size
-spec0 = PeersParams.defaults(choice.device, block)
-usable_peers, missing_peers = lineup.peer_choices(choice.device)
-ours_usable = [m for m in lineup.choices(choice.device, with_peers=False)[0]]
+spec0 = PeersParams.defaults(choice.device, cfg)
+usable_peers, missing_peers = lineup.peer_choices(choice.device, cfg.family)
+ours_usable = lineup.choices(choice.device, cfg.family, with_peers=False)[0]
 job = jobs.get(KEY)
 
 with st.expander("What to measure", expanded=job is None):
@@ -44,7 +44,8 @@ with st.expander("What to measure", expanded=job is None):
         c2.caption("Not available here: " + "; ".join(
             f"{name} ({why})" for name, why in missing_peers.items()))
     picked_ours = c1.multiselect("Our modes beside them", ours_usable,
-                                 default=[m for m in OURS if m in ours_usable],
+                                 default=[m for m in lineup.with_role("peer_baseline")
+                                          if m in ours_usable],
                                  key="peers_ours", format_func=mode_label)
     c3, c4, c5 = st.columns(3)
     rounds = c3.number_input("Rounds", 1, 20, spec0.rounds, key="peers_rounds",
@@ -105,4 +106,4 @@ def _draw(j: Job) -> None:
 
 jobs.section(KEY, _draw, table="peers", stem="peers",
              empty="Choose engines and contexts and press **Time the peers**. Peers are "
-             f"registered in `instruments.peers` ({', '.join(peers.PEERS)}).")
+             f"registered in `instruments.lineup.peers` ({', '.join(lineup.PEERS)}).")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from engine import modes
+from instruments import lineup
 from instruments.costmodel import kv_plan
 from instruments.experiments import to_dict
 from instruments.experiments.latency import LatencyParams
@@ -27,12 +27,11 @@ from ui.figures_planner import (
     storage_figure,
     waste_figure,
 )
-from ui.state import RUN_ICON, mode_choices
+from ui.state import RUN_ICON
 
 KEY = "planner_job"
 MIB, GIB = 2**20, 2**30
 SWEEP_KEY = "planner_steps_job"
-STEP_MODES = ["prealloc_fused", "paged", "int8_kv"]
 
 choice = header.page("KV memory planner", "How many sequences fit on this device, and what "
                      "paged blocks, a smaller KV dtype or fewer KV heads would save: formulas "
@@ -160,8 +159,8 @@ st.caption(f"GPT-2 has one KV head per query head ({cfg.n_head}); grouped-query 
 
 # ------------------------------------------------------------------------------ step time
 st.subheader("What paging and int8 cost per step")
-usable = [m for m in STEP_MODES if m in mode_choices(choice.device)[0]]
-steps_clicked = st.button(f"Time modes {', '.join(str(modes.MODES[m].rung) for m in usable)}",
+usable = lineup.with_role("planner_step", choice.device, choice.family)
+steps_clicked = st.button(f"Time modes {', '.join(str(lineup.spec(m).rung) for m in usable)}",
                           disabled=jobs.running(SWEEP_KEY), icon=RUN_ICON,
                           help="A latency sweep of these modes alone (the Latency sweep page's "
                           "experiment, at 8 log-spaced contexts), each passing the gate first.")
@@ -177,10 +176,12 @@ def _steps(j: Job) -> None:
     if df.empty or not j.finished:
         return
     last = df[df["context_len"] == df["context_len"].max()].set_index("mode")["latency_ms"]
-    if "prealloc_fused" in last:
-        ratios = ", ".join(f"mode {modes.MODES[m].rung} {last[m] / last['prealloc_fused']:.2f}×"
-                           for m in ("paged", "int8_kv") if m in last)
-        st.caption(f"At {int(df['context_len'].max()):,} tokens, against mode 5: {ratios}. The "
+    base = lineup.with_role("reference_cached")[0]
+    if base in last:
+        ratios = ", ".join(f"mode {lineup.spec(m).rung} {last[m] / last[base]:.2f}×"
+                           for m in last.index if m != base)
+        st.caption(f"At {int(df['context_len'].max()):,} tokens, against mode "
+                   f"{lineup.spec(base).rung}: {ratios}. The "
                    "paged mode gathers its blocks into one tensor every step and the int8 mode "
                    "dequantizes its whole cache every step; mode 5 reads its cache in place.")
 

@@ -37,10 +37,10 @@ choice = header.page("Latency sweep", "Time per generated token against the numb
 cfg = header.model(choice)
 cpu = is_cpu(choice)
 block = cfg.block_size
-spec0 = LatencyParams.defaults(choice.device, block)
+spec0 = LatencyParams.defaults(choice.device, cfg)
 job = jobs.get(KEY)
 busy = jobs.running(KEY)
-usable, unavailable = mode_choices(choice.device)
+usable, unavailable = mode_choices(choice.device, cfg.family)
 
 E2E_BUDGET_S = 25.0
 

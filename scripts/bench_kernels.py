@@ -12,7 +12,7 @@ candidate is timed with the ``Sampler`` (``instruments.measure.sampler.time_call
 interleaved rounds beside ``sum()`` of the same fp32 matrices -- the read floor:
 
   fp32   ``F.linear`` over the model's ``[out, in]`` weight; mode 8's packed ``[in, out]``
-         copies (``engine.fast.PackedLinear``, one chunk per thread); our C++ kernel
+         copies (``engine.decoders.fast.PackedLinear``, one chunk per thread); our C++ kernel
          (``engine.kernels``) over the ``[out, in]`` weight, and over an interleaved copy
          (``kernels.interleave``: every four rows one contiguous stream)
   bf16   ``F.linear`` in bf16; the C++ kernel over bf16 rows
@@ -66,7 +66,7 @@ def candidates(lins: list, threads: int) -> dict[str, tuple[str, int, Callable]]
     import torch.nn.functional as F
 
     from engine import kernels
-    from engine.fast import PackedLinear
+    from engine.decoders.fast import PackedLinear
     from engine.quant import int8_chunked, quantize_rows
 
     ws = [m.weight.detach() for m in lins]

@@ -27,7 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from instruments.experiments.peers import OURS, markdown, verdict  # noqa: E402
+from instruments import lineup  # noqa: E402
+from instruments.experiments.peers import markdown, verdict  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -38,7 +39,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=None, help="default 5 (tiny: 1)")
     ap.add_argument("--steps", type=int, default=None, help="per engine per round: 24 (tiny 2)")
     ap.add_argument("--peers", default=None, help="default: every peer of the CPU")
-    ap.add_argument("--modes", default=",".join([*OURS, "int8_weights", "bf16_weights"]),
+    ap.add_argument("--modes", default=",".join([*lineup.with_role("peer_baseline"),
+                                                *lineup.with_role("peer_rung")]),
                     help="our modes beside them (default: the exact cached ones and the "
                     "weight-only rungs)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "runs" / "peers"))

@@ -33,20 +33,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from engine import modes  # noqa: E402
 from engine.config import GPTConfig  # noqa: E402
+from instruments import lineup  # noqa: E402
 from instruments.costmodel import costs  # noqa: E402
-from instruments.costmodel.predict import RECIPES  # noqa: E402
-from instruments.experiments import get  # noqa: E402
+from instruments.costmodel.predict import predictable  # noqa: E402
+from instruments.experiments import device_shares, get  # noqa: E402
 from instruments.experiments.inputs import preset_contexts  # noqa: E402
 from instruments.measure.device import describe_device, device_available  # noqa: E402
 from instruments.spine import Event, Loaded, ModelSpec, load  # noqa: E402
 from instruments.store import results  # noqa: E402
 
-SHARES = {"sweep float32": 0.26, "sweep bfloat16": 0.19, "attribution": 0.10,
-          "staircase": 0.15, "memory": 0.09, "planner": 0.06,
-          "prediction": 0.09, "bench": 0.06, "peers": 0.10,
-          "speculate": 0.05}  # of the budget left after the peaks
+SHARES = device_shares()  # of the budget left after the peaks (the experiments' registry)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -84,12 +81,12 @@ def save(args: argparse.Namespace, run: dict[str, Any]) -> None:
 
 def sweep_modes(device: str, allow_compile: bool) -> list[str]:
     out = []
-    for name in modes.choices(device)[0]:
-        if modes.MODES[name].slow_setup and (not allow_compile or name == "fast_compiled"):
+    for name in lineup.choices(device, with_peers=False)[0]:
+        if lineup.spec(name).slow_setup and (not allow_compile or name == "fast_compiled"):
             continue  # fast_compiled is a CPU recipe; its GPU compile would eat the budget
         out.append(name)
     # Compiled modes last: if their compile overruns the stage, the others are already timed.
-    return sorted(out, key=lambda n: modes.MODES[n].slow_setup)
+    return sorted(out, key=lambda n: lineup.spec(n).slow_setup)
 
 
 def floor_lines(rows: list[dict[str, Any]], cfg: GPTConfig, read_gbps: float,
@@ -102,7 +99,7 @@ def floor_lines(rows: list[dict[str, Any]], cfg: GPTConfig, read_gbps: float,
             continue
         r = max(got, key=lambda r: r["context_len"])
         floor_ms = costs.step_bytes(cfg, dtype, r["context_len"], cached=True,
-                                    storage=modes.MODES[mode].weight_storage) / (
+                                    storage=lineup.spec(mode).weight_storage) / (
             read_gbps * 1e9) * 1e3  # the mode's own bytes per weight (int8, bf16 rungs)
         ratio = r["latency_ms"] / floor_ms
         goal = " (goal ≤ 2×: " + ("met)" if ratio <= 2 else "missed)") if mode == "cuda_graph" \
@@ -177,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         summary += floor_lines(run["tables"]["latency"], cfg, read_gbps[dtype], dtype)
 
     stop = clock.start("attribution")
-    att_modes = [x for x in ("concat", "prealloc_fused", "cuda_graph", "compiled", "fast")
+    att_modes = [x for x in lineup.with_role("attribution")
                  if x in sweep_modes(args.device, cuda and not args.no_compile)]
     att_ctx = sorted({16, 128, 512, cfg.block_size - 16} & set(range(1, cfg.block_size - 15)))
     run = get("attribution").run(fp32, get("attribution").params(att_modes, att_ctx, steps=8),
@@ -227,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     save(args, run)
 
     stop = clock.start("prediction")  # never run on a GPU yet: what does the sum of parts miss?
-    pred_modes = [m for m in sweep_modes(args.device, False) if m in RECIPES]
+    pred_modes = predictable(sweep_modes(args.device, False))
     run = get("prediction").run(fp32, get("prediction").params(
         pred_modes, preset_contexts("log-spaced (16)", cfg.block_size), repeats=2, passes=2),
         None, stop)
@@ -237,8 +234,7 @@ def main(argv: list[str] | None = None) -> int:
 
     stop = clock.start("bench")  # pp / tg tokens/s ± sd, and joules per token where counted
     bench = get("bench")
-    names = [m for m in ("concat", "prealloc_fused", "cuda_graph")
-             if m in sweep_modes(args.device, False)]
+    names = [m for m in lineup.with_role("bench") if m in sweep_modes(args.device, False)]
     run = bench.run(fp32, bench.params(names, min(512, cfg.block_size // 2),
                                        min(128, cfg.block_size // 4),
                                        [0, cfg.block_size // 2], repeats=3), None, stop)

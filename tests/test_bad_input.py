@@ -14,7 +14,7 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
-from engine.config import GPTConfig
+from engine import families
 from instruments.experiments.inputs import MAX_BATCH
 from instruments.experiments.latency import LatencyParams
 
@@ -90,7 +90,7 @@ def test_sweep_widgets_bound_batch_and_repeats(results: Path) -> None:
 def test_sweep_params_reject_bad_values(kwargs: dict, says: str) -> None:
     params = LatencyParams(**{**dict(contexts=[4, 8], modes=["uncached"]), **kwargs})
     with pytest.raises(ValueError, match=says) as info:
-        params.check(GPTConfig.from_name("tiny"), "cpu")
+        params.check(families.config("tiny"), "cpu")
     assert "\n" not in str(info.value)
 
 

@@ -16,10 +16,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from engine import families
 from engine.config import GPTConfig
 from instruments.costmodel import costs
 
-GPT2 = GPTConfig.from_name("gpt2")
+GPT2 = families.config("gpt2")
 TINY = GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=32, vocab_size=50)
 
 
@@ -233,7 +234,7 @@ def test_mask_bytes_match_registered_buffers():
     shared = torch.ones(bs, bs, dtype=torch.bool, device="meta").nbytes
     assert costs.mask_bytes(GPT2, "shared_bool") == shared
     assert costs.mask_bytes(GPT2, "none") == 0
-    assert costs.mask_bytes(GPTConfig.from_name("gpt2", mask="seed")) == seed_bytes
+    assert costs.mask_bytes(families.config("gpt2", mask="seed")) == seed_bytes
 
 
 def test_kv_overtakes_weights_near_6750_tokens():

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from engine.config import GPTConfig
+from engine import families
 from instruments.costmodel import estimate
 from instruments.experiments.latency import LatencyParams
 
-CFG = GPTConfig.from_name("gpt2")
+CFG = families.config("gpt2")
 
 
 def rows(a_ms: float, per_gflop_ms: float, flat_ms: float) -> list[dict]:
@@ -90,7 +90,7 @@ def true_end_to_end_s(uncached, cached, prompt: int, new: int) -> float:
 def test_the_chosen_end_to_end_length_lands_within_20_percent(shape: str, budget_s: float
                                                               ) -> None:
     uncached, cached = SHAPES[shape]
-    contexts = LatencyParams.defaults("cpu", CFG.block_size).contexts  # the default sweep's
+    contexts = LatencyParams.defaults("cpu", CFG).contexts  # the default sweep's
     rows = [{"mode": "uncached", "context_len": t, "latency_ms": uncached(t), "phase": "forward"}
             for t in contexts] + [{"mode": "concat", "context_len": t,
                                    "latency_ms": cached(t), "phase": "decode"} for t in contexts]

@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from engine import GPT, GPTConfig, decode, make_decoder, modes
-from engine.compiled import CompiledDecoder, CudaGraphDecoder
-from engine.fast import FastDecoder, PackedLinear
+from engine.decoders.captured import CudaGraphDecoder
+from engine.decoders.compiled import CompiledDecoder
+from engine.decoders.fast import FastDecoder, PackedLinear
 from engine.modes import MODES
 from engine.state import ModelState
 from instruments.checks.gate import Gate
@@ -237,7 +238,7 @@ def test_attribution_counts_each_cuda_step_once() -> None:
 def test_a_captured_graph_is_uploaded_before_any_timed_step() -> None:
     from contextlib import contextmanager
 
-    from engine.compiled import capture_and_upload
+    from engine.decoders.captured import capture_and_upload
 
     calls: list[str] = []
 
@@ -258,7 +259,8 @@ def test_fast_without_the_kernel_packs_every_role_and_with_it_gives_the_same_log
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Each role of mode 8 goes through the packed copies or the C++ kernel, whichever measured
     faster; both must give GPT.forward's logits. Forced each way here."""
-    from engine import fast, kernels
+    from engine import kernels
+    from engine.decoders import fast
 
     model = tiny()
     with torch.no_grad():  # biases start at zero: give them values a dropped bias would miss
@@ -295,7 +297,7 @@ def test_every_way_a_role_can_take_gives_f_linears_product() -> None:
     product is F.linear's: the packed copies, the kernel over the model's weights, the kernel
     over the interleaved copy -- for a decode step's rows and for a prefill's many."""
     from engine import kernels
-    from engine.fast import InterleavedLinear, KernelLinear, OwnLinear, _choose
+    from engine.decoders.fast import InterleavedLinear, KernelLinear, OwnLinear, _choose
 
     if not kernels.available()[0]:
         pytest.skip(f"the C++ kernel is not built: {kernels.available()[1]}")
@@ -329,7 +331,8 @@ def test_a_way_that_holds_no_copy_wins_only_within_three_percent(
         monkeypatch: pytest.MonkeyPatch, times: dict[str, float], want: str) -> None:
     """The choice is the fastest way, except that the kernel over the model's weights, then
     F.linear over them, take a tie within 3% (they hold no copy)."""
-    from engine import fast, kernels
+    from engine import kernels
+    from engine.decoders import fast
 
     if not kernels.available()[0]:
         pytest.skip(f"the C++ kernel is not built: {kernels.available()[1]}")

@@ -290,7 +290,7 @@ def test_a_floor_above_the_step_remeasures_the_peaks_and_flags_what_stays(monkey
 
 
 def test_static_shape_modes_are_charged_for_the_whole_cache() -> None:
-    from engine.compiled import CudaGraphDecoder
+    from engine.decoders.captured import CudaGraphDecoder
 
     dec = CudaGraphDecoder(tiny(), capacity=128, capture=False)
     assert dec.attended_keys(10) == 128 and make_decoder(tiny(), "concat").attended_keys(10) == 10

@@ -11,8 +11,9 @@ import shutil
 import pytest
 import torch
 
-from engine import fast, kernels, quant
-from engine.step import StepWeights, attend_filled, decode_step, fused_step
+from engine import kernels, quant
+from engine.decoders import fast, weight_only
+from engine.step import StepWeights, attend_filled, decode_step, fused_step, layer_norm_call
 
 from .conftest import small_model
 
@@ -37,7 +38,7 @@ def _model() -> torch.nn.Module:
 def _weights(model: torch.nn.Module, way: str) -> StepWeights:
     """The model's step weights with every product stored ``way``."""
     if way in ("int8", "bfloat16"):
-        return quant.step_weights(quant.weight_only(model, way))
+        return weight_only.step_weights(quant.weight_only(model, way))
     tr = model.transformer
 
     def lin(m: torch.nn.Linear) -> fast.Linear:
@@ -50,10 +51,10 @@ def _weights(model: torch.nn.Module, way: str) -> StepWeights:
             return fast.InterleavedLinear(w, kernels.interleave(w), b)
         return fast.OwnLinear(w, b)
 
-    layers = [(fast._layer_norm(b.ln_1), lin(b.attn.c_attn), lin(b.attn.c_proj),
-               fast._layer_norm(b.ln_2), lin(b.mlp.c_fc), lin(b.mlp.c_proj)) for b in tr.h]
+    layers = [(layer_norm_call(b.ln_1), lin(b.attn.c_attn), lin(b.attn.c_proj),
+               layer_norm_call(b.ln_2), lin(b.mlp.c_fc), lin(b.mlp.c_proj)) for b in tr.h]
     return StepWeights(tr.wte.weight.detach(), tr.wpe.weight.detach(), layers,
-                       fast._layer_norm(tr.ln_f), lin(model.lm_head), model.config.n_head)
+                       layer_norm_call(tr.ln_f), lin(model.lm_head), model.config.n_head)
 
 
 # packed3: the 512-row head and 192-wide q|k|v split in three chunks, the head padded to 513
@@ -106,7 +107,7 @@ def test_decoders_step_through_the_fused_call_up_to_its_rows(storage: str | None
     for batch, fused_calls in ((1, 3), (9, 0)):
         calls.clear()
         dec = (fast.FastDecoder(model, batch_size=batch, capacity=64) if storage is None else
-               quant.WeightOnlyDecoder(model, storage=storage, batch_size=batch, capacity=64))
+               weight_only.WeightOnlyDecoder(model, storage=storage, batch_size=batch, capacity=64))
         assert dec.fused is not None
         logits = dec.prefill(torch.randint(0, 512, (batch, 9)))
         with torch.no_grad():

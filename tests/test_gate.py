@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import GPT, GPTConfig
+from engine import GPT, families
 from instruments.checks.bugs import inject_bug, private_view
 from instruments.checks.gate import Gate
 
@@ -25,7 +25,7 @@ BUGS = {"positions": ["concat", "prealloc", "prealloc_fused", "paged", "int8_kv"
 
 @pytest.fixture(scope="module", params=["float32", "bfloat16"])
 def gpt2(request: pytest.FixtureRequest) -> Gate:
-    model = GPT.random(GPTConfig.from_name("gpt2"), dtype=getattr(torch, request.param))
+    model = GPT.random(families.config("gpt2"), dtype=getattr(torch, request.param))
     gate = Gate(private_view(model))
     gate.reference()  # mode 1, before any bug is switched on
     return gate
@@ -67,7 +67,7 @@ def test_mode_1s_one_forward_equals_its_steps() -> None:
     that reading the wrong rows would be -- must be far outside that."""
     from instruments.checks.gate import _forced, _reference
 
-    model = GPT.random(GPTConfig.from_name("gpt2"))
+    model = GPT.random(families.config("gpt2"))
     gate = Gate(model)
     tokens = gate.tokens[:, :40]
     one = _reference(gate.state, tokens=tokens, start=30)
@@ -83,7 +83,7 @@ def test_mode_1s_greedy_tokens_from_one_forward_equal_its_loop(preset: str) -> N
     """Mode 1's greedy tokens found with a candidate stream in one forward are what its own
     loop gives, whether the candidate agrees, differs from some token on, or is all wrong: on
     a lively small model (varied tokens) and on gpt2 with random weights (one token repeated)."""
-    from engine.weights import load
+    from engine.families import load
     from instruments.checks.gate import GREEDY_TOKENS, _reference_greedy, greedy
 
     state = load(preset, weights="random")
@@ -102,7 +102,7 @@ def test_a_gate_whose_first_checked_mode_is_broken_still_judges_by_mode_1s_own_s
     """The sweep's gate finds mode 1's greedy tokens with the first checked mode's as the
     candidate. On a lively model, a broken first mode must then be told "differ at token k"
     with the same k as against mode 1's own loop, and a correct mode after it "identical"."""
-    from engine.weights import load
+    from engine.families import load
 
     model = private_view(load("tiny", weights="random").model)
     loop, lazy = Gate(model), Gate(model)

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from engine import GPT, GPTConfig, make_decoder
+from engine import GPT, families, make_decoder
 from engine.config import MASK_KINDS
 from engine.kv_cache import make_cache
 from engine.kv_variants import PagedKVCache, QuantizedKVCache
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.timeout(600)
 
 @pytest.fixture(scope="module")
 def gpt2() -> GPT:
-    return GPT.random(GPTConfig.from_name("gpt2"))
+    return GPT.random(families.config("gpt2"))
 
 
 @pytest.mark.parametrize("mask", MASK_KINDS)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine import families
 from engine.config import GPTConfig
 from engine.decoders import make_decoder
 from engine.model import GPT
@@ -21,7 +22,7 @@ from instruments.measure.memory import (
 )
 
 TINY = GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=128, vocab_size=256)
-GPT2 = GPTConfig.from_name("gpt2")
+GPT2 = families.config("gpt2")
 
 
 @pytest.fixture(scope="module")

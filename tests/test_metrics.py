@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from engine.config import GPTConfig
+from engine import families
 from instruments.costmodel import costs
 from instruments.experiments.utilization import add_shares, kv_storage, listed_peaks
 from instruments.measure.energy import Energy, EnergyMeter, rapl_zones, row_fields
 from instruments.store import stats
 
-GPT2 = GPTConfig.from_name("gpt2")
+GPT2 = families.config("gpt2")
 
 
 # ------------------------------------------------------------------------------ percentiles

@@ -5,23 +5,24 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import GPT, GPTConfig, WeightsError, generate
+from engine import GPT, GPTConfig, WeightsError, families, generate
 from engine.attention import make_attention
-from engine.weights import gpt_from_transformers, load
+from engine.families import load
+from engine.weights import gpt_from_transformers
 from instruments.checks.correctness import logits_vs_transformers
 
 from .conftest import random_prompt, small_model
 
 
 def test_presets_and_small_shapes() -> None:
-    cfg = GPTConfig.from_name("gpt2")
+    cfg = families.config("gpt2")
     assert (cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, cfg.vocab_size) == (
         12, 12, 768, 1024, 50257)
-    assert GPTConfig.from_name("gpt2-xl").n_embd == 1600
+    assert families.config("gpt2-xl").n_embd == 1600
     small = GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=256, vocab_size=1000)
     assert small.head_dim == 32
     with pytest.raises(ValueError, match="allowed"):
-        GPTConfig.from_name("gpt5")
+        families.config("gpt5")
 
 
 def test_checkpoint_names_and_tied_head() -> None:
@@ -105,7 +106,7 @@ def test_pretrained_unavailable_offline(monkeypatch) -> None:
 
 _FROM_CACHE = """
 import sys
-from engine.weights import load
+from engine.families import load
 state = load("gpt2", weights="auto", hub_id="kvlab-test/not-cached")
 print(state.provenance.label, "|", state.provenance.fallback, "transformers" in sys.modules)
 state = load("gpt2", weights="auto", hub_id="kvlab-test/tiny-gpt2")

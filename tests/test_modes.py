@@ -42,12 +42,12 @@ def test_the_gate_catches_a_broken_mode() -> None:
 
 
 def test_the_gate_refuses_a_mode_that_crashes(monkeypatch: pytest.MonkeyPatch) -> None:
-    import engine.fast
+    import engine.decoders.fast
 
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("kernel exploded")
 
-    monkeypatch.setattr(engine.fast.FastDecoder, "step", broken)
+    monkeypatch.setattr(engine.decoders.fast.FastDecoder, "step", broken)
     verdict = Gate(small_model()).check("fast")
     assert not verdict.passed and "kernel exploded" in verdict.detail
     assert Gate(small_model()).check("uncached").passed  # mode 1 is the reference
@@ -60,7 +60,7 @@ def test_registry_rungs_labels_colours_and_order() -> None:
     assert modes.color("cached") == modes.color("concat")  # the write-up's name for mode 3
     assert modes.ordered(["fast", "zzz", "uncached", "concat"]) == ["uncached", "concat", "fast",
                                                                     "zzz"]
-    assert modes.UNCACHED == ("uncached", "uncached_last")
+    assert modes.uncached() == ("uncached", "uncached_last")
     # Mode 9 is named for what it compiles: the model's own weights, not mode 8's packed ones.
     assert "fast path" not in MODES["fast_compiled"].label
     assert "not mode 8's packed" in MODES["fast_compiled"].description

@@ -7,11 +7,12 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from engine import families
+
 pytest.importorskip("plotly")
 
 from types import SimpleNamespace  # noqa: E402
 
-from engine.config import GPTConfig  # noqa: E402
 from instruments.costmodel import costs  # noqa: E402
 from instruments.experiments.attribution import with_floors  # noqa: E402
 from ui import figures_speculate as fs  # noqa: E402
@@ -63,7 +64,7 @@ def test_the_sentence_names_the_best_k_the_miss_and_exactness() -> None:
 
 
 def test_a_weight_only_rung_is_set_against_its_own_floor_and_the_fp32_one() -> None:
-    cfg = GPTConfig.from_name("gpt2")
+    cfg = families.config("gpt2")
     peaks = SimpleNamespace(matmul_tflops=1.0, read_gbps=20.0)
 
     def row(mode: str, storage: str, step_ms: float) -> dict:

@@ -22,9 +22,10 @@ import torch
 
 from engine import GPT, GPTConfig
 from engine.loop import decode, random_prompt
-from instruments import cli, lineup, peers
+from instruments import cli, lineup
 from instruments.checks.gate import Gate
 from instruments.experiments import peers as peers_exp
+from instruments.lineup import peers
 from tests.conftest import SMALL, loaded_model, small_model
 
 CPU_PEERS = [n for n, p in peers.PEERS.items() if "cpu" in p.devices]

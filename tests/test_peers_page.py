@@ -12,7 +12,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from instruments import lineup, peers
+from instruments import lineup
+from instruments.lineup import peers
 from ui.figures_peers import not_run, peers_figure, peers_table
 
 ROOT = Path(__file__).resolve().parents[1]

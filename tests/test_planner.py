@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import GPT, GPTConfig
+from engine import GPT, GPTConfig, families
 from engine.kv_cache import make_cache
 from engine.kv_variants import PagedKVCache
 from instruments.costmodel import kv_plan
@@ -16,7 +16,7 @@ from instruments.measure import memory
 
 from .conftest import loaded_model
 
-GPT2 = GPTConfig.from_name("gpt2")
+GPT2 = families.config("gpt2")
 pytestmark = pytest.mark.timeout(600)
 
 

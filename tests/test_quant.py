@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import modes, quant
-from engine.config import GPTConfig
+from engine import families, modes, quant
 from engine.decoders import make_decoder
+from engine.decoders import weight_only as wo_decoder
 from engine.loop import decode
 from engine.model import GPT
 from engine.quant import int8_linear, quantize_rows, weight_only
@@ -91,7 +91,7 @@ def test_the_view_stores_the_bytes_the_cost_model_charges(storage: str) -> None:
 
 
 def test_each_mode_is_charged_its_own_bytes_per_weight() -> None:
-    cfg = GPTConfig.from_name("gpt2")
+    cfg = families.config("gpt2")
     fp32 = costs.linear_weight_bytes(cfg, "float32")
     assert fp32 == 123_532_032 * 4
     assert costs.linear_weight_bytes(cfg, "float32", "int8") == 123_532_032 + 4 * 133_201
@@ -132,7 +132,7 @@ def test_a_bug_switched_on_in_the_model_is_in_the_view_made_then_and_only_then()
 
 @pytest.fixture(scope="module")
 def gpt2_logits() -> tuple[GPT, torch.Tensor, torch.Tensor]:
-    model = GPT.random(GPTConfig.from_name("gpt2", block_size=64), seed=0)
+    model = GPT.random(families.config("gpt2", block_size=64), seed=0)
     idx = torch.randint(0, 50257, (1, 48), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         return model, idx, model(idx, use_cache=False)[0]
@@ -189,9 +189,9 @@ def test_a_cpu_step_multiplies_straight_through_the_kernel_as_the_module_does(
             if isinstance(m, torch.nn.Linear) and m.bias is not None:
                 m.bias.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(2))
     view = weight_only(model, storage)
-    w = quant.step_weights(view)
+    w = wo_decoder.step_weights(view)
     fc = w.layers[0][4]
-    assert isinstance(fc, quant._KernelStep) and fc.bias is not None
+    assert isinstance(fc, wo_decoder._KernelStep) and fc.bias is not None
     for rows in (1, 3, 12):  # 12: more than the kernel takes
         x = torch.randn(rows, model.config.n_embd, generator=torch.Generator().manual_seed(rows))
         with torch.no_grad():
@@ -201,7 +201,7 @@ def test_a_cpu_step_multiplies_straight_through_the_kernel_as_the_module_does(
     from engine.step import StepWeights, attend_filled, decode_step
 
     tr = view.transformer
-    modules = StepWeights(quant._Rows(tr.wte, model.config.n_embd), tr.wpe.weight.detach(),
+    modules = StepWeights(wo_decoder._Rows(tr.wte, model.config.n_embd), tr.wpe.weight.detach(),
                           [(b.ln_1, b.attn.c_attn, b.attn.c_proj, b.ln_2, b.mlp.c_fc,
                             b.mlp.c_proj) for b in tr.h], tr.ln_f, view.lm_head,
                           model.config.n_head)

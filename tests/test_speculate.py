@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import modes
-from engine.config import GPTConfig
+from engine import families, modes
 from engine.decoders import Decoder, make_decoder
 from engine.loop import decode
 from engine.model import GPT
@@ -44,7 +43,7 @@ def both(model: GPT, prompt: torch.Tensor, n: int, k: int, mode: str = "prealloc
 
 @pytest.fixture(scope="module")
 def trained() -> GPT:
-    from engine.weights import load
+    from engine.families import load
 
     return load("gpt2", weights=str(FIXTURE)).model
 
@@ -69,7 +68,7 @@ def test_speculation_equals_greedy_on_a_lively_random_model() -> None:
 
 
 def test_speculation_equals_greedy_on_gpt2_with_random_weights() -> None:
-    model = GPT.random(GPTConfig.from_name("gpt2", block_size=64), seed=0)
+    model = GPT.random(families.config("gpt2", block_size=64), seed=0)
     prompt = torch.randint(0, 50257, (1, 16), generator=torch.Generator().manual_seed(0))
     want, got = both(model, prompt, 24, 4)
     assert torch.equal(got.tokens, want)
@@ -165,7 +164,7 @@ def test_the_verify_curve_interpolates_and_predicts() -> None:
 
 
 def test_the_experiment_measures_both_tables_on_the_tiny_model() -> None:
-    from engine.weights import load
+    from engine.families import load
 
     model = load("tiny", "random").model
     p = speculate.SpeculateParams([16], [1, 2, 4], new_tokens=12, repeats=1)
@@ -182,7 +181,7 @@ def test_the_experiment_measures_both_tables_on_the_tiny_model() -> None:
 
 
 def test_bad_speculate_input_says_what_is_allowed() -> None:
-    cfg = GPTConfig.from_name("tiny")
+    cfg = families.config("tiny")
     with pytest.raises(ValueError, match="allowed: uncached"):
         speculate.SpeculateParams([16], mode="fast").check(cfg, "cpu")
     with pytest.raises(ValueError, match="outside 1..96"):
@@ -198,7 +197,7 @@ def test_a_verify_sample_is_per_forward_of_several_run_back_to_back(
     rewound), as the decoding loops run them, and its row is per forward: on a clock that
     counts 1 ms per forward, every t(k) is 1 ms, not BACK_TO_BACK ms, and every forward of a
     point appended after the same held tokens."""
-    from engine.weights import load
+    from engine.families import load
     from instruments.measure.sampler import Sampler
 
     model = load("tiny", "random").model

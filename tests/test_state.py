@@ -9,7 +9,7 @@ import io
 import weakref
 
 from engine import make_decoder
-from engine.compiled import CompiledDecoder
+from engine.decoders.compiled import CompiledDecoder
 from engine.state import ModelState
 from instruments.spine import ModelSpec
 
@@ -43,7 +43,7 @@ def test_decoders_of_a_bare_model_share_its_live_state() -> None:
 
 
 def test_the_measuring_process_drops_everything_built_on_the_old_model() -> None:
-    from engine.fast import fast_weights
+    from engine.decoders.fast import fast_weights
     from instruments.process.worker import Channel, Worker
 
     worker = Worker("cpu", Channel(io.StringIO()))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import Decoder
+from engine import Decoder, families
 from engine.config import GPTConfig
 from engine.model import GPT
 from engine.modes import MODES, ModeSpec
@@ -80,11 +80,12 @@ def test_params_validation(change: dict, match: str) -> None:
 
 
 def test_default_params_are_quick_on_cpu_and_thorough_on_cuda() -> None:
-    cpu, gpu = LatencyParams.defaults("cpu", 1024), LatencyParams.defaults("cuda", 1024)
+    gpt2 = families.config("gpt2")
+    cpu, gpu = LatencyParams.defaults("cpu", gpt2), LatencyParams.defaults("cuda", gpt2)
     assert cpu.contexts == CONTEXT_PRESETS["log-spaced (16)"]
     assert cpu.repeats == 3 and cpu.warmup_steps is not None
     assert gpu.repeats == 5 and gpu.warmup_steps is None
-    assert LatencyParams.defaults("cpu", 128).contexts[-1] == 128
+    assert LatencyParams.defaults("cpu", families.config("tiny")).contexts[-1] == 128
     # the write-up's pair everywhere; on a CPU also our fastest exact step (issue 22)
     assert cpu.modes == ["uncached", "concat", "fast"] and gpu.modes == ["uncached", "concat"]
 

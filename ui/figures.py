@@ -1,6 +1,6 @@
 """Pure figure builders: a DataFrame in, a plotly Figure out. No Streamlit; tests call them alone.
 
-Contract: one colour per decode mode everywhere (``engine.modes``, where each mode is registered
+Contract: one colour per decode mode everywhere (``instruments.lineup``: each mode's ``ModeSpec``
 with its colour; the reference run's "cached" shares mode 3's), every axis titled with its unit,
 every trace with a hover template. Inputs are the engine's row schemas (columns named with their
 unit: ``latency_ms``, ``context_len``, ``cumulative_s``); missing optional columns are tolerated.
@@ -15,11 +15,10 @@ from collections.abc import Iterable
 import pandas as pd
 import plotly.graph_objects as go
 
-from engine import modes
 from instruments import lineup
 from instruments.store import stats
 
-UNCACHED_MODES = modes.UNCACHED
+UNCACHED_MODES = lineup.uncached()
 DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
 MIB = 2**20
 

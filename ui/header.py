@@ -1,7 +1,7 @@
 """The one page header: the router guard, the title, and what the chosen model is.
 
 ``page(title, caption)`` -> the sidebar's ``Choice``. ``model(choice)`` -> the model's shape
-(``GPTConfig``) after loading it in its device's measuring process when that process is free,
+(``ModelConfig``) after loading it in its device's measuring process when that process is free,
 with a yellow banner for random weights; it shows the error and stops the page when the model
 cannot be loaded. Nothing here imports torch.
 """
@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from engine.config import PRESETS, TEST_PRESETS, GPTConfig
+from engine.config import ModelConfig
+from instruments import lineup
 from instruments.process import client
 from ui.state import Choice, current_choice, sidebar
 
@@ -40,17 +41,17 @@ def page(title: str, caption: str) -> Choice:
     return current_choice()
 
 
-def _preset_config(choice: Choice) -> GPTConfig | None:
-    if choice.model in {**PRESETS, **TEST_PRESETS} and not _is_folder(choice.weights):
-        return GPTConfig.from_name(choice.model)
+def _preset_config(choice: Choice) -> ModelConfig | None:
+    if choice.model in lineup.models(tests=True) and not _is_folder(choice):
+        return lineup.config(choice.model)
     return None
 
 
-def _is_folder(weights: str) -> bool:
-    return weights not in ("auto", "random", "pretrained")
+def _is_folder(choice: Choice) -> bool:
+    return choice.weights not in lineup.preset(choice.model).weights
 
 
-def model(choice: Choice | None = None, quiet: bool = False) -> GPTConfig:
+def model(choice: Choice | None = None, quiet: bool = False) -> ModelConfig:
     """The chosen model's shape; loads it in the measuring process if that process is free."""
     choice = choice or current_choice()
     spec = choice.spec()
@@ -63,7 +64,8 @@ def model(choice: Choice | None = None, quiet: bool = False) -> GPTConfig:
             st.error(f"Could not load the model: {exc} Choose random weights in the sidebar to "
                      "measure with the same shapes.")
             st.stop()
-    cfg = GPTConfig(**info["config"]) if info else _preset_config(choice)
+    cfg = (lineup.config_from_dict(info["config"], info.get("family")) if info
+           else _preset_config(choice))
     if cfg is None:
         st.info(f"The device is busy; {spec.describe()} loads when it is free.")
         st.stop()

@@ -25,8 +25,6 @@ from ui.figures_predict import (
 )
 from ui.runs import last_sweep_like
 
-PREDICTABLE = tuple(predict.RECIPES)
-
 
 def points(job: Job) -> pd.DataFrame:
     """The run's prediction table, or one computed from the rows streamed so far."""

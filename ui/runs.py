@@ -16,8 +16,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from engine import modes
-from engine.config import GPTConfig
+from instruments import lineup
 from instruments.costmodel import costs
 from instruments.store import exports
 from instruments.store.frames import run_label
@@ -61,20 +60,22 @@ def latency_frame(run: dict[str, Any]) -> pd.DataFrame:
     meta = run.get("meta") or {}
     config = meta.get("config") or {}
     try:
-        cfg = GPTConfig(**config) if config else GPTConfig.from_name(meta.get("model") or "gpt2")
+        cfg = (lineup.config_from_dict(config, meta.get("family")) if config
+               else lineup.config(meta.get("model") or "gpt2"))
     except (TypeError, ValueError):
-        cfg = GPTConfig.from_name("gpt2")
+        cfg = lineup.config("gpt2")
     dtype = meta.get("dtype") or "float32"
     batch = int(meta.get("batch_size") or 1)
-    cached = rows["mode"].astype(str).map(lambda m: m not in modes.UNCACHED)
+    cached = rows["mode"].astype(str).map(lambda m: m not in lineup.uncached())
     if "flops" not in rows.columns:
         rows["flops"] = [costs.step_flops(cfg, int(t), cached=bool(c), batch_size=batch)
                          for t, c in zip(rows["context_len"], cached, strict=True)]
     if "bytes" not in rows.columns:
         rows["bytes"] = [costs.step_bytes(cfg, dtype, int(t), cached=bool(c), batch_size=batch,
-                                          last_only=m == "uncached_last",
-                                          storage=modes.MODES[m].weight_storage
-                                          if m in modes.MODES else "")
+                                          last_only=bool((s := lineup.mode_spec(m))
+                                                         and not s.cached
+                                                         and not s.logits_all),
+                                          storage=s.weight_storage if s else "")
                          for t, c, m in zip(rows["context_len"], cached, rows["mode"],
                                             strict=True)]
     seconds = rows["latency_ms"].astype(float) / 1e3

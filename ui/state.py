@@ -1,11 +1,14 @@
 """Sidebar choices shared by every page, and small session helpers. Torch-free.
 
 Contract: ``sidebar()`` draws the model / weights / device / dtype pickers (their widget keys keep
-the choice across page switches) and stores a ``Choice`` in ``st.session_state["choice"]``.
+the choice across page switches) and stores a ``Choice`` in ``st.session_state["choice"]``. The
+models and the weights each offers come from the family table (``instruments.lineup``: every
+preset of every family, its weight choices, where its real weights come from).
 The devices and dtypes offered come from ``instruments.process.client.devices()`` (asked once of a
 short-lived process: the server never imports torch); the model itself lives in the device's
 measuring process, never here. ``results_dir()`` is ``$KVLAB_RESULTS_DIR`` or ``results/``.
-With ``KVLAB_TINY=1`` the "tiny" test shape is offered first: tests and smoke runs use it.
+With ``KVLAB_TINY=1`` the test shapes ("tiny", "llama-tiny") are offered first: tests and smoke
+runs use them.
 """
 
 from __future__ import annotations
@@ -16,13 +19,12 @@ from pathlib import Path
 
 import streamlit as st
 
-from engine.config import PRESETS
 from instruments import lineup
 from instruments.process import client
 from instruments.spine import ModelSpec
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-WEIGHT_CHOICES = ["auto", "random", "pretrained", "local folder"]
+FOLDER = "local folder"  # a checkpoint folder, for the families whose loader reads one
 RUN_ICON = ":material/play_arrow:"  # material icons render everywhere; emoji need a font
 
 
@@ -36,13 +38,27 @@ class Choice:
     def spec(self) -> ModelSpec:
         return ModelSpec(self.model, self.weights, self.device, self.dtype)
 
+    @property
+    def family(self) -> str:
+        return lineup.family_of(self.model).name
+
 
 def tiny_enabled() -> bool:
     return os.environ.get("KVLAB_TINY", "") not in ("", "0", "false", "no")
 
 
 def presets() -> list[str]:
-    return (["tiny"] if tiny_enabled() else []) + list(PRESETS)
+    """The models offered: the test shapes first when enabled, then every real preset."""
+    real = lineup.models()
+    tests = [m for m in lineup.models(tests=True) if m not in real]
+    return (tests if tiny_enabled() else []) + real
+
+
+def weight_choices(model: str) -> list[str]:
+    """The weights offered for ``model``: its preset's choices (the default first), and a local
+    folder where its family reads checkpoints (GPT-2)."""
+    p = lineup.preset(model)
+    return [*p.weights, *([FOLDER] if "pretrained" in p.weights else [])]
 
 
 def results_dir() -> Path:
@@ -85,14 +101,22 @@ def sidebar() -> Choice:
     sb.header("Model")
     names = presets()
     _keep_valid("model", names, "Model preset")
-    model = sb.selectbox("Preset", names, key="model",
-                         help="GPT-2 shapes: gpt2 is the write-up's 124M model.")
+    model = sb.selectbox("Preset", names, key="model", format_func=_model_label,
+                         help="gpt2 is the write-up's 124M model; smollm2-135m a Llama-family "
+                         "model (GQA, RoPE, SwiGLU) with real weights from a package.")
+    offered = weight_choices(model)
+    _keep_valid("weights", offered, f"Weights for {model}")
+    preset = lineup.preset(model)
     weights = sb.selectbox(
-        "Weights", WEIGHT_CHOICES, key="weights",
-        help="auto: OpenAI's weights when they can be loaded, else seeded random weights "
-        "of the same shapes. Timings and memory do not depend on weight values.",
+        "Weights", offered, key="weights",
+        help=(f"{preset.weights[0]}: {preset.source}" if preset.source else "")
+        + ("; auto: OpenAI's weights when they can be loaded, else seeded random weights of "
+           "the same shapes" if "auto" in offered else "")
+        + ". Timings and memory do not depend on weight values; text does.",
     )
-    if weights == "local folder":
+    if preset.note:
+        sb.caption(preset.note)
+    if weights == FOLDER:
         weights = sb.text_input("Checkpoint folder", key="weights_path",
                                 placeholder="/path/to/save_pretrained/folder") or "random"
     devices = available_devices()
@@ -113,13 +137,20 @@ def sidebar() -> Choice:
 
 
 def current_choice() -> Choice:
-    return st.session_state.get("choice") or Choice(presets()[0], "auto", available_devices()[0],
-                                                    "float32")
+    model = presets()[0]
+    return st.session_state.get("choice") or Choice(model, weight_choices(model)[0],
+                                                    available_devices()[0], "float32")
 
 
-def mode_choices(device: str) -> tuple[list[str], dict[str, str]]:
-    """Decode modes and peers that can run on ``device`` now, and why each other one cannot."""
-    return lineup.choices(device)
+def mode_choices(device: str, family: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """Decode modes and peers that can run on ``device`` (and a model of ``family``) now, and
+    why each other one cannot."""
+    return lineup.choices(device, family)
+
+
+def _model_label(name: str) -> str:
+    p = lineup.preset(name)
+    return f"{name} ({lineup.family_of(name).title}{', test shape' if p.test else ''})"
 
 
 def mode_label(name: str) -> str:

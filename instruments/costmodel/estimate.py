@@ -22,8 +22,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from engine import modes
 from engine.config import GPTConfig
+from instruments import lineup
 from instruments.costmodel import costs
 
 
@@ -48,19 +48,19 @@ class Fit:
 
 def cost_of(cfg: GPTConfig, dtype: Any, mode: str, t: int, batch: int = 1) -> float:
     """The formula cost a mode's step time is fitted against at context ``t``."""
-    spec = modes.MODES[mode]
+    spec = lineup.spec(mode)
     if spec.cached:
         return float(costs.step_bytes(cfg, dtype, t, cached=True, batch_size=batch,
                                       storage=spec.weight_storage))
     return float(costs.step_flops(cfg, t, cached=False, batch_size=batch,
-                                  last_only=mode == "uncached_last"))
+                                  last_only=not spec.logits_all))
 
 
 def fit(rows: list[dict[str, Any]], cfg: GPTConfig, dtype: Any) -> dict[str, Fit]:
     """One ``Fit`` per mode from latency rows (decode and forward phases)."""
     out: dict[str, Fit] = {}
     for mode in dict.fromkeys(r["mode"] for r in rows):
-        if mode not in modes.MODES:
+        if not lineup.is_mode(mode):
             continue
         by_cost: dict[float, list[float]] = {}
         for r in rows:
@@ -102,7 +102,7 @@ def sweep_seconds(params: Any, cfg: GPTConfig, dtype: Any, fits: dict[str, Fit],
             return None
         per = [point_ms(fits, cfg, dtype, mode, t, params.batch_size) or 0.0 for t in contexts]
         total_ms += sum(x * samples(params, x) for x in per) + per[0] * params.warmup
-        if modes.MODES[mode].cached and fill is not None:
+        if lineup.spec(mode).cached and fill is not None:
             total_ms += fill.ms(cost_of(cfg, dtype, "uncached_last", contexts[-1],
                                         params.batch_size))
     if params.e2e_new_tokens:
@@ -120,7 +120,7 @@ def end_to_end_seconds(params: Any, cfg: GPTConfig, dtype: Any,
     fill = fits.get("uncached") or fits.get("uncached_last")
     for mode in params.modes:
         steps = [point_ms(fits, cfg, dtype, mode, p + k, b) or 0.0 for k in range(n)]
-        if modes.MODES[mode].cached and fill is not None:
+        if lineup.spec(mode).cached and fill is not None:
             steps[0] = fill.ms(cost_of(cfg, dtype, "uncached_last", p, b))
         total += sum(steps) + sum(steps[:8])  # the warm-up: the first 8 calls again
     return total / 1e3
@@ -152,7 +152,7 @@ def from_run(run: dict[str, Any]) -> tuple[dict[str, Fit], float] | None:
     if not rows or not config:
         return None
     try:
-        cfg = GPTConfig(**config)
+        cfg = lineup.config_from_dict(config)
     except (TypeError, ValueError):
         return None
     fixed = meta.get("timings") or {}

@@ -19,8 +19,10 @@ Each size part is (real - hollow) of its calibration at that size, interpolated 
 between the calibrated grid points. ``GOALS``: the prediction is judged within 15% of the
 measured median for cached modes and 25% for uncached ones.
 
-Modes 6, 7 and 9 are not predicted: compiled or graph-captured steps fuse and reorder the
-operators this sum is made of.
+Which modes are predicted, and how, is read off each mode's ``ModeSpec`` (``recipe(mode)``: its
+cache kind and attention, weight layout or storage, whether it projects every position); a mode
+whose spec says it is not (modes 6, 7 and 9: compiled or graph-captured steps fuse and reorder
+the operators this sum is made of) gets its stated reason (``why_not``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+
+from instruments import lineup
 
 GOALS = {True: 0.15, False: 0.25}  # cached -> allowed |residual| / measured
 PARTS = ("weights_ms", "attention_ms", "small_ops_ms", "dispatch_host_ms")
@@ -41,25 +45,35 @@ PART_LABELS = {"weights_ms": "weights streamed (Linear matmuls)",
 
 @dataclass(frozen=True)
 class Recipe:
+    """What the predictor sums for a mode, read off its ``ModeSpec``."""
+
     cached: bool
     layout: str  # "out_in" | "packed" | "int8" | "bfloat16" (weight-only rungs' storage)
     attention: str  # a calibration "attention" variant (cached) or "seed" (uncached)
     head_all: bool = False  # the output projection on every position (mode 1)
 
 
-RECIPES: dict[str, Recipe] = {
-    "uncached": Recipe(False, "out_in", "seed", head_all=True),
-    "uncached_last": Recipe(False, "out_in", "seed"),
-    "concat": Recipe(True, "out_in", "concat_seed"),
-    "prealloc": Recipe(True, "out_in", "prealloc_seed"),
-    "prealloc_fused": Recipe(True, "out_in", "prealloc_fused"),
-    "fast": Recipe(True, "packed", "prealloc_step"),
-    "paged": Recipe(True, "out_in", "paged_fused"),
-    "int8_kv": Recipe(True, "out_in", "kv_int8_fused"),
-    "int8_weights": Recipe(True, "int8", "prealloc_step"),
-    "bf16_weights": Recipe(True, "bfloat16", "prealloc_step"),
-}
-NOT_PREDICTED = "compiled or graph-captured: its step fuses the operators this model sums"
+def recipe(mode: str) -> Recipe | None:
+    """The mode's recipe, or None when it is not predicted (``why_not`` says why): compiled
+    or graph-captured modes, peers, unknown names."""
+    spec = lineup.mode_spec(mode)
+    if spec is None or spec.predicted:
+        return None
+    return Recipe(spec.cached, spec.weight_storage or spec.weight_layout, spec.attention_part,
+                  spec.logits_all)
+
+
+def why_not(mode: str) -> str:
+    """Why ``mode`` is not predicted ("" when it is)."""
+    spec = lineup.mode_spec(mode)
+    if spec is None:
+        return "not one of our modes: another engine's step is not made of our parts"
+    return spec.predicted
+
+
+def predictable(names: Iterable[str]) -> list[str]:
+    """The names the predictor models, in the given order."""
+    return [m for m in names if recipe(m) is not None]
 
 
 def interpolate(points: Iterable[tuple[float, float]], x: float) -> float:
@@ -104,20 +118,20 @@ def predict_point(cal: Calibration, mode: str, context: int, batch: int = 1) -> 
     Returns ``{"predicted_ms": None, "why": ...}`` when the mode is not predicted or its
     calibration is missing.
     """
-    recipe = RECIPES.get(mode)
-    if recipe is None:
-        return {"predicted_ms": None, "why": NOT_PREDICTED}
+    r = recipe(mode)
+    if r is None:
+        return {"predicted_ms": None, "why": why_not(mode)}
     try:
-        if recipe.cached:
+        if r.cached:
             rows = head_rows = batch
-            attention = cal.size_part("attention", recipe.attention, context)
+            attention = cal.size_part("attention", r.attention, context)
         else:
             rows = batch * context
-            head_rows = rows if recipe.head_all else batch
+            head_rows = rows if r.head_all else batch
             attention = cal.size_part("attention_full", "seed", context)
         parts = {
-            "weights_ms": (cal.size_part("layers", recipe.layout, rows)
-                           + cal.size_part("head", recipe.layout, head_rows)),
+            "weights_ms": (cal.size_part("layers", r.layout, rows)
+                           + cal.size_part("head", r.layout, head_rows)),
             "attention_ms": attention,
             "small_ops_ms": cal.size_part("small", "", rows),
             "dispatch_host_ms": cal.at("hollow", mode, "hollow", context),
@@ -131,10 +145,11 @@ def predict_generation(cal: Calibration, mode: str, prompt_len: int, new_tokens:
                        batch: int = 1) -> float | None:
     """Predicted ms of a whole generation: the prompt's forward, then one step per new token
     (cached modes), or one forward per new token over the growing sequence (uncached)."""
-    recipe = RECIPES.get(mode)
-    if recipe is None:
+    r = recipe(mode)
+    if r is None:
         return None
-    first = predict_point(cal, "uncached_last" if recipe.cached else mode, prompt_len, batch)
+    prompt_mode = lineup.with_role("reference_uncached")[0]
+    first = predict_point(cal, prompt_mode if r.cached else mode, prompt_len, batch)
     if first["predicted_ms"] is None:
         return None
     total = float(first["predicted_ms"])
@@ -158,7 +173,7 @@ def compare(cal: Calibration, latency_rows: Iterable[dict[str, Any]]) -> list[di
         residual = None if pred is None else measured - pred
         out.append({
             "mode": mode, "mode_label": r.get("mode_label", mode),
-            "cached": bool(r.get("cached", mode in RECIPES and RECIPES[mode].cached)),
+            "cached": bool(r.get("cached", (rc := recipe(mode)) is not None and rc.cached)),
             "context_len": t, "batch_size": batch, "measured_ms": measured,
             "predicted_ms": pred, "residual_ms": residual,
             "residual_share": None if residual is None or measured <= 0 else residual / measured,

@@ -1,16 +1,20 @@
 """Every experiment, registered once; each one a module that owns everything about itself.
 
 An experiment module (``instruments/experiments/<module>.py``) holds, torch-free at import:
-  ``Params``              its parameters' dataclass: defaults (``Params.defaults(device,
-                          block_size)`` where they depend on the device), ``check(cfg, device)``
+  ``Params``              its parameters' dataclass: defaults (``Params.defaults(device, cfg)``
+                          where they depend on the device or the model's config and family),
+                          ``check(cfg, device)``
   ``add_arguments(p)``    its CLI flags (the CLI command is the experiment's name)
-  ``from_args(args, block_size)``  its ``Params`` from those flags
+  ``from_args(args, cfg)``  its ``Params`` from those flags, for a model of config ``cfg``
   ``summary(run)``        the lines the CLI prints after a run
   ``run(loaded, params, progress, should_stop)``  the measurement (torch is imported inside:
                           the dashboard's server imports the module for its ``Params`` only)
 Pages, the CLI, the measuring process and the device check all read defaults and checks from
-there, so each exists once. ``EXPERIMENTS[name]`` is the registry entry; ``get(name)`` accepts
-the older CLI names too (``ALIASES``).
+there, so each exists once. ``EXPERIMENTS[name]`` is the registry entry -- the one list of
+experiments: the CLI's commands and what ``all`` runs (``in_all``), the device check's stages
+and their shares of its budget (``device_shares``), the Results page's names for the kinds of
+run (``title_of``) -- and ``get(name)`` accepts the older CLI names too (``ALIASES``).
+``register(experiment)`` adds one.
 """
 
 from __future__ import annotations
@@ -29,6 +33,10 @@ class Experiment:
     kind: str  # the run kind it saves (results schema)
     title: str  # shown to others waiting in the device queue
     aliases: tuple[str, ...] = ()  # older CLI command names
+    in_all: bool = False  # part of ``python -m instruments all`` (in registry order)
+    # the device check's stages of this experiment: (stage name, share of the budget left
+    # after the peaks), in the order they run
+    device_shares: tuple[tuple[str, float], ...] = ()
 
     @property
     def module(self) -> ModuleType:
@@ -38,18 +46,18 @@ class Experiment:
     def params(self) -> type:
         return self.module.Params
 
-    def defaults(self, device: str, block_size: int) -> Any:
-        """The experiment's default ``Params`` on ``device`` for a model of ``block_size``."""
+    def defaults(self, device: str, cfg: Any) -> Any:
+        """The experiment's default ``Params`` on ``device`` for a model of config ``cfg``."""
         cls = self.params
         if hasattr(cls, "defaults"):
-            return cls.defaults(device, block_size)
+            return cls.defaults(device, cfg)
         return cls()
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         self.module.add_arguments(parser)
 
-    def from_args(self, args: argparse.Namespace, block_size: int) -> Any:
-        return self.module.from_args(args, block_size)
+    def from_args(self, args: argparse.Namespace, cfg: Any) -> Any:
+        return self.module.from_args(args, cfg)
 
     def summary(self, run: dict[str, Any]) -> list[str]:
         return list(self.module.summary(run))
@@ -59,24 +67,56 @@ class Experiment:
         return self.module.run(loaded, params, progress, should_stop)
 
 
-EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
-    Experiment("latency", "latency_sweep", "latency sweep", ("sweep",)),
+EXPERIMENTS: dict[str, Experiment] = {}
+ALIASES: dict[str, str] = {}
+
+
+def register(experiment: Experiment) -> Experiment:
+    EXPERIMENTS[experiment.name] = experiment
+    ALIASES.update({alias: experiment.name for alias in experiment.aliases})
+    return experiment
+
+
+for _e in (
+    Experiment("hardware", "hardware", "peak microbenchmarks", in_all=True),
+    Experiment("latency", "latency_sweep", "latency sweep", ("sweep",), in_all=True,
+               device_shares=(("sweep float32", 0.26), ("sweep bfloat16", 0.19))),
     Experiment("end_to_end", "end_to_end", "end-to-end generation", ("e2e",)),
-    Experiment("memory", "memory", "memory accounting"),
-    Experiment("hardware", "hardware", "peak microbenchmarks"),
-    Experiment("attribution", "attribution", "step attribution"),
-    Experiment("staircase", "staircase", "matmul staircase"),
+    Experiment("attribution", "attribution", "step attribution",
+               device_shares=(("attribution", 0.10),)),
+    Experiment("staircase", "staircase", "matmul staircase", device_shares=(("staircase", 0.15),)),
+    Experiment("memory", "memory", "memory accounting", in_all=True,
+               device_shares=(("memory", 0.09),)),
     Experiment("scope", "scope", "scope sweep"),
     Experiment("precision", "precision", "precision comparison"),
     Experiment("correctness", "correctness", "correctness checks"),
     Experiment("generation", "generation", "side-by-side generation"),
-    Experiment("planner", "kv_planner", "KV memory planner"),
-    Experiment("prediction", "step_prediction", "step prediction", ("predict",)),
-    Experiment("bench", "bench", "pp / tg throughput (llama-bench)"),
-    Experiment("peers", "peers", "peers on the same weights"),
-    Experiment("speculate", "speculate", "verify curve and speculative decoding"),
-)}
-ALIASES = {alias: e.name for e in EXPERIMENTS.values() for alias in e.aliases}
+    Experiment("planner", "kv_planner", "KV memory planner", device_shares=(("planner", 0.06),)),
+    Experiment("prediction", "step_prediction", "step prediction", ("predict",),
+               device_shares=(("prediction", 0.09),)),
+    Experiment("bench", "bench", "pp / tg throughput (llama-bench)",
+               device_shares=(("bench", 0.06),)),
+    Experiment("peers", "peers", "peers on the same weights", device_shares=(("peers", 0.10),)),
+    Experiment("speculate", "speculate", "verify curve and speculative decoding",
+               device_shares=(("speculate", 0.05),)),
+):
+    register(_e)
+
+
+def in_all() -> list[str]:
+    """What ``python -m instruments all`` runs, in order."""
+    return [e.name for e in EXPERIMENTS.values() if e.in_all]
+
+
+def device_shares() -> dict[str, float]:
+    """The device check's stages, in the order they run, with their shares of its budget."""
+    return {stage: share for e in EXPERIMENTS.values() for stage, share in e.device_shares}
+
+
+def title_of(kind: str) -> str:
+    """What a run of ``kind`` is, as the Results page names it (the kind itself when no
+    experiment saves it: the published reference, a benchmark's own runs)."""
+    return next((e.title for e in EXPERIMENTS.values() if e.kind == kind), kind)
 
 
 def get(name: str) -> Experiment:

@@ -38,8 +38,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from engine import modes
-from engine.config import GPTConfig
+from engine.config import GPTConfig, ModelConfig
+from instruments import lineup
 from instruments.costmodel import costs
 from instruments.experiments.inputs import (
     MAX_BATCH,
@@ -68,9 +68,15 @@ class AttributionParams:
     warmup: int = 3
     batch_size: int = 1
 
-    def check(self, cfg: GPTConfig, device: str) -> None:
+    @classmethod
+    def defaults(cls, device: str, cfg: ModelConfig) -> AttributionParams:
+        """The attribution role's modes that run here and set up in seconds; four contexts."""
+        ours = [m for m in lineup.with_role("attribution", device, cfg.family)
+                if not lineup.spec(m).slow_setup]
+        return cls(ours, [t for t in (16, 64, 256, 512) if t <= cfg.block_size])
 
-        modes_usable(self.modes, device)
+    def check(self, cfg: GPTConfig, device: str) -> None:
+        modes_usable(self.modes, device, cfg.family)
         contexts_within("context lengths", self.contexts, 1, cfg.block_size)
         whole("steps", self.steps, 1, 200)
         whole("warm-up steps", self.warmup, 0, 50)
@@ -81,14 +87,17 @@ Params = AttributionParams
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--modes", default="concat,prealloc_fused,fast")
+    p.add_argument("--modes", default=None,
+                   help="default: the attribution role's modes that run here")
     p.add_argument("--contexts", default="16,64,256,512", help="attribution context lengths")
     p.add_argument("--steps", type=int, default=8, help="timed steps per point")
 
 
-def from_args(args: argparse.Namespace, block_size: int) -> AttributionParams:
-    return AttributionParams(parse_modes(args.modes), parse_contexts(args.contexts, block_size),
-                             args.steps, batch_size=args.batch)
+def from_args(args: argparse.Namespace, cfg: ModelConfig) -> AttributionParams:
+    base = AttributionParams.defaults(args.device, cfg)
+    return AttributionParams(base.modes if args.modes is None else parse_modes(args.modes),
+                             parse_contexts(args.contexts, cfg.block_size), args.steps,
+                             batch_size=args.batch)
 
 
 def summary(run: dict[str, Any]) -> list[str]:
@@ -254,7 +263,7 @@ def attribute_step(
     tr = _read_trace(prof, cuda)
 
     step_ms = statistics.median(samples)
-    spec = modes.MODES[mode]
+    spec = lineup.spec(mode)
     last_only = spec.cached or getattr(dec, "logits", "last") == "last"
     keys = dec.attended_keys(context_len)  # the whole capacity for static-shape modes
     flops = costs.step_flops(cfg, context_len, cached=spec.cached, batch_size=batch_size,

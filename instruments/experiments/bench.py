@@ -26,14 +26,12 @@ import argparse
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine import modes
-from engine.config import GPTConfig
+from engine.config import GPTConfig, ModelConfig
+from instruments import lineup
 from instruments.costmodel import costs
 from instruments.experiments.inputs import MAX_BATCH, modes_usable, parse_modes, whole
 from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, no_grad, record
 from instruments.store.stats import mean_sd, percentile_fields
-
-DEFAULT_MODES = "concat,prealloc_fused"
 
 
 @dataclass
@@ -51,10 +49,12 @@ class BenchParams:
     retakes: int = 3  # CPU: disturbed samples set aside and taken again, per test
 
     @classmethod
-    def defaults(cls, device: str, block_size: int) -> BenchParams:
+    def defaults(cls, device: str, cfg: ModelConfig) -> BenchParams:
         """pp512 and tg128 (llama-bench's), shrunk to fit a short model."""
-        return cls(parse_modes(DEFAULT_MODES), min(512, block_size // 2),
-                   min(128, block_size // 4))
+        block_size = cfg.block_size
+        ours = [m for m in lineup.with_role("bench", device, cfg.family)
+                if not lineup.spec(m).slow_setup]
+        return cls(ours, min(512, block_size // 2), min(128, block_size // 4))
 
     def tests(self) -> list[tuple[str, int, int]]:
         """(phase "pp" | "tg", tokens, depth) in llama-bench's order: pp then tg per depth."""
@@ -71,7 +71,7 @@ class BenchParams:
         return max(d + n if phase == "pp" else max(d, 1) + n for phase, n, d in self.tests())
 
     def check(self, cfg: GPTConfig, device: str) -> None:
-        modes_usable(self.modes, device)
+        modes_usable(self.modes, device, cfg.family)
         whole("prompt tokens", self.prompt_tokens, 0, cfg.block_size)
         whole("generated tokens", self.gen_tokens, 0, cfg.block_size - 1)
         if not self.prompt_tokens and not self.gen_tokens:
@@ -94,7 +94,8 @@ Params = BenchParams
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--modes", default=DEFAULT_MODES, help=f"from: {', '.join(modes.MODES)}")
+    p.add_argument("--modes", default=None, help=f"from: {', '.join(lineup.mode_names())} "
+                   "(default: the bench role's modes that run here)")
     p.add_argument("-p", "--prompt-tokens", type=int, default=None,
                    help="pp test: prompt tokens in one call (default 512, or half the model's "
                    "limit; 0: none)")
@@ -117,10 +118,10 @@ def parse_depths(text: str) -> list[int]:
     return list(dict.fromkeys(int(s) for s in parts))
 
 
-def from_args(args: argparse.Namespace, block_size: int) -> BenchParams:
-    base = BenchParams.defaults(args.device, block_size)
+def from_args(args: argparse.Namespace, cfg: ModelConfig) -> BenchParams:
+    base = BenchParams.defaults(args.device, cfg)
     return BenchParams(
-        parse_modes(args.modes),
+        base.modes if args.modes is None else parse_modes(args.modes),
         base.prompt_tokens if args.prompt_tokens is None else args.prompt_tokens,
         base.gen_tokens if args.gen_tokens is None else args.gen_tokens,
         parse_depths(args.depth), args.repeats, args.warmup, args.batch, args.seed,
@@ -139,7 +140,7 @@ def markdown(run: dict[str, Any]) -> str:
     meta = run.get("meta") or {}
     rows = (run.get("tables") or {}).get("bench") or []
     try:
-        cfg = GPTConfig(**meta["config"])
+        cfg = lineup.config_from_dict(meta["config"], meta.get("family"))
         size = f"{costs.weight_bytes(cfg, meta.get('dtype') or 'float32') / 2**20:.2f} MiB"
         params = f"{costs.param_count(cfg) / 1e6:.2f} M"
     except (KeyError, TypeError, ValueError):
@@ -212,7 +213,7 @@ def _test(model: Any, name: str, dec: Any, idx: Any, test: tuple[str, int, int],
     tokens = n * p.batch_size
     rates = [tokens / (ms / 1e3) for ms in got.samples_ms]
     mean, sd = mean_sd(rates)
-    spec = modes.MODES[name]
+    spec = lineup.spec(name)
     label = test_label({"test": f"{phase}{n}", "depth": depth})
     row = {"mode": name, "mode_label": spec.label, "test": f"{phase}{n}", "label": label,
            "phase": phase,

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.config import GPTConfig
+from engine.config import GPTConfig, ModelConfig
 from instruments.checks import BUG_KINDS
 from instruments.experiments.inputs import whole
 from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, no_grad, record
@@ -50,7 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--new-tokens", type=int, default=40)
 
 
-def from_args(args: argparse.Namespace, block_size: int) -> CorrectnessParams:
+def from_args(args: argparse.Namespace, cfg: ModelConfig) -> CorrectnessParams:
     from engine.tokenizer import get_tokenizer
 
     return CorrectnessParams(get_tokenizer().encode(args.prompt), args.new_tokens)

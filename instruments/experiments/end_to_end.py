@@ -26,7 +26,7 @@ import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from engine.config import GPTConfig
+from engine.config import GPTConfig, ModelConfig
 from instruments import lineup
 from instruments.costmodel import costs
 from instruments.experiments.inputs import MAX_BATCH, modes_usable, parse_modes, whole
@@ -57,7 +57,7 @@ class EndToEndParams:
     prompt_seed: int = 0
 
     def check(self, cfg: GPTConfig, device: str) -> None:
-        modes_usable(self.modes, device)
+        modes_usable(self.modes, device, cfg.family)
         whole("batch size", self.batch_size, 1, MAX_BATCH)
         whole("repeats", self.repeats, 1)
         if self.prompt_len < 1 or self.new_tokens < 1 or \
@@ -92,7 +92,8 @@ def new_tokens(args: argparse.Namespace, block_size: int) -> int:
     return min(64, block_size - args.prompt_len)
 
 
-def from_args(args: argparse.Namespace, block_size: int) -> EndToEndParams:
+def from_args(args: argparse.Namespace, cfg: ModelConfig) -> EndToEndParams:
+    block_size = cfg.block_size
     return EndToEndParams(parse_modes(args.modes), args.prompt_len, new_tokens(args, block_size),
                           args.batch, args.e2e_repeats, prompt_seed=args.seed)
 

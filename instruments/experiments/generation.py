@@ -13,7 +13,7 @@ import argparse
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from engine.config import GPTConfig
+from engine.config import GPTConfig, ModelConfig
 from instruments.experiments.inputs import (
     modes_usable,
     parse_modes,
@@ -41,7 +41,7 @@ class GenerationParams:
         if len(self.modes) != 2 or self.modes[0] == self.modes[1]:
             raise ValueError("Pick two different modes to compare (left and right are the "
                              "same).")
-        modes_usable(self.modes, device)
+        modes_usable(self.modes, device, cfg.family)
         n, limit = len(self.prompt_ids), cfg.block_size
         if n + self.new_tokens > limit:
             raise ValueError(
@@ -58,7 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--modes", default="prealloc_fused,uncached", help="two modes: left,right")
 
 
-def from_args(args: argparse.Namespace, block_size: int) -> GenerationParams:
+def from_args(args: argparse.Namespace, cfg: ModelConfig) -> GenerationParams:
     from engine.tokenizer import get_tokenizer
 
     return GenerationParams(get_tokenizer().encode(args.prompt), args.new_tokens,

@@ -14,7 +14,7 @@ import argparse
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from engine.config import GPTConfig
+from engine.config import GPTConfig, ModelConfig
 from instruments.costmodel import costs
 from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, record
 
@@ -42,12 +42,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """No flags of its own: the model's dtype on a CPU, every dtype on a GPU."""
 
 
-def from_args(args: argparse.Namespace, block_size: int) -> HardwareParams:
-    from engine.config import TEST_PRESETS
+def from_args(args: argparse.Namespace, cfg: ModelConfig) -> HardwareParams:
+    from instruments import lineup
 
     cuda = str(args.device).startswith("cuda")
     return HardwareParams(["float32", "bfloat16", "float16"] if cuda else [],
-                          quick=args.model in TEST_PRESETS)
+                          quick=lineup.preset(args.model).test)
 
 
 def summary(run: dict[str, Any]) -> list[str]:

@@ -36,19 +36,15 @@ def contexts_within(name: str, values: list[int], lo: int, hi: int) -> None:
         raise ValueError(f"{name.rstrip('s')} {bad[0]!r} is outside {lo}..{hi}")
 
 
-def modes_usable(names: list[str], device: str) -> None:
-    """Every name is a decode mode (or a peer) that can run on ``device``."""
+def modes_usable(names: list[str], device: str, family: str | None = None) -> None:
+    """Every name is a decode mode (or a peer) that can run on ``device`` and a model of
+    ``family`` (when given)."""
     if not names:
         raise ValueError(f"no modes given; allowed: {', '.join(lineup.names())}")
     for name in names:
-        ok, why = available(name, device)
+        ok, why = lineup.available(name, device, family)
         if not ok:
             raise ValueError(f"mode {name!r} cannot run: {why}")
-
-
-def available(name: str, device: str) -> tuple[bool, str]:
-    """Can ``name`` (a decode mode or a peer) run on ``device``, and why not."""
-    return lineup.available(name, device)
 
 
 def parse_modes(text: str) -> list[str]:

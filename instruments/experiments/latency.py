@@ -35,8 +35,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from engine import modes
-from engine.config import GPTConfig
+from engine.config import GPTConfig, ModelConfig
 from instruments import lineup
 from instruments.costmodel import costs
 from instruments.experiments import end_to_end
@@ -107,18 +106,21 @@ class LatencyParams:
     cheap_repeats: int = 5  # ... or until it has this many
 
     @classmethod
-    def defaults(cls, device: str, block_size: int) -> LatencyParams:
+    def defaults(cls, device: str, cfg: ModelConfig) -> LatencyParams:
         """~16 log-spaced points, modes 1 and 3 (the write-up's pair) and, on a CPU, mode 8 (our
         fastest exact cached step there); more samples allowed on a GPU."""
+        block_size = cfg.block_size
         contexts = preset_contexts("log-spaced (16)", block_size)
+        pair = [m for m in lineup.seed_pair() if lineup.available(m, device, cfg.family)[0]]
         if str(device).startswith("cuda"):
-            return cls(contexts, ["uncached", "concat"], repeats=5, warmup=2)
-        return cls(contexts, ["uncached", "concat", modes.fastest_exact(str(device))], repeats=3,
-                   warmup=1, warmup_steps=32)
+            return cls(contexts, pair, repeats=5, warmup=2)
+        fastest = lineup.fastest_exact(str(device), cfg.family)
+        return cls(contexts, list(dict.fromkeys([*pair, fastest])), repeats=3, warmup=1,
+                   warmup_steps=32)
 
     def check(self, cfg: GPTConfig, device: str) -> None:
         contexts_within("context lengths", self.contexts, 1, cfg.block_size)
-        modes_usable(self.modes, device)
+        modes_usable(self.modes, device, cfg.family)
         whole("batch size", self.batch_size, 1, MAX_BATCH)
         whole("repeats", self.repeats, 1)
         whole("fewest repeats", self.min_repeats, 1)
@@ -194,8 +196,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     end_to_end.add_arguments(p, own_modes=False)
 
 
-def from_args(args: argparse.Namespace, block_size: int) -> LatencyParams:
-    base = LatencyParams.defaults(args.device, block_size)
+def from_args(args: argparse.Namespace, cfg: ModelConfig) -> LatencyParams:
+    block_size = cfg.block_size
+    base = LatencyParams.defaults(args.device, cfg)
     return LatencyParams(
         parse_contexts(args.contexts, block_size),
         parse_modes(args.modes) if args.modes else base.modes, args.batch,
@@ -292,7 +295,7 @@ def run(loaded: Loaded, params: LatencyParams, progress: ProgressFn | None = Non
     contexts = sorted(set(params.contexts))
     est = costs.peak_memory_estimate(
         model.config, model.dtype, params.batch_size, contexts[-1],
-        None if all(m in modes.UNCACHED for m in params.modes) else "concat",
+        None if all(m in lineup.uncached() for m in params.modes) else lineup.seed_pair()[1],
         device=str(model.device))
     ok, why = memory.fits(model.device, est, resident_bytes=est["weights_bytes"])
     if not ok:
@@ -384,6 +387,7 @@ def run(loaded: Loaded, params: LatencyParams, progress: ProgressFn | None = Non
 def _pair(rows: list[dict[str, Any]]) -> tuple[str, str]:
     """Table 1's pair: the first uncached and the first cached mode measured (ladder order)."""
     measured = lineup.ordered(r["mode"] for r in rows)
-    slow = next((m for m in measured if m in modes.UNCACHED), modes.SEED_PAIR[0])
-    fast = next((m for m in measured if m not in modes.UNCACHED), modes.SEED_PAIR[1])
+    pair = lineup.seed_pair()
+    slow = next((m for m in measured if m in lineup.uncached()), pair[0])
+    fast = next((m for m in measured if m not in lineup.uncached()), pair[1])
     return slow, fast

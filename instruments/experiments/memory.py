@@ -15,7 +15,7 @@ import argparse
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from engine.config import GPTConfig
+from engine.config import GPTConfig, ModelConfig
 from instruments.costmodel import costs
 from instruments.experiments.inputs import (
     MAX_BATCH,
@@ -47,9 +47,10 @@ class MemoryParams:
     crossover_batches: list[int] = field(default_factory=lambda: list(CROSSOVER_BATCHES))
 
     @classmethod
-    def defaults(cls, device: str, block_size: int) -> MemoryParams:
+    def defaults(cls, device: str, cfg: ModelConfig) -> MemoryParams:
         """Every 64 tokens, decoded through as the write-up did, on a GPU; seven contexts,
         each prefilled afresh, on a CPU (faster)."""
+        block_size = cfg.block_size
         if str(device).startswith("cuda"):
             every = [t for t in range(64, block_size + 1, 64)] or [block_size]
             return cls(every, fill="decode")
@@ -84,8 +85,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--crossover-batches", default=",".join(map(str, CROSSOVER_BATCHES)))
 
 
-def from_args(args: argparse.Namespace, block_size: int) -> MemoryParams:
-    base = MemoryParams.defaults(args.device, block_size)
+def from_args(args: argparse.Namespace, cfg: ModelConfig) -> MemoryParams:
+    block_size = cfg.block_size
+    base = MemoryParams.defaults(args.device, cfg)
     try:
         batches = parse_contexts(args.crossover_batches, MAX_BATCH)
     except ValueError as exc:

@@ -29,12 +29,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.config import GPTConfig
-from instruments import lineup, peers
+from engine.config import GPTConfig, ModelConfig
+from instruments import lineup
 from instruments.experiments.inputs import contexts_within, modes_usable, parse_contexts, whole
+from instruments.lineup import PEERS, PeerUnavailable
 from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, no_grad, record
 
-OURS = ("concat", "prealloc_fused", "fast")  # our exact cached modes, timed beside the peers
 P90_MIN = 10  # fewer samples than this: no p90
 
 
@@ -51,7 +51,7 @@ class PeersParams:
     """Peers and our exact modes, interleaved round after round at each context."""
     contexts: list[int]
     peers: list[str]
-    modes: list[str] = field(default_factory=lambda: list(OURS))
+    modes: list[str] = field(default_factory=lambda: lineup.with_role("peer_baseline"))
     threads: int | None = None  # torch / CTranslate2 / ONNX Runtime threads (None: torch's)
     rounds: int = 5
     steps: int = 8  # timed steps per engine, context and round
@@ -59,23 +59,24 @@ class PeersParams:
     prompt_seed: int = 0
 
     @classmethod
-    def defaults(cls, device: str, block_size: int) -> PeersParams:
+    def defaults(cls, device: str, cfg: ModelConfig) -> PeersParams:
         """Contexts 128 and 512 (within the model), every peer for this device, our modes."""
+        block_size = cfg.block_size
         contexts = sorted({min(t, block_size) for t in (128, 512)})
         kind = str(device).split(":")[0]
-        names = [n for n, p in peers.PEERS.items() if kind in p.devices]
-        ours = [m for m in OURS if lineup.available(m, device)[0]]
+        names = [n for n, p in PEERS.items() if kind in p.devices and cfg.family in p.families]
+        ours = lineup.with_role("peer_baseline", device, cfg.family)
         return cls(contexts, names, ours)
 
     def check(self, cfg: GPTConfig, device: str) -> None:
         contexts_within("context lengths", self.contexts, 2, cfg.block_size)
-        _names(",".join(self.peers), list(peers.PEERS), "peer")
+        _names(",".join(self.peers), list(PEERS), "peer")
         if self.modes:
             if any(lineup.is_peer(m) for m in self.modes):
                 raise ValueError("modes are our own decode modes; name peers under peers")
-            modes_usable(self.modes, device)
+            modes_usable(self.modes, device, cfg.family)
         if not self.peers and not self.modes:
-            raise ValueError(f"no engines given; allowed peers: {', '.join(peers.PEERS)}")
+            raise ValueError(f"no engines given; allowed peers: {', '.join(PEERS)}")
         whole("rounds", self.rounds, 1, 100)
         whole("steps", self.steps, 1, 1000)
         whole("warmup", self.warmup, 0)
@@ -89,16 +90,17 @@ Params = PeersParams
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--contexts", default="128,512", help="context lengths, e.g. 128,512")
     p.add_argument("--peers", default=None,
-                   help=f"from: {', '.join(peers.PEERS)} (default: every peer of the device)")
-    p.add_argument("--modes", default=",".join(OURS),
+                   help=f"from: {', '.join(PEERS)} (default: every peer of the device)")
+    p.add_argument("--modes", default=",".join(lineup.with_role("peer_baseline")),
                    help="our modes timed beside them (default: the exact cached ones)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
     p.add_argument("--steps", type=int, default=8, help="timed steps per engine per round")
 
 
-def from_args(args: argparse.Namespace, block_size: int) -> PeersParams:
-    base = PeersParams.defaults(args.device, block_size)
-    names = base.peers if args.peers is None else _names(args.peers, list(peers.PEERS), "peer")
+def from_args(args: argparse.Namespace, cfg: ModelConfig) -> PeersParams:
+    block_size = cfg.block_size
+    base = PeersParams.defaults(args.device, cfg)
+    names = base.peers if args.peers is None else _names(args.peers, list(PEERS), "peer")
     ours = _names(args.modes, lineup.names(), "mode")
     return PeersParams(parse_contexts(args.contexts, block_size), names, ours, args.threads,
                        args.rounds, args.steps, prompt_seed=args.seed)
@@ -259,7 +261,7 @@ def _run(loaded: Loaded, p: PeersParams, progress: ProgressFn | None,
                                        if lineup.is_peer(name) else ""))
         try:
             dec = lineup.make_decoder(model, name, batch_size=1, capacity=top, threads=threads)
-        except (peers.PeerUnavailable, ValueError) as exc:
+        except (PeerUnavailable, ValueError) as exc:
             rows.append(_not_run(name, str(exc), available=False))
             tr.note(f"{name} not available: {exc}")
             continue

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from engine import dtypes
-from engine.config import GPTConfig
+from engine.config import GPTConfig, ModelConfig
 from instruments.costmodel import costs, kv_plan
 from instruments.experiments.inputs import (
     contexts_within,
@@ -98,7 +98,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "budget on a GPU)")
 
 
-def from_args(args: argparse.Namespace, block_size: int) -> PlannerParams:
+def from_args(args: argparse.Namespace, cfg: ModelConfig) -> PlannerParams:
+    block_size = cfg.block_size
     fit = parse_contexts(args.fit_contexts, block_size) if args.fit_contexts else None
     return PlannerParams(args.distribution, args.sequences, args.mean_len, args.block_tokens,
                          args.seed, fit, args.max_alloc_mib)

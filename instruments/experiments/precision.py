@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from engine import dtypes
-from engine.config import GPTConfig
+from engine.config import GPTConfig, ModelConfig
+from instruments import lineup
 from instruments.costmodel import costs
 from instruments.experiments.inputs import (
     whole,
@@ -63,7 +64,7 @@ Params = PrecisionParams
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """No flags of its own: every precision the device offers."""
 
-def from_args(args: argparse.Namespace, block_size: int) -> PrecisionParams:
+def from_args(args: argparse.Namespace, cfg: ModelConfig) -> PrecisionParams:
     return PrecisionParams()
 
 
@@ -72,7 +73,8 @@ def summary(run: dict[str, Any]) -> list[str]:
             for r in run["tables"].get("precision", [])]
 
 
-MODE = "prealloc_fused"  # the cached mode each precision is timed and compared with
+MODE = lineup.with_role("reference_cached")[0]  # each precision is timed and compared on it
+UNCACHED = lineup.with_role("reference_uncached")[0]  # and its speed-up over this one
 
 
 @contextlib.contextmanager
@@ -146,8 +148,8 @@ def run(loaded: Loaded, params: PrecisionParams, progress: ProgressFn | None = N
                 continue
             logits = _teacher_forced(m, prompt, ref_tokens)
             own = gate.greedy(m, MODE, prompt, new_tokens)
-            row = measure_speedup(m, 1, prompt_len, cached_mode=MODE,
-                                  uncached_mode="uncached_last", steps=steps, repeats=2)
+            row = measure_speedup(m, 1, prompt_len, cached_mode=MODE, uncached_mode=UNCACHED,
+                                  steps=steps, repeats=2)
         diff = (logits - ref_logits).abs()
         same = (own == ref_tokens)[0]
         prefix = int(same.long().cumprod(0).sum())

@@ -22,7 +22,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from engine.config import GPTConfig
+from engine.config import GPTConfig, ModelConfig
+from instruments import lineup
 from instruments.costmodel import predict
 from instruments.experiments import latency
 from instruments.experiments.inputs import (
@@ -56,15 +57,15 @@ class PredictionParams:
     passes: int = 3
 
     @classmethod
-    def defaults(cls, device: str, block_size: int) -> PredictionParams:
-        from engine import modes
-        from instruments.costmodel.predict import RECIPES
+    def defaults(cls, device: str, cfg: ModelConfig) -> PredictionParams:
+        block_size = cfg.block_size
+        from instruments.costmodel.predict import predictable
 
-        usable = [m for m in modes.defaults(device) if m in RECIPES]
+        usable = predictable(lineup.defaults(device, cfg.family))
         return cls(usable, preset_contexts("log-spaced (16)", block_size))
 
     def check(self, cfg: GPTConfig, device: str) -> None:
-        modes_usable(self.modes, device)
+        modes_usable(self.modes, device, cfg.family)
         contexts_within("context lengths", self.contexts, 1, cfg.block_size)
         whole("batch size", self.batch_size, 1, MAX_BATCH)
         whole("repeats", self.repeats, 1, 50)
@@ -83,8 +84,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--passes", type=int, default=3, help="passes over the cached modes")
 
 
-def from_args(args: argparse.Namespace, block_size: int) -> PredictionParams:
-    base = PredictionParams.defaults(args.device, block_size)
+def from_args(args: argparse.Namespace, cfg: ModelConfig) -> PredictionParams:
+    block_size = cfg.block_size
+    base = PredictionParams.defaults(args.device, cfg)
     return PredictionParams(parse_modes(args.modes) if args.modes else base.modes,
                             parse_contexts(args.contexts, block_size), args.batch,
                             args.repeats, passes=args.passes)
@@ -142,7 +144,7 @@ def run(loaded: Loaded, params: PredictionParams, progress: ProgressFn | None = 
                       notes=["stopped while calibrating: the parts timed so far are kept"],
                       timings={"calibration_s": calibration_s})
     sweeps = []
-    cached = [m for m in params.modes if m in predict.RECIPES and predict.RECIPES[m].cached]
+    cached = [m for m in predict.predictable(params.modes) if lineup.spec(m).cached]
     passes = params.passes if cached else 1
     sizes = [len(contexts) * len(params.modes if i == 0 else cached) for i in range(passes)]
     for i in range(passes):

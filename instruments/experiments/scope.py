@@ -20,7 +20,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from engine.config import PRESETS, GPTConfig
+from engine.config import GPTConfig, ModelConfig
+from instruments import lineup
 from instruments.costmodel import costs
 from instruments.experiments.inputs import (
     MAX_BATCH,
@@ -45,15 +46,14 @@ class ScopeParams:
     grow: str = "batch"
     points: list[Any] = field(default_factory=lambda: list(BATCH_POINTS))
     context_len: int = 128
-    cached_mode: str = "prealloc_fused"
-    uncached_mode: str = "uncached_last"
+    cached_mode: str = field(default_factory=lambda: lineup.with_role("reference_cached")[0])
+    uncached_mode: str = field(
+        default_factory=lambda: lineup.with_role("reference_uncached")[0])
     max_seconds: float = 20.0  # a point whose uncached step is predicted longer is skipped
     steps: int = 6
     repeats: int = 3
 
     def check(self, cfg: GPTConfig, device: str) -> None:
-        from engine.config import PRESETS
-
         if self.grow not in ("batch", "model"):
             raise ValueError(f"grow must be 'batch' or 'model', got {self.grow!r}")
         if not self.points:
@@ -61,10 +61,11 @@ class ScopeParams:
         if self.grow == "batch":
             contexts_within("batch sizes", list(self.points), 1, MAX_BATCH)
         else:
-            bad = [p for p in self.points if p not in PRESETS]
+            sizes = family_sizes(cfg.family)
+            bad = [p for p in self.points if p not in sizes]
             if bad:
-                raise ValueError(f"unknown model {bad[0]!r}; allowed: {', '.join(PRESETS)}")
-        modes_usable([self.cached_mode, self.uncached_mode], device)
+                raise ValueError(f"unknown model {bad[0]!r}; allowed: {', '.join(sizes)}")
+        modes_usable([self.cached_mode, self.uncached_mode], device, cfg.family)
         if not 4 <= self.context_len <= cfg.block_size - self.steps - 1:
             raise ValueError(f"context length must be within 4..{cfg.block_size - self.steps - 1}")
 
@@ -78,14 +79,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", type=int, default=128)
 
 
-def from_args(args: argparse.Namespace, block_size: int) -> ScopeParams:
-    from engine.config import PRESETS
+def from_args(args: argparse.Namespace, cfg: ModelConfig) -> ScopeParams:
 
     if args.grow == "batch":
         points: list[Any] = parse_contexts(args.points or ",".join(map(str, BATCH_POINTS)),
                                            MAX_BATCH)
     else:
-        points = [p.strip() for p in (args.points or ",".join(PRESETS)).split(",")]
+        default = ",".join(family_sizes(cfg.family))
+        points = [p.strip() for p in (args.points or default).split(",")]
     return ScopeParams(args.grow, points, args.context)
 
 
@@ -139,9 +140,14 @@ def _skip(row: dict[str, Any], why: str) -> dict[str, Any]:
     return {**row, "cached_ms": None, "uncached_ms": None, "speedup": None, "skipped": why}
 
 
-def _name(cfg: GPTConfig) -> str:
-    for name, shape in PRESETS.items():
-        if all(getattr(cfg, k) == v for k, v in shape.items()):
+def family_sizes(family: str) -> list[str]:
+    """The real presets of ``family``: what a model-size scope grows through."""
+    return [m for m in lineup.models() if lineup.family_of(m).name == family]
+
+
+def _name(cfg: ModelConfig) -> str:
+    for name in lineup.models(tests=True):
+        if lineup.config(name, mask=cfg.mask) == cfg:
             return name
     return f"L{cfg.n_layer}-d{cfg.n_embd}"
 
@@ -180,7 +186,7 @@ def _batches(model: GPT, p: ScopeParams, tr: Tracker) -> None:
 def _models(model: GPT, p: ScopeParams, tr: Tracker) -> None:
     import torch
 
-    from engine.model import GPT
+    from engine.families import model_class
     from instruments.measure import memory
 
     dev, tdtype = model.device, model.dtype
@@ -188,7 +194,7 @@ def _models(model: GPT, p: ScopeParams, tr: Tracker) -> None:
     for name in p.points:
         if tr.stop():
             return
-        cfg = GPTConfig.from_name(name)
+        cfg = lineup.config(name)
         n = costs.linear_params(cfg)
         base = {"model": name, "params": costs.param_count(cfg), "batch_size": 1,
                 "context_len": p.context_len, "flop_ratio": _ratio(cfg, p.context_len, 1)}
@@ -200,7 +206,7 @@ def _models(model: GPT, p: ScopeParams, tr: Tracker) -> None:
             row = _skip(base, "predicted uncached step over the time budget")
         else:
             tr.emit(f"{name}: random weights, then timing")
-            other = GPT.random(cfg, seed=0, device=dev, dtype=tdtype)
+            other = model_class(cfg).random(cfg, seed=0, device=dev, dtype=tdtype)
             try:
                 row = {**base, **measure_speedup(other, 1, p.context_len,
                                                  cached_mode=p.cached_mode,

@@ -37,8 +37,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from engine import modes
-from engine.config import GPTConfig
+from engine.config import GPTConfig, ModelConfig
+from instruments import lineup
 from instruments.costmodel.speculation import VerifyCurve, loop_ms, speedups
 from instruments.experiments.inputs import contexts_within, modes_usable, parse_contexts, whole
 from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, no_grad, record
@@ -52,7 +52,6 @@ KS = [1, 2, 4, 8, 16, 32]
 MAX_K = 64
 # Factories whose decoders append several tokens at once (``Decoder.appends``; a test keeps
 # this in step with the decoders themselves): known here without importing torch.
-APPENDING = ("engine.decoders:Decoder", "engine.quant:WeightOnlyDecoder")
 DEFAULT_PROMPT = '''def mean(values):
     """The arithmetic mean of values."""
     total = 0
@@ -81,7 +80,8 @@ BACK_TO_BACK = 4
 
 
 def appends(mode: str) -> bool:
-    return mode in modes.MODES and modes.MODES[mode].factory in APPENDING
+    spec = lineup.mode_spec(mode)
+    return spec is not None and spec.appends
 
 
 @dataclass
@@ -99,15 +99,16 @@ class SpeculateParams:
     prompt_seed: int = 0  # the random tokens of the verify curve
 
     @classmethod
-    def defaults(cls, device: str, block_size: int) -> SpeculateParams:
+    def defaults(cls, device: str, cfg: ModelConfig) -> SpeculateParams:
+        block_size = cfg.block_size
         fit = [t for t in (128, 512) if t + max(KS) <= block_size]
         return cls(fit or [max(1, block_size - max(KS)) // 2],
                    new_tokens=min(64, block_size // 4))
 
     def check(self, cfg: GPTConfig, device: str) -> None:
-        modes_usable([self.mode], device)
+        modes_usable([self.mode], device, cfg.family)
         if not appends(self.mode):
-            ok = ", ".join(m for m in modes.MODES if appends(m))
+            ok = ", ".join(m for m in lineup.mode_names() if appends(m))
             raise ValueError(f"mode {self.mode!r} takes one token per step; allowed: {ok}")
         contexts_within("draft lengths k", self.ks, 1, MAX_K)
         top = cfg.block_size - max(self.ks)
@@ -130,7 +131,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", default=",".join(map(str, KS)),
                    help=f"tokens appended in one forward / draft lengths (1..{MAX_K})")
     p.add_argument("--mode", default="prealloc_fused", help="a mode that appends several "
-                   f"tokens at once: {', '.join(m for m in modes.MODES if appends(m))}")
+                   f"tokens at once: {', '.join(m for m in lineup.mode_names() if appends(m))}")
     p.add_argument("--prompt", default="", help="text to continue (default: a Python snippet)")
     p.add_argument("--new-tokens", type=int, default=64, help="tokens to generate (0: no "
                    "speculative part)")
@@ -138,7 +139,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ngram", type=int, default=3, help="longest n-gram prompt lookup matches")
 
 
-def from_args(args: argparse.Namespace, block_size: int) -> SpeculateParams:
+def from_args(args: argparse.Namespace, cfg: ModelConfig) -> SpeculateParams:
+    block_size = cfg.block_size
     if args.batch != 1:
         raise ValueError(f"speculative decoding runs one sequence; allowed: --batch 1, got "
                          f"{args.batch}")
@@ -204,7 +206,7 @@ def _verify(model: GPT, p: SpeculateParams, tr: Tracker) -> bool:
             one = ms if k == 1 else one
             tr.work += 1
             tr.row("verify", {
-                "mode": p.mode, "mode_label": modes.label(p.mode), "context_len": t, "k": k,
+                "mode": p.mode, "mode_label": lineup.label(p.mode), "context_len": t, "k": k,
                 "latency_ms": ms, "samples_ms": got.samples_ms, "min_ms": min(got.samples_ms),
                 "spread_ms": max(got.samples_ms) - min(got.samples_ms),
                 "t_ratio": ms / one, "per_token_ms": ms / k, "steps_ms": k * one,

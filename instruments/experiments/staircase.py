@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from engine.config import GPTConfig
+from engine.config import GPTConfig, ModelConfig
 from instruments.experiments.inputs import (
     contexts_within,
     parse_contexts,
@@ -70,7 +70,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--with-forward", action="store_true", help="time the whole forward too")
 
 
-def from_args(args: argparse.Namespace, block_size: int) -> StaircaseParams:
+def from_args(args: argparse.Namespace, cfg: ModelConfig) -> StaircaseParams:
+    block_size = cfg.block_size
     ts = parse_contexts(args.ts, block_size) if args.ts else None
     return StaircaseParams(ts, args.repeats, args.with_forward)
 

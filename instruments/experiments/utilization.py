@@ -20,7 +20,6 @@ from __future__ import annotations
 import statistics
 from typing import TYPE_CHECKING, Any
 
-from engine import modes
 from instruments import lineup
 from instruments.costmodel import costs
 from instruments.store.stats import percentile_fields
@@ -39,8 +38,8 @@ def weight_storage(spec: Any) -> str:
 
 def kv_storage(mode: str) -> str | None:
     """How ``mode`` stores its K/V, when not in the model's dtype ("int8" for mode 11)."""
-    spec = modes.MODES.get(mode)
-    return "int8" if spec is not None and spec.options.get("cache_kind") == "kv_int8" else None
+    spec = lineup.mode_spec(mode)
+    return spec.kv_storage or None if spec is not None else None
 
 
 def listed_peaks(device_name: str | None, dtype: Any, tf32: bool, device: str = "cuda"

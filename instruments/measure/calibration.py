@@ -41,16 +41,16 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from engine import modes
 from engine.attention import Attention
 from engine.config import GPTConfig
-from engine.fast import fast_weights
+from engine.decoders.fast import fast_weights
 from engine.kv_cache import make_cache
 from engine.loop import random_prompt
 from engine.model import GPT
 from engine.quant import STORAGES, weight_only
 from engine.state import ModelState
 from engine.step import attend_filled
+from instruments import lineup
 from instruments.costmodel import predict
 from instruments.measure.sampler import Sampler
 
@@ -269,7 +269,7 @@ class _Parts:
         dec = make_decoder(self.model, mode, batch_size=self.batch,
                            capacity=max(context, 2))
         idx = random_prompt(self.model, self.batch, context, seed=0)
-        if not modes.MODES[mode].cached or context == 1:
+        if not lineup.spec(mode).cached or context == 1:
             return lambda: dec.prefill(idx[:, :context])
         return (lambda: dec.seek(idx, context - 1)), (lambda: dec.step(idx[:, context - 1:]))
 
@@ -279,7 +279,7 @@ def plan(model_modes: list[str], batch: int, max_context: int) -> list[tuple[str
     todo: list[tuple[str, str, int]] = []
     xs, coarse = grid(max_context), grid(max_context, fine_below=256)
     for mode in model_modes:
-        recipe = predict.RECIPES.get(mode)
+        recipe = predict.recipe(mode)
         if recipe is None:
             continue
         if recipe.cached:

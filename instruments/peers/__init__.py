@@ -1,11 +1,8 @@
 """Peers: other inference engines holding the loaded model's weights, timed beside our modes.
 
-``PEERS[name]`` is a ``PeerSpec`` (rung >= 100, so peers sort after our ladder; label; a colour
-no mode uses; the PyPI package and version it needs; its precision; the devices it runs on; a
-stated error bound for lossy peers; the install command). ``available(name, device) -> (ok,
-why)`` looks for the packages with ``importlib.util.find_spec`` (nothing heavy is imported: the
-dashboard's server reads this module), and ``make(model, name, batch_size=, capacity=,
-threads=)`` builds the adapter in the measuring process, importing its module on first use.
+Their table (``PeerSpec``, ``PEERS``, ``available``) is ``instruments.lineup.peers``; this package
+holds the adapters, one module each, built in the measuring process by
+``instruments.lineup.make_decoder`` from ``PeerSpec.factory``.
 
 An adapter looks like an ``engine.decoders.Decoder``: ``prefill(ids)`` and ``step(token)``
 return logits (B, vocab) as an fp32 torch tensor on the CPU; ``seek(ids, t)`` holds exactly
@@ -14,137 +11,6 @@ return logits (B, vocab) as an fp32 torch tensor on the CPU; ``seek(ids, t)`` ho
 ``logits = "last"``, ``appends = False``, ``attended_keys(t)``, ``compile_s`` (the conversion or
 export, reported apart and never inside a step), ``extra_bytes`` (bytes of the weights the
 engine holds) and ``version`` (the package's). A package that is missing, or an export that
-fails, raises ``PeerUnavailable`` with the reason: callers list the peer as unavailable.
-
-  hf_dynamic / hf_static    transformers' GPT2LMHeadModel, DynamicCache / StaticCache (peers.hf)
-  ct2_float32 / ct2_int8    CTranslate2 from the same weights (ct2_float16 / ct2_bfloat16 on
-                            CUDA) (peers.ct2)
-  ort_float32               ONNX Runtime, GPT-2 exported with past keys/values (ort_float16 on
-                            CUDA) (peers.ort)
-  ov_float32                OpenVINO compiling that same export for the CPU (peers.ov)
+fails, raises ``instruments.lineup.PeerUnavailable`` with the reason: callers list the peer as
+unavailable.
 """
-
-from __future__ import annotations
-
-import importlib
-import importlib.util
-from dataclasses import dataclass, field
-from typing import Any
-
-
-class PeerUnavailable(RuntimeError):
-    """A peer cannot run here: a package is missing or its conversion/export failed."""
-
-
-@dataclass(frozen=True)
-class PeerSpec:
-    name: str
-    rung: int  # >= 100: after our ladder everywhere
-    label: str
-    color: str  # no mode of engine.modes uses it
-    engine: str  # the other engine's name, as the verdict says it
-    packages: tuple[str, ...]  # import names that must be importable
-    pip: str  # what to install, pinned: "ctranslate2==4.8.5"
-    dtype: str  # the precision its weights are held in: float32 | int8 | float16 | bfloat16
-    devices: tuple[str, ...]  # device kinds it runs on
-    factory: str  # "module:callable" building the adapter
-    options: dict[str, Any] = field(default_factory=dict)
-    description: str = ""
-    # Not exact by design (int8 weights): the share of mode 1's largest |logit| its logits may
-    # stray by (the gate's bound, as ModeSpec.tolerance). 0: held to the model dtype's tolerance.
-    tolerance: float = 0.0
-    cached: bool = True  # every peer keeps a KV cache (the lineup treats it like a cached mode)
-    slow_setup: bool = False
-
-    @property
-    def install(self) -> str:
-        return f"pip install {self.pip}"
-
-
-_HF = "instruments.peers.hf:HFDecoder"
-_CT2 = "instruments.peers.ct2:CT2Decoder"
-_ORT = "instruments.peers.ort:ORTDecoder"
-_CT2_PKG = ("ctranslate2", "transformers")
-_CT2_PIP = "ctranslate2==4.8.5"
-_ORT_PKG = ("onnxruntime", "onnx", "transformers")
-_ORT_PIP = "onnxruntime==1.32.0 onnx==1.23.2"
-PEERS: dict[str, PeerSpec] = {p.name: p for p in (
-    PeerSpec("hf_dynamic", 101, "peer · transformers, dynamic cache", "#6b6ecf", "transformers",
-             ("transformers",), "transformers==5.23.0", "float32", ("cpu", "cuda"), _HF,
-             dict(cache="dynamic"), "GPT2LMHeadModel holding a copy of the weights; its default "
-             "DynamicCache (grown by torch.cat), cropped to seek."),
-    PeerSpec("hf_static", 102, "peer · transformers, static cache", "#9c9ede", "transformers",
-             ("transformers",), "transformers==5.23.0", "float32", ("cpu", "cuda"), _HF,
-             dict(cache="static"), "GPT2LMHeadModel with a StaticCache sized once; a step "
-             "attends over the whole capacity under a mask."),
-    PeerSpec("ct2_float32", 103, "peer · CTranslate2, float32", "#e6550d", "CTranslate2",
-             _CT2_PKG, _CT2_PIP, "float32", ("cpu", "cuda"), _CT2, dict(compute_type="float32"),
-             "Converted from the loaded weights by CTranslate2's Transformers converter; steps "
-             "are its own generation loop, paused between tokens."),
-    PeerSpec("ct2_int8", 104, "peer · CTranslate2, int8 weights", "#fd8d3c", "CTranslate2",
-             _CT2_PKG, _CT2_PIP, "int8", ("cpu", "cuda"), _CT2, dict(compute_type="int8"),
-             "The same conversion with int8 weights (a scale per output row; activations "
-             "quantized on the fly). Not exact: held to its stated bound, 15% of the largest "
-             "logit (measured 10.6% on gpt2's shapes with random weights; on the tiny test "
-             "shape's large random weights 35% on an AVX2 CPU, refused, and 3.3% on an "
-             "AVX-512 one: its int8 path depends on the CPU).", tolerance=0.15),
-    PeerSpec("ct2_float16", 105, "peer · CTranslate2, float16", "#fdae6b", "CTranslate2",
-             _CT2_PKG, _CT2_PIP, "float16", ("cuda",), _CT2, dict(compute_type="float16"),
-             "CTranslate2 in float16 (CUDA).", tolerance=0.03),
-    PeerSpec("ct2_bfloat16", 106, "peer · CTranslate2, bfloat16", "#fdd0a2", "CTranslate2",
-             _CT2_PKG, _CT2_PIP, "bfloat16", ("cuda",), _CT2, dict(compute_type="bfloat16"),
-             "CTranslate2 in bfloat16 (CUDA).", tolerance=0.1),
-    PeerSpec("ort_float32", 107, "peer · ONNX Runtime, float32", "#31a354", "ONNX Runtime",
-             _ORT_PKG, _ORT_PIP, "float32", ("cpu", "cuda"), _ORT, dict(dtype="float32"),
-             "transformers' GPT-2 exported with past keys/values by torch's ONNX exporter; "
-             "the graph concatenates each step's key/value onto the past it is given."),
-    PeerSpec("ov_float32", 109, "peer · OpenVINO, float32", "#ad494a", "OpenVINO",
-             ("openvino", "onnx", "transformers"), "openvino==2026.4.1 onnx==1.23.2", "float32",
-             ("cpu",), "instruments.peers.ov:OVDecoder", dict(dtype="float32"),
-             "OpenVINO compiling the ONNX Runtime peer's export for the CPU (fp32 precision)."),
-    PeerSpec("ort_float16", 108, "peer · ONNX Runtime, float16", "#74c476", "ONNX Runtime",
-             _ORT_PKG, "onnxruntime-gpu==1.32.0 onnx==1.23.2", "float16", ("cuda",), _ORT,
-             dict(dtype="float16"), "The same export in float16 (CUDA, I/O binding).",
-             tolerance=0.03),
-)}
-
-
-def spec(name: str) -> PeerSpec:
-    if name not in PEERS:
-        raise ValueError(f"unknown peer {name!r}; allowed: {', '.join(PEERS)}")
-    return PEERS[name]
-
-
-def _find(package: str) -> bool:
-    try:
-        return importlib.util.find_spec(package) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def available(name: str, device: str) -> tuple[bool, str]:
-    """(can peer ``name`` run on ``device``, why not: the install command when a package is
-    missing). Torch-free: finds packages without importing them."""
-    if name not in PEERS:
-        return False, f"unknown peer {name!r}; allowed: {', '.join(PEERS)}"
-    p = PEERS[name]
-    kind = str(device).split(":")[0]
-    if kind not in p.devices:
-        return False, f"runs on {' or '.join(p.devices)} only"
-    missing = [m for m in p.packages if not _find(m)]
-    if missing:
-        return False, f"{', '.join(missing)} not installed; install with: {p.install}"
-    return True, ""
-
-
-def make(model: Any, name: str, *, batch_size: int = 1, capacity: int | None = None,
-         threads: int | None = None) -> Any:
-    """The adapter of peer ``name`` over ``model``'s weights (PeerUnavailable if it cannot be
-    built here, with the reason)."""
-    ok, why = available(name, str(model.device))
-    if not ok:
-        raise PeerUnavailable(f"{name}: {why}")
-    p = PEERS[name]
-    module, attr = p.factory.split(":")
-    factory = getattr(importlib.import_module(module), attr)
-    return factory(model, batch_size=batch_size, capacity=capacity, threads=threads, **p.options)

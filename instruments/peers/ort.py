@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from engine.model import GPT
-from instruments.peers import PeerUnavailable
+from instruments.lineup import PeerUnavailable
 from instruments.peers.built import Built, engine_for, folder_bytes, hf_copy, temp_folder
 
 OPSET = 17

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.model import GPT
-from instruments.peers import PeerUnavailable
+from instruments.lineup import PeerUnavailable
 from instruments.peers.built import Built, folder_bytes, temp_folder
 from instruments.peers.ort import ORTDecoder, _export
 

@@ -1,15 +1,13 @@
-"""Modes 6 (CUDA graph) and 7/9 (torch.compile): the one decode step, captured or compiled.
+"""Modes 7 and 9 (torch.compile): the one decode step, compiled.
 
-Contract: ``CudaGraphDecoder`` and ``CompiledDecoder`` are ``Decoder``s (``prefill(idx) -> (B,
-vocab)``, ``step(token) -> (B, vocab)``) that give mode 1's greedy tokens in fp32.
-``decoder.compile_s`` is the one-off cost (graph capture, or compilation) and is never inside a
-timed step. Both run ``engine.step.decode_step`` over the model's own modules, with a position
-that is a tensor, because ``GPT.forward`` takes positions as Python ints (a new graph per
-token); they differ only in how the step meets the KV cache:
+Shares ``engine.step``'s decode step with modes 6 and 8 and the eager ``Decoder``'s prefill.
+Contract: ``CompiledDecoder`` is a ``Decoder`` (``prefill(idx) -> (B, vocab)``, ``step(token)
+-> (B, vocab)``) that gives mode 1's greedy tokens in fp32. ``decoder.compile_s`` is the one-off
+compilation, never inside a timed step. It runs ``engine.step.decode_step`` over the model's own
+modules with a position that is a tensor, because ``GPT.forward`` takes positions as Python ints
+(a new graph per token). How the step meets the KV cache (mode 6, ``engine.decoders.captured``,
+writes it inside its graph instead):
 
-- mode 6 (``graph_step``): ``attend_static`` writes the new K/V row into the preallocated
-  buffers with ``index_copy_`` and attends over the whole capacity under a mask computed from
-  the position. Captured once per decoder, replayed every step.
 - modes 7 and 9 (``_ReadOnlyStep``): ``attend_read_only`` only *reads* the cache and returns the
   new K/V rows; the caller writes them in place. Compiling a step that writes the cache either
   recompiles per position or copies the whole cache every step (measured, see the notes). On a
@@ -34,20 +32,13 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .decoders import Decoder
-from .kv_cache import PreallocKVCache, make_cache
-from .model import GPT
-from .state import ModelState
-from .step import attend_read_only, attend_static, decode_step, model_weights
+from ..kv_cache import PreallocKVCache
+from ..model import GPT
+from ..state import ModelState
+from ..step import attend_read_only, decode_step, model_weights
+from .eager import Decoder
 
 VARIANTS = ("compiled", "fast_compiled", "eager")  # "eager": the same step, not compiled (tests)
-
-
-def graph_step(model: GPT, k_buf: torch.Tensor, v_buf: torch.Tensor, token: torch.Tensor,
-               pos: torch.Tensor) -> torch.Tensor:
-    """Mode 6's step: logits (B, vocab) for ``token`` (B, 1) at ``pos`` (a (1,) long tensor),
-    its K/V rows written into ``k_buf``/``v_buf`` (L, B, nh, T_max, hs); every shape fixed."""
-    return decode_step(model_weights(model), token, pos, attend_static(k_buf, v_buf, pos))
 
 
 class _ReadOnlyStep(nn.Module):
@@ -208,93 +199,6 @@ class CompiledDecoder(Decoder):
             raise ValueError(f"KV cache holds at most {self.cache.capacity} tokens; "
                              f"this step would need {pos + 1}")
         logits = self.runner.step(token, pos)
-        self.cache.advance(1)
-        self._push(token)
-        return logits
-
-
-def capture_and_upload(graph: Any, step: Callable[[], torch.Tensor],
-                       capture: Callable[..., Any]) -> torch.Tensor:
-    """Capture ``step`` into ``graph``, then replay it once so the graph is uploaded now.
-
-    The first replay of a fresh graph uploads it to the device: left to the first timed step,
-    it inflates the sweep's first point. Capture uses the thread-local mode, so CUDA work that
-    another thread of this process issues meanwhile cannot break it (the global mode would).
-    """
-    with capture(graph, capture_error_mode="thread_local"):
-        out = step()
-    graph.replay()
-    return out
-
-
-class CudaGraphDecoder(Decoder):
-    """Mode 6: ``graph_step`` captured once per decoder and replayed every step.
-
-    ``capture=False`` runs the same step eagerly (how the tests check it on a CPU).
-    """
-
-    appends = False  # its step is its own, not GPT.forward
-
-    def attended_keys(self, length: int) -> int:
-        return self.capacity  # every slot of the cache, masked: the shapes never change
-
-    def __init__(self, model: GPT | ModelState, *, batch_size: int = 1,
-                 capacity: int | None = None, capture: bool = True) -> None:
-        super().__init__(model, batch_size=batch_size, capacity=capacity,
-                         cache_kind="prealloc", mask="none", logits="last")
-        dev = self.model.device
-        self.capture = capture and dev.type == "cuda"
-        if capture and not self.capture:
-            raise ValueError("CUDA graphs need a CUDA GPU; the model is on " + str(dev))
-        self.cache = make_cache("prealloc", self.model, batch_size, self.capacity)
-        self.static_token = torch.zeros(batch_size, 1, dtype=torch.long, device=dev)
-        self.static_pos = torch.zeros(1, dtype=torch.long, device=dev)
-        self.graph: Any = None
-        if self.capture:
-            self._capture()
-
-    @torch.no_grad()
-    def _capture(self) -> None:
-        start = time.perf_counter()
-        cache = self.cache
-        args = (self.model, cache.k_buf, cache.v_buf, self.static_token, self.static_pos)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up off the default stream, as capture requires
-            for _ in range(3):
-                graph_step(*args)
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        self.static_logits = capture_and_upload(self.graph, lambda: graph_step(*args),
-                                                torch.cuda.graph)
-        torch.cuda.synchronize()
-        self.compile_s = time.perf_counter() - start  # rows written here are overwritten later
-
-    @torch.no_grad()
-    def prefill(self, idx: torch.Tensor) -> torch.Tensor:
-        if idx.size(0) != self.static_token.size(0):
-            raise ValueError(f"this decoder was built for batch size "
-                             f"{self.static_token.size(0)}, got {idx.size(0)} sequences")
-        self._start_seq(idx)
-        self.cache.crop(0)  # re-use the captured buffers: prefill overwrites rows 0..T-1
-        out, _ = self.model(idx, self.cache, logits="last")
-        return out[:, -1, :]
-
-    @torch.no_grad()
-    def step(self, token: torch.Tensor) -> torch.Tensor:
-        assert self.seq is not None, "prefill first"
-        pos = self.cache.length
-        if pos + 1 > self.cache.capacity:
-            raise ValueError(f"KV cache holds at most {self.cache.capacity} tokens; "
-                             f"this step would need {pos + 1}")
-        self.static_token.copy_(token)
-        self.static_pos.fill_(pos)
-        if self.graph is not None:
-            self.graph.replay()
-            logits = self.static_logits.clone()  # the next replay overwrites static_logits
-        else:
-            logits = graph_step(self.model, self.cache.k_buf, self.cache.v_buf,
-                                self.static_token, self.static_pos)
         self.cache.advance(1)
         self._push(token)
         return logits

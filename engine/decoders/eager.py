@@ -1,16 +1,15 @@
-"""The ``Decoder``: one sequence at a time through a decode mode, the same two calls for every mode.
+"""The eager ``Decoder``: steps through the model's own ``forward``; every decoder's base class.
 
   decoder.prefill(idx)  -> logits (B, vocab) for the token after ``idx`` (B, T); starts a sequence
   decoder.step(token)   -> logits (B, vocab) after appending ``token`` (B, 1)
   decoder.seek(ids, t)  holds exactly ``ids[:, :t]`` afterwards, without logits: prefill, crop
                         or extend, whichever is cheapest from what it holds (set-up, untimed)
 Uncached modes keep the whole sequence and re-run it every step; cached modes keep a KV cache.
-This base class is modes 1-5, 10 and 11 (eager PyTorch through ``GPT.forward`` with a cache
-kind, a causal-mask variant and a logits choice); modes 6-9 subclass it in ``engine.compiled``
-and ``engine.fast``.
-``make_decoder(model, name)`` builds any mode of ``engine.modes.MODES``. ``model`` is a ``GPT``
-or its ``engine.state.ModelState``: what a decoder builds on the model (mask buffers, packed
-copies, compiled steps) is kept there, shared by every decoder of that model
+This base class is modes 1-5, 10 and 11 (eager PyTorch through the model's ``forward`` -- any
+family's: GPT-2's or the Llama family's -- with a cache kind, a causal-mask variant and a logits
+choice); the other ways of stepping subclass it (``engine.decoders``). ``model`` is a model of
+``engine.families`` or its ``engine.state.ModelState``: what a decoder builds on the model (mask
+buffers, packed copies, compiled steps) is kept there, shared by every decoder of that model
 (``decoder.state``).
 
 Decoders whose steps go through ``GPT.forward`` (``appends = True``: modes 1-5, 10, 11) also
@@ -25,14 +24,11 @@ Every decoder reports two set-up costs that are never part of a step's time:
 
 from __future__ import annotations
 
-import importlib
-
 import torch
 
-from . import modes
-from .kv_cache import make_cache
-from .model import GPT
-from .state import ModelState
+from ..kv_cache import make_cache
+from ..model import GPT
+from ..state import ModelState
 
 
 class Decoder:
@@ -164,15 +160,3 @@ class Decoder:
             return out[:, -tokens.size(1) :, :]
         out, _ = self.model(tokens, self.cache, logits="all", attention=self.attention)
         return out
-
-
-def make_decoder(model: GPT | ModelState, name: str, **kwargs: object) -> Decoder:
-    """A decoder of mode ``name`` for ``model`` (ValueError if the mode cannot run there)."""
-    device = (model.model if isinstance(model, ModelState) else model).device
-    ok, why = modes.available(name, str(device))
-    if not ok:
-        raise ValueError(f"mode {name!r} cannot run here: {why}")
-    spec = modes.MODES[name]
-    module, attr = spec.factory.split(":")
-    factory = getattr(importlib.import_module(module), attr)
-    return factory(model, **spec.options, **kwargs)

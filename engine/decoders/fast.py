@@ -35,18 +35,16 @@ ModelState``; an in-place write to a parameter makes them stale, and they are bu
 
 from __future__ import annotations
 
-import functools
 import time
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from . import kernels
-from .decoders import Decoder
-from .model import GPT
-from .state import ModelState, weights_version
-from .step import (
+from .. import kernels
+from ..model import GPT
+from ..state import ModelState, weights_version
+from ..step import (
     CHUNKED,
     INTERLEAVED,
     KERNEL,
@@ -58,7 +56,9 @@ from .step import (
     decode_step,
     fused_step,
     kernel_attends,
+    layer_norm_call,
 )
+from .eager import Decoder
 
 MAX_CHUNKS = 8  # beyond this the per-chunk slabs get too thin to stream well
 
@@ -121,12 +121,6 @@ class PackedLinear:
     def nbytes(self) -> int:
         extra = 0 if self.bias is None else self.bias.numel() * self.bias.element_size()
         return self.weight.numel() * self.weight.element_size() + extra
-
-
-def _layer_norm(ln: torch.nn.LayerNorm) -> functools.partial[torch.Tensor]:
-    """``ln`` as a plain ``F.layer_norm`` call over its (detached) weight and bias."""
-    return functools.partial(F.layer_norm, normalized_shape=ln.normalized_shape,
-                             weight=ln.weight.detach(), bias=ln.bias.detach(), eps=ln.eps)
 
 
 @dataclass
@@ -269,10 +263,10 @@ class FastWeights:
         self.linears = list(zip(per_role["c_attn"], per_role["attn.c_proj"], per_role["c_fc"],
                                 per_role["mlp.c_proj"], strict=True))
         self.head = per_role["lm_head"][0]
-        layers = [(_layer_norm(b.ln_1), qkv, proj, _layer_norm(b.ln_2), fc, fc_proj)
+        layers = [(layer_norm_call(b.ln_1), qkv, proj, layer_norm_call(b.ln_2), fc, fc_proj)
                   for b, (qkv, proj, fc, fc_proj) in zip(tr.h, self.linears, strict=True)]
         self.step = StepWeights(tr.wte.weight.detach(), tr.wpe.weight.detach(), layers,
-                                _layer_norm(tr.ln_f), self.head, model.config.n_head)
+                                layer_norm_call(tr.ln_f), self.head, model.config.n_head)
 
     @property
     def extra_bytes(self) -> int:

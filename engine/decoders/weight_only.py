@@ -1,0 +1,97 @@
+"""Rungs 12 and 13's decoder: mode 8's over ``engine.quant``'s weight-only view of the model.
+
+Shares with ``engine.decoders.fast`` (which it subclasses) the decode step over one-call
+products and the fused C++ step; with ``engine.decoders.eager`` the prefill, seek, rewind and
+the multi-token ``append`` through ``GPT.forward`` over the view (preallocated cache, fused
+attention). What the view stores and how one product runs (int8 rows times their scale, bf16
+rows widened in registers) is ``engine.quant``'s: this file only steps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from .. import kernels
+from ..model import GPT
+from ..quant import Int8Linear, WeightOnlyGPT, kernel, kernel_takes, weight_only
+from ..state import ModelState
+from ..step import KERNEL, Product, StepWeights, fused_step, layer_norm_call
+from .eager import Decoder
+from .fast import FastDecoder
+
+
+class _Rows:
+    """The view's embedding as ``decode_step`` indexes it: ``rows[token]`` looks the tokens up
+    through the weight-only embedding (int8 rows times their scale, or bf16 rows)."""
+
+    def __init__(self, emb: nn.Module, width: int) -> None:
+        self.emb, self.width = emb, width
+
+    def __getitem__(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.emb(idx)
+
+    def size(self, dim: int) -> int:
+        assert dim == 1, "decode_step asks for the embedding's width only"
+        return self.width
+
+
+class _KernelStep:
+    """A weight-only Linear as a CPU decode step multiplies by it: its stored rows, scale and
+    bias straight into ``engine.kernels``' one call (no module call, no reshape, no separate
+    bias add: 49 of each per gpt2 step); rows the kernel does not take go through the module.
+    Where it applies, the decoder's step is ``engine.step.fused_step`` over ``product``; this
+    call is that step's Python form (``decode_step``), which the fused one must equal."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        self.rows = module.wq if isinstance(module, Int8Linear) else module.weight
+        self.scale = module.scale if isinstance(module, Int8Linear) else None
+        self.bias = None if module.bias is None else module.bias.detach()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if not kernel_takes(x):
+            return self.module(x)
+        return kernels.linear(x.contiguous(), self.rows, self.scale, self.bias)
+
+    @property
+    def product(self) -> Product:
+        return Product(KERNEL, self.rows, self.scale, self.bias, self.rows.size(0))
+
+
+def step_weights(view: WeightOnlyGPT) -> StepWeights:
+    """The view's modules as ``engine.step.decode_step``'s weights: mode 8's step, multiplying
+    by the weight-only Linears (through ``_KernelStep`` where the C++ kernel is built and the
+    view is fp32 on a CPU; LayerNorms as plain ``F.layer_norm`` calls)."""
+    tr = view.transformer
+    direct = (view.device.type == "cpu" and view.dtype == torch.float32
+              and kernels.available()[0])
+
+    def lin(m: nn.Module) -> Any:
+        return _KernelStep(m) if direct else m
+
+    layers = [(layer_norm_call(b.ln_1), lin(b.attn.c_attn), lin(b.attn.c_proj),
+               layer_norm_call(b.ln_2), lin(b.mlp.c_fc), lin(b.mlp.c_proj)) for b in tr.h]
+    return StepWeights(_Rows(tr.wte, view.config.n_embd), tr.wpe.weight.detach(), layers,
+                       layer_norm_call(tr.ln_f), lin(view.lm_head), view.config.n_head)
+
+
+class WeightOnlyDecoder(FastDecoder):
+    """Mode 8's decoder over ``weight_only``: the prefill and multi-token appends through
+    ``GPT.forward`` into a preallocated cache (fused attention), each decode step through
+    ``engine.step.decode_step`` (no per-module Python of a forward)."""
+
+    appends = True  # GPT.forward over the view takes several tokens at once
+
+    def __init__(self, model: GPT | ModelState, *, storage: str, batch_size: int = 1,
+                 capacity: int | None = None) -> None:
+        view = weight_only(model, storage)
+        Decoder.__init__(self, view, batch_size=batch_size, capacity=capacity,
+                         cache_kind="prealloc", mask="none", logits="last")
+        self.step_weights = step_weights(view)
+        self.fused = fused_step(self.step_weights)
+        self.storage = storage
+        self.kernel = kernel(storage, view.device.type)
+        self.extra_bytes = view.stored_bytes()  # held besides the model's own weights

@@ -1,0 +1,134 @@
+"""The peers' table: other inference engines the lineup offers beside our modes.
+
+``PEERS[name]`` is a ``PeerSpec`` (rung >= 100, so peers sort after our ladder; label; a colour
+no mode uses; the PyPI package and version it needs; its precision; the devices and model
+families it runs; a stated error bound for lossy peers; the install command). ``available(name,
+device) -> (ok, why)`` looks for the packages with ``importlib.util.find_spec`` (nothing heavy is
+imported: the dashboard's server reads this module). The adapters themselves live in
+``instruments.peers`` (one module each, named by ``PeerSpec.factory``) and are built in the
+measuring process by ``instruments.lineup.make_decoder``.
+
+  hf_dynamic / hf_static    transformers' GPT2LMHeadModel, DynamicCache / StaticCache (peers.hf)
+  ct2_float32 / ct2_int8    CTranslate2 from the same weights (ct2_float16 / ct2_bfloat16 on
+                            CUDA) (peers.ct2)
+  ort_float32               ONNX Runtime, GPT-2 exported with past keys/values (ort_float16 on
+                            CUDA) (peers.ort)
+  ov_float32                OpenVINO compiling that same export for the CPU (peers.ov)
+"""
+
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class PeerUnavailable(RuntimeError):
+    """A peer cannot run here: a package is missing or its conversion/export failed."""
+
+
+@dataclass(frozen=True)
+class PeerSpec:
+    name: str
+    rung: int  # >= 100: after our ladder everywhere
+    label: str
+    color: str  # no mode uses it
+    engine: str  # the other engine's name, as the verdict says it
+    packages: tuple[str, ...]  # import names that must be importable
+    pip: str  # what to install, pinned: "ctranslate2==4.8.5"
+    dtype: str  # the precision its weights are held in: float32 | int8 | float16 | bfloat16
+    devices: tuple[str, ...]  # device kinds it runs on
+    factory: str  # "module:callable" building the adapter
+    options: dict[str, Any] = field(default_factory=dict)
+    description: str = ""
+    # Not exact by design (int8 weights): the share of mode 1's largest |logit| its logits may
+    # stray by (the gate's bound, as ModeSpec.tolerance). 0: held to the model dtype's tolerance.
+    tolerance: float = 0.0
+    cached: bool = True  # every peer keeps a KV cache (the lineup treats it like a cached mode)
+    slow_setup: bool = False
+    families: tuple[str, ...] = ("gpt2",)  # model families its adapter converts
+    why_not: str = "its adapter converts GPT-2 checkpoints only (a GPT2LMHeadModel)"
+
+    @property
+    def install(self) -> str:
+        return f"pip install {self.pip}"
+
+
+_HF = "instruments.peers.hf:HFDecoder"
+_CT2 = "instruments.peers.ct2:CT2Decoder"
+_ORT = "instruments.peers.ort:ORTDecoder"
+_CT2_PKG = ("ctranslate2", "transformers")
+_CT2_PIP = "ctranslate2==4.8.5"
+_ORT_PKG = ("onnxruntime", "onnx", "transformers")
+_ORT_PIP = "onnxruntime==1.32.0 onnx==1.23.2"
+PEERS: dict[str, PeerSpec] = {p.name: p for p in (
+    PeerSpec("hf_dynamic", 101, "peer · transformers, dynamic cache", "#6b6ecf", "transformers",
+             ("transformers",), "transformers==5.23.0", "float32", ("cpu", "cuda"), _HF,
+             dict(cache="dynamic"), "GPT2LMHeadModel holding a copy of the weights; its default "
+             "DynamicCache (grown by torch.cat), cropped to seek."),
+    PeerSpec("hf_static", 102, "peer · transformers, static cache", "#9c9ede", "transformers",
+             ("transformers",), "transformers==5.23.0", "float32", ("cpu", "cuda"), _HF,
+             dict(cache="static"), "GPT2LMHeadModel with a StaticCache sized once; a step "
+             "attends over the whole capacity under a mask."),
+    PeerSpec("ct2_float32", 103, "peer · CTranslate2, float32", "#e6550d", "CTranslate2",
+             _CT2_PKG, _CT2_PIP, "float32", ("cpu", "cuda"), _CT2, dict(compute_type="float32"),
+             "Converted from the loaded weights by CTranslate2's Transformers converter; steps "
+             "are its own generation loop, paused between tokens."),
+    PeerSpec("ct2_int8", 104, "peer · CTranslate2, int8 weights", "#fd8d3c", "CTranslate2",
+             _CT2_PKG, _CT2_PIP, "int8", ("cpu", "cuda"), _CT2, dict(compute_type="int8"),
+             "The same conversion with int8 weights (a scale per output row; activations "
+             "quantized on the fly). Not exact: held to its stated bound, 15% of the largest "
+             "logit (measured 10.6% on gpt2's shapes with random weights; on the tiny test "
+             "shape's large random weights 35% on an AVX2 CPU, refused, and 3.3% on an "
+             "AVX-512 one: its int8 path depends on the CPU).", tolerance=0.15),
+    PeerSpec("ct2_float16", 105, "peer · CTranslate2, float16", "#fdae6b", "CTranslate2",
+             _CT2_PKG, _CT2_PIP, "float16", ("cuda",), _CT2, dict(compute_type="float16"),
+             "CTranslate2 in float16 (CUDA).", tolerance=0.03),
+    PeerSpec("ct2_bfloat16", 106, "peer · CTranslate2, bfloat16", "#fdd0a2", "CTranslate2",
+             _CT2_PKG, _CT2_PIP, "bfloat16", ("cuda",), _CT2, dict(compute_type="bfloat16"),
+             "CTranslate2 in bfloat16 (CUDA).", tolerance=0.1),
+    PeerSpec("ort_float32", 107, "peer · ONNX Runtime, float32", "#31a354", "ONNX Runtime",
+             _ORT_PKG, _ORT_PIP, "float32", ("cpu", "cuda"), _ORT, dict(dtype="float32"),
+             "transformers' GPT-2 exported with past keys/values by torch's ONNX exporter; "
+             "the graph concatenates each step's key/value onto the past it is given."),
+    PeerSpec("ov_float32", 109, "peer · OpenVINO, float32", "#ad494a", "OpenVINO",
+             ("openvino", "onnx", "transformers"), "openvino==2026.4.1 onnx==1.23.2", "float32",
+             ("cpu",), "instruments.peers.ov:OVDecoder", dict(dtype="float32"),
+             "OpenVINO compiling the ONNX Runtime peer's export for the CPU (fp32 precision)."),
+    PeerSpec("ort_float16", 108, "peer · ONNX Runtime, float16", "#74c476", "ONNX Runtime",
+             _ORT_PKG, "onnxruntime-gpu==1.32.0 onnx==1.23.2", "float16", ("cuda",), _ORT,
+             dict(dtype="float16"), "The same export in float16 (CUDA, I/O binding).",
+             tolerance=0.03),
+)}
+
+
+def spec(name: str) -> PeerSpec:
+    if name not in PEERS:
+        raise ValueError(f"unknown peer {name!r}; allowed: {', '.join(PEERS)}")
+    return PEERS[name]
+
+
+def _find(package: str) -> bool:
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def available(name: str, device: str, family: str | None = None) -> tuple[bool, str]:
+    """(can peer ``name`` run on ``device`` -- and a model of ``family``, when given -- why not:
+    the install command when a package is missing). Torch-free: finds packages without
+    importing them."""
+    if name not in PEERS:
+        return False, f"unknown peer {name!r}; allowed: {', '.join(PEERS)}"
+    p = PEERS[name]
+    if family is not None and family not in p.families:
+        return False, f"not for {family} models: {p.why_not}"
+    kind = str(device).split(":")[0]
+    if kind not in p.devices:
+        return False, f"runs on {' or '.join(p.devices)} only"
+    missing = [m for m in p.packages if not _find(m)]
+    if missing:
+        return False, f"{', '.join(missing)} not installed; install with: {p.install}"
+    return True, ""
