@@ -78,9 +78,9 @@ class Loaded:
 
 def load(spec: ModelSpec) -> Loaded:
     """The model a spec names, in eval mode, and what the pages need to know about it."""
-    from engine.families import load as load_weights
+    from instruments.lineup import load_model
 
-    state = load_weights(spec.name, spec.weights, device=spec.device, dtype=spec.dtype,
+    state = load_model(spec.name, spec.weights, device=spec.device, dtype=spec.dtype,
                          seed=spec.seed)
     model = state.model
     info = {"weights_label": state.provenance.label,

@@ -52,7 +52,7 @@ def test_arrows_point_one_way(folder: str, forbidden: set[str]) -> None:
 
 
 # The parts of instruments, lowest first: a part may import itself and the parts before it.
-INSTRUMENT_PARTS = ("store", "costmodel", "measure", "spine", "peers", "lineup", "checks",
+INSTRUMENT_PARTS = ("store", "lineup", "costmodel", "measure", "spine", "peers", "checks",
                     "experiments", "process", "cli", "__main__")
 
 

@@ -11,7 +11,7 @@ latency sweep's default ("crop") is checked against it by ``scripts/bench_sweep.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -21,11 +21,18 @@ from instruments.lineup import make_decoder
 from instruments.measure.timing import StepClock
 from instruments.spine import Tracker
 
-if TYPE_CHECKING:
-    from instruments.experiments.latency import LatencyParams
+
+class Sampling(Protocol):
+    """What of a sweep's parameters (``latency.LatencyParams``) generating by steps reads: a
+    protocol, so this module does not import the sweep that imports it."""
+
+    warmup: int
+    repeats: int
+    warmup_steps: int | None
+    batch_size: int
 
 
-def time_by_generation(model: GPT, mode: str, p: LatencyParams, contexts: list[int],
+def time_by_generation(model: GPT, mode: str, p: Sampling, contexts: list[int],
                        idx: torch.Tensor, tr: Tracker, row: Callable[..., dict[str, Any]]
                        ) -> bool:
     """Rows for one cached mode (see the module docstring). True if stopped."""
@@ -65,7 +72,7 @@ def time_by_generation(model: GPT, mode: str, p: LatencyParams, contexts: list[i
     return False
 
 
-def generation_work(p: LatencyParams, contexts: list[int]) -> float:
+def generation_work(p: Sampling, contexts: list[int]) -> float:
     """Decode steps a cached mode runs this way (warm-up runs included)."""
     steps = contexts[-1] - max(1, contexts[0] - 1)
     warm = steps if p.warmup_steps is None else min(steps, p.warmup_steps)

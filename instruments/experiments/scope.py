@@ -186,7 +186,6 @@ def _batches(model: GPT, p: ScopeParams, tr: Tracker) -> None:
 def _models(model: GPT, p: ScopeParams, tr: Tracker) -> None:
     import torch
 
-    from engine.families import model_class
     from instruments.measure import memory
 
     dev, tdtype = model.device, model.dtype
@@ -206,7 +205,7 @@ def _models(model: GPT, p: ScopeParams, tr: Tracker) -> None:
             row = _skip(base, "predicted uncached step over the time budget")
         else:
             tr.emit(f"{name}: random weights, then timing")
-            other = model_class(cfg).random(cfg, seed=0, device=dev, dtype=tdtype)
+            other = lineup.model_class(cfg).random(cfg, seed=0, device=dev, dtype=tdtype)
             try:
                 row = {**base, **measure_speedup(other, 1, p.context_len,
                                                  cached_mode=p.cached_mode,
