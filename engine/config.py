@@ -8,7 +8,10 @@ the test shapes), of which family and with which shapes, is ``engine.families``'
 Both configs answer the same questions, so caches, costs and the planner need not know the
 family: ``n_layer``, ``n_head`` (query heads), ``n_kv_head`` (heads the KV cache holds: GPT-2's
 every head, GQA's fewer), ``head_dim``, ``n_embd``, ``block_size``, ``vocab_size``, ``mask``,
-``family``, ``kv_bytes_per_token(element_bytes)``.
+``family``, ``kv_bytes_per_token(element_bytes)``, ``matrices()`` (every Linear of one block as
+(role, out, in, bias), then the output projection), ``head`` (the output projection's
+(out, in)), ``other_params()`` (the parameters that are no matrix: embeddings, norms, biases)
+and ``activations_per_token()`` (the values one token's pass through a block writes).
 Torch-free: the dashboard's server process reads shapes without importing torch.
 """
 
@@ -57,6 +60,30 @@ class GPTConfig:
     def kv_bytes_per_token(self, element_bytes: int) -> int:
         """K and V of one token across every layer: 2 x n_layer x n_kv_head x head_dim x el."""
         return 2 * self.n_layer * self.n_kv_head * self.head_dim * element_bytes
+
+    def matrices(self) -> list[tuple[str, int, int, bool]]:
+        """One block's Linears, (role, out, in, has bias): the fused q|k|v product, the
+        attention's output projection, the MLP's 4x up and down projections."""
+        d = self.n_embd
+        return [("c_attn", 3 * d, d, True), ("attn.c_proj", d, d, True),
+                ("c_fc", 4 * d, d, True), ("mlp.c_proj", d, 4 * d, True)]
+
+    @property
+    def head(self) -> tuple[int, int]:
+        return (self.vocab_size, self.n_embd)  # tied to the token embedding
+
+    def other_params(self) -> int:
+        """Parameters that are no matrix product: the token embedding (tied: the head's, so
+        counted here once), the position table, two LayerNorms per block and the final one,
+        the Linears' biases."""
+        d = self.n_embd
+        biases = sum(out for _, out, _, bias in self.matrices() if bias)
+        return self.vocab_size * d + self.block_size * d + self.n_layer * (4 * d + biases) + 2 * d
+
+    def activations_per_token(self) -> int:
+        """Values one token's pass through a block writes: q, k, v (3d), the attention output
+        (d) and the MLP's hidden layer (4d)."""
+        return 8 * self.n_embd
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -113,6 +140,32 @@ class LlamaConfig:
     def kv_bytes_per_token(self, element_bytes: int) -> int:
         """K and V of one token across every layer: 2 x n_layer x n_kv_head x head_dim x el."""
         return 2 * self.n_layer * self.n_kv_head * self.head_dim * element_bytes
+
+    def matrices(self) -> list[tuple[str, int, int, bool]]:
+        """One block's Linears, (role, out, in, has bias): q, k and v apart (k and v only
+        n_kv_head heads wide: GQA's saving), the attention's output projection, SwiGLU's gate,
+        up and down projections. No biases."""
+        d, kv, h = self.n_embd, self.n_kv_head * self.head_dim, self.n_hidden
+        return [("q_proj", d, d, False), ("k_proj", kv, d, False), ("v_proj", kv, d, False),
+                ("o_proj", d, d, False), ("gate_proj", h, d, False), ("up_proj", h, d, False),
+                ("down_proj", d, h, False)]
+
+    @property
+    def head(self) -> tuple[int, int]:
+        return (self.vocab_size, self.n_embd)  # tied (SmolLM2) or not: the same shape
+
+    def other_params(self) -> int:
+        """Parameters that are no matrix product: the token embedding (counted here once when
+        tied to the head, twice otherwise), two RMSNorm weights per block and the final one.
+        RoPE has no parameters."""
+        d = self.n_embd
+        embed = self.vocab_size * d * (1 if self.tied else 2)
+        return embed + self.n_layer * 2 * d + d
+
+    def activations_per_token(self) -> int:
+        """Values one token's pass through a block writes: q (d), k and v (n_kv_head heads
+        each), the attention output (d), and SwiGLU's gate, up and their product (3 x n_hidden)."""
+        return 2 * self.n_embd + 2 * self.n_kv_head * self.head_dim + 3 * self.n_hidden
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)

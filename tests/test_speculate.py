@@ -16,7 +16,6 @@ from engine.decoders import Decoder, make_decoder
 from engine.loop import decode
 from engine.model import GPT
 from engine.speculative import propose, speculative_decode
-from engine.tokenizer import encode_for
 from instruments.costmodel.speculation import (
     VerifyCurve,
     break_even,
@@ -81,7 +80,7 @@ def test_speculation_equals_greedy_on_the_trained_model_with_real_acceptance(
         trained: GPT) -> None:
     rates = []
     for text in PROMPTS:
-        prompt = torch.tensor([encode_for(text, trained.config.vocab_size)])
+        prompt = torch.tensor([families.tokenizer(trained.config).encode(text)])
         for k in (2, 8):
             want, got = both(trained, prompt, 96, k)
             assert torch.equal(got.tokens, want), (text, k)
@@ -95,7 +94,7 @@ def test_speculation_equals_greedy_on_the_trained_model_with_real_acceptance(
 def test_a_cache_not_rewound_after_a_rejected_draft_breaks_equality(
         trained: GPT, monkeypatch: pytest.MonkeyPatch) -> None:
     """What the equality test guards: keeping the rejected draft's keys changes the tokens."""
-    prompt = torch.tensor([encode_for(PROMPTS[0], trained.config.vocab_size)])
+    prompt = torch.tensor([families.tokenizer(trained.config).encode(PROMPTS[0])])
     want = decode(make_decoder(trained, "prealloc_fused", capacity=160), prompt, 64).tokens
 
     def forget_rows_only(self: Decoder, length: int) -> None:

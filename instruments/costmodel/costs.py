@@ -1,7 +1,13 @@
-"""Analytic cost model: FLOPs and bytes per generation step, computed from a `GPTConfig` alone.
+"""Analytic cost model: FLOPs and bytes per generation step, computed from a model's config alone.
+
+Any family's config (``engine.config``: GPT-2's or the Llama family's) describes its own Linears
+(``cfg.matrices()``: q|k|v fused or apart, GQA's narrower k and v, a 4x GELU MLP or SwiGLU's
+three), its head, its other parameters and the activations a block writes; the formulas below
+sum those, so GQA, SwiGLU and a 49,152-row head are costed as they are, not as GPT-2's shapes.
 
 Every number here is a formula, never a measurement. FLOPs count only matrix products (2 FLOPs
-per multiply-add); LayerNorm, softmax, GELU, adds and embedding lookups are left out, so the
+per multiply-add); LayerNorm / RMSNorm, RoPE's rotations, softmax, GELU / SiLU, adds and embedding
+lookups are left out, so the
 result matches what `torch.utils.flop_counter.FlopCounterMode` reports for the same forward.
 Bytes are a lower bound on the traffic a step cannot avoid (weights once, K/V rows touched).
 The Linear weights are counted at their *stored* size: the model dtype's, unless a mode stores
@@ -17,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from engine import dtypes
-from engine.config import GPTConfig
+from engine.config import ModelConfig
 from instruments.costmodel import kv_plan
 
 MASK_BYTE_KINDS = ("seed", "shared_bool", "none")
@@ -33,23 +39,35 @@ def _check_positive(name: str, value: int, allow_zero: bool = False) -> None:
 
 
 # ---------------------------------------------------------------------------------------- FLOPs
-def linear_params(cfg: GPTConfig) -> int:
-    """N: weights of every Linear layer, including the output projection tied to `wte`.
+def block_params(cfg: ModelConfig) -> int:
+    """Weights of one block's Linears (``cfg.matrices()``): gpt2 12 d^2; SmolLM2 2 d^2 + 2 d x
+    (3 heads x 64) + 3 d x 1,536."""
+    return sum(out * inp for _, out, inp, _ in cfg.matrices())
 
-    Per layer: qkv (d x 3d) + attention out (d x d) + MLP up (d x 4d) + MLP down (4d x d) = 12 d^2;
-    plus the output projection d x V. Biases, LayerNorms and the position table are excluded:
-    they add no matrix-product FLOPs. gpt2 -> 123,532,032.
+
+def linear_params(cfg: ModelConfig) -> int:
+    """N: weights of every Linear layer, including the output projection (tied or not).
+
+    Every block's matrices plus the output projection d x V. Biases, norms and the position
+    table are excluded: they add no matrix-product FLOPs. gpt2 -> 123,532,032; smollm2-135m ->
+    134,479,872 (the 49,152 x 576 head alone 28,311,552).
     """
-    d = cfg.n_embd
-    return 12 * cfg.n_layer * d * d + d * cfg.vocab_size
+    return cfg.n_layer * block_params(cfg) + _head_params(cfg)
 
 
-def _head_params(cfg: GPTConfig) -> int:
-    return cfg.n_embd * cfg.vocab_size
+def _head_params(cfg: ModelConfig) -> int:
+    out, inp = cfg.head
+    return out * inp
+
+
+def _attention_width(cfg: ModelConfig) -> int:
+    """Query heads x head size: what each query's score and weighted sum span (GQA shares the
+    keys, not the queries: the FLOPs are those of every query head)."""
+    return cfg.n_head * cfg.head_dim
 
 
 def step_flops(
-    cfg: GPTConfig,
+    cfg: ModelConfig,
     context_len: int,
     cached: bool,
     batch_size: int = 1,
@@ -71,9 +89,9 @@ def step_flops(
     _check_positive("batch_size", batch_size)
     t = context_len
     n = linear_params(cfg)
-    attention = 4 * cfg.n_layer * cfg.n_embd * t
+    attention = 4 * cfg.n_layer * _attention_width(cfg) * t
     if cached:
-        per_seq = 2 * n + 4 * cfg.n_layer * cfg.n_embd * (keys or t)
+        per_seq = 2 * n + 4 * cfg.n_layer * _attention_width(cfg) * (keys or t)
     elif last_only:
         head = _head_params(cfg)
         per_seq = 2 * (n - head) * t + 2 * head + attention * t
@@ -82,7 +100,7 @@ def step_flops(
     return per_seq * batch_size
 
 
-def lm_head_share(cfg: GPTConfig, context_len: int, wasted_only: bool = False) -> float:
+def lm_head_share(cfg: ModelConfig, context_len: int, wasted_only: bool = False) -> float:
     """Fraction of an uncached step's FLOPs spent in the output projection (~0.27 for gpt2).
 
     With `wasted_only` only the t-1 positions whose predictions generation throws away count
@@ -93,7 +111,7 @@ def lm_head_share(cfg: GPTConfig, context_len: int, wasted_only: bool = False) -
     return 2 * _head_params(cfg) * positions / total
 
 
-def attention_share(cfg: GPTConfig, context_len: int, cached: bool = False) -> float:
+def attention_share(cfg: ModelConfig, context_len: int, cached: bool = False) -> float:
     """Fraction of a step's FLOPs in the two attention products (~0.13 at t=1000 for gpt2).
 
     The uncached step is exactly t times the cached one term by term, so both give the same
@@ -101,12 +119,12 @@ def attention_share(cfg: GPTConfig, context_len: int, cached: bool = False) -> f
     """
     total = step_flops(cfg, context_len, cached=cached)
     t = context_len
-    attention = 4 * cfg.n_layer * cfg.n_embd * t * (1 if cached else t)
+    attention = 4 * cfg.n_layer * _attention_width(cfg) * t * (1 if cached else t)
     return attention / total
 
 
 def _generation_step_flops(
-    cfg: GPTConfig,
+    cfg: ModelConfig,
     prompt_len: int,
     new_tokens: int,
     cached: bool,
@@ -128,7 +146,7 @@ def _generation_step_flops(
 
 
 def generation_flops(
-    cfg: GPTConfig,
+    cfg: ModelConfig,
     prompt_len: int,
     new_tokens: int,
     cached: bool,
@@ -149,18 +167,14 @@ def dtype_bytes(dtype: Any) -> int:
     return dtypes.itemsize(dtype)
 
 
-def param_count(cfg: GPTConfig) -> int:
-    """Every parameter of the model, the tied output projection counted once (gpt2: 124,439,808)."""
-    d, L = cfg.n_embd, cfg.n_layer
-    embeddings = cfg.vocab_size * d + cfg.block_size * d
-    # Per block: two LayerNorms (2d each) + the four Linear layers' weights (12 d^2) and biases
-    # (3d + d + 4d + d = 9d).
-    per_layer = 12 * d * d + 9 * d + 4 * d
-    final_ln = 2 * d
-    return embeddings + L * per_layer + final_ln
+def param_count(cfg: ModelConfig) -> int:
+    """Every parameter of the model, a tied output projection counted once (gpt2: 124,439,808;
+    smollm2-135m: 134,515,008): the blocks' matrices plus ``cfg.other_params()`` (embeddings,
+    norms, biases)."""
+    return cfg.n_layer * block_params(cfg) + cfg.other_params()
 
 
-def weight_bytes(cfg: GPTConfig, dtype: Any) -> int:
+def weight_bytes(cfg: ModelConfig, dtype: Any) -> int:
     """Bytes of all parameters (tied `wte`/output projection once): gpt2 fp32 ~ 475 MiB."""
     return param_count(cfg) * dtype_bytes(dtype)
 
@@ -169,13 +183,13 @@ WEIGHT_STORAGES = ("", "int8", "bfloat16")  # "": the model dtype
 SCALE_BYTES = 4  # one fp32 scale per output channel of an int8 weight
 
 
-def output_channels(cfg: GPTConfig) -> int:
-    """Output channels of every Linear, the output projection's included: L*9d + V (gpt2:
-    133,201); an int8 weight stores one scale per channel."""
-    return 9 * cfg.n_embd * cfg.n_layer + cfg.vocab_size
+def output_channels(cfg: ModelConfig) -> int:
+    """Output channels of every Linear, the output projection's included: gpt2 L*9d + V
+    (133,201); an int8 weight stores one scale per channel."""
+    return cfg.n_layer * sum(out for _, out, _, _ in cfg.matrices()) + cfg.head[0]
 
 
-def linear_weight_bytes(cfg: GPTConfig, dtype: Any, storage: str = "") -> int:
+def linear_weight_bytes(cfg: ModelConfig, dtype: Any, storage: str = "") -> int:
     """The weights a decode step must stream, as stored: N * element size of ``dtype`` (gpt2
     fp32: 494 MB), or of ``storage`` -- "int8" (gpt2: 124 MB, scales included) or
     "bfloat16" (247 MB)."""
@@ -187,27 +201,29 @@ def linear_weight_bytes(cfg: GPTConfig, dtype: Any, storage: str = "") -> int:
     return linear_params(cfg) * dtype_bytes(storage or dtype)
 
 
-def kv_bytes_per_token(cfg: GPTConfig, dtype: Any) -> int:
-    """One key and one value vector per layer: 2*L*d*bytes (gpt2 fp32: 73,728 = 72 KiB)."""
-    return 2 * cfg.n_layer * cfg.n_embd * dtype_bytes(dtype)
+def kv_bytes_per_token(cfg: ModelConfig, dtype: Any) -> int:
+    """One key and one value vector per layer and K/V head: 2*L*n_kv_head*hs*bytes (gpt2 fp32:
+    73,728 = 72 KiB; smollm2-135m's 3 K/V heads: 46,080)."""
+    return cfg.kv_bytes_per_token(dtype_bytes(dtype))
 
 
-def kv_bytes(cfg: GPTConfig, dtype: Any, batch_size: int, context_len: int) -> int:
+def kv_bytes(cfg: ModelConfig, dtype: Any, batch_size: int, context_len: int) -> int:
     """KV cache payload for `batch_size` sequences of `context_len` tokens each."""
     _check_positive("batch_size", batch_size)
     _check_positive("context_len", context_len, allow_zero=True)
     return kv_bytes_per_token(cfg, dtype) * batch_size * context_len
 
 
-def activation_bytes(cfg: GPTConfig, dtype: Any, context_len: int, cached: bool,
+def activation_bytes(cfg: ModelConfig, dtype: Any, context_len: int, cached: bool,
                      batch_size: int = 1, last_only: bool = False,
                      keys: int | None = None) -> int:
     """Lower bound on the activation traffic of one step: every activation written once and
     read once, the logits written once.
 
-    Per layer, for T new tokens attending to t keys: q/k/v (3d), the attention output (d) and the
-    MLP's hidden layer (4d) per token, and the T x t scores per head (explicit attention
-    materialises them); then the logits, T x V (one row with ``last_only`` or a cache).
+    Per layer, for T new tokens attending to t keys: ``cfg.activations_per_token()`` per token
+    (gpt2: q/k/v 3d, the attention output d, the MLP's hidden layer 4d), and the T x t scores
+    per query head (explicit attention materialises them); then the logits, T x V (one row with
+    ``last_only`` or a cache).
     Uncached (T = t) this is far from small: gpt2 fp32 at 1,000 tokens writes 201 MB of logits
     alone and ~1.7 GB of attention scores, more than its 494 MB of weights. Cached (T = 1) it is
     ~1.9 MB at 1,000 tokens, 0.4% of the weights. Biases and LayerNorm parameters are left out.
@@ -215,13 +231,13 @@ def activation_bytes(cfg: GPTConfig, dtype: Any, context_len: int, cached: bool,
     _check_positive("context_len", context_len)
     t = context_len
     new = 1 if cached else t
-    per_layer = 2 * (8 * cfg.n_embd * new + cfg.n_head * new * (keys or t))
+    per_layer = 2 * (cfg.activations_per_token() * new + cfg.n_head * new * (keys or t))
     logits = cfg.vocab_size * (1 if cached or last_only else t)
     return (cfg.n_layer * per_layer + logits) * batch_size * dtype_bytes(dtype)
 
 
 def step_bytes(
-    cfg: GPTConfig, dtype: Any, context_len: int, cached: bool, batch_size: int = 1,
+    cfg: ModelConfig, dtype: Any, context_len: int, cached: bool, batch_size: int = 1,
     last_only: bool = False, keys: int | None = None, storage: str = "",
 ) -> int:
     """Lower bound on bytes one step moves to or from memory.
@@ -239,7 +255,7 @@ def step_bytes(
                                keys if cached else None))
 
 
-def step_read_bytes(cfg: GPTConfig, dtype: Any, context_len: int, batch_size: int = 1,
+def step_read_bytes(cfg: ModelConfig, dtype: Any, context_len: int, batch_size: int = 1,
                     keys: int | None = None, storage: str = "",
                     kv_storage: str | None = None) -> int:
     """Bytes a step must read, the numerator of MBU (gpt-fast's and Databricks' definition).
@@ -272,7 +288,7 @@ def utilization(flops: float | None, read_bytes: float | None, seconds: float | 
     return share(read_bytes, peak_gbps, 1e9), share(flops, peak_tflops, 1e12)
 
 
-def mask_bytes(cfg: GPTConfig, kind: str | None = None) -> int:
+def mask_bytes(cfg: ModelConfig, kind: str | None = None) -> int:
     """Bytes of stored causal masks for a mask kind (default: the config's own).
 
     "seed": one fp32 block_size^2 buffer per layer (gpt2: 48 MiB); "shared_bool": one bool
@@ -289,7 +305,7 @@ def mask_bytes(cfg: GPTConfig, kind: str | None = None) -> int:
     raise ValueError(f"unknown mask kind {kind!r}; allowed: {', '.join(MASK_BYTE_KINDS)}")
 
 
-def kv_overtakes_weights_tokens(cfg: GPTConfig, dtype: Any, kv_dtype: Any = None) -> float:
+def kv_overtakes_weights_tokens(cfg: ModelConfig, dtype: Any, kv_dtype: Any = None) -> float:
     """batch x context (in tokens) at which the KV cache outweighs all weights (gpt2 fp32: ~6,750).
 
     `kv_dtype` defaults to `dtype`; pass a smaller one to see a lower-precision cache.
@@ -299,7 +315,7 @@ def kv_overtakes_weights_tokens(cfg: GPTConfig, dtype: Any, kv_dtype: Any = None
 
 
 # ---------------------------------------------------------------------------- memory
-def crossover_grid(cfg: GPTConfig, dtype: Any, batch_sizes: Sequence[int],
+def crossover_grid(cfg: ModelConfig, dtype: Any, batch_sizes: Sequence[int],
                    contexts: Sequence[int]) -> list[dict]:
     """KV cache vs weights for each batch x context; crossover_tokens is where KV = weights."""
     w = weight_bytes(cfg, dtype)
@@ -313,7 +329,7 @@ def crossover_grid(cfg: GPTConfig, dtype: Any, batch_sizes: Sequence[int],
     return rows
 
 
-def peak_memory_estimate(cfg: GPTConfig, dtype: Any, batch_size: int, context_len: int,
+def peak_memory_estimate(cfg: ModelConfig, dtype: Any, batch_size: int, context_len: int,
                          cache_kind: str | None = "prealloc", *, logits_all: bool = True,
                          device: Any = "cuda", mask: str = "seed") -> dict[str, int]:
     """A generous upper estimate of the bytes one run needs at its largest step (a prefill).
@@ -325,7 +341,7 @@ def peak_memory_estimate(cfg: GPTConfig, dtype: Any, batch_size: int, context_le
     b, t, d = batch_size, context_len, cfg.n_embd
     el = dtype_bytes(dtype)
     scores = 3 * b * cfg.n_head * t * t * el
-    hidden = b * t * (4 * d * 2 + 6 * d) * el
+    hidden = b * t * (cfg.activations_per_token() + 6 * d) * el
     logits = b * (t if logits_all or cache_kind is None else 1) * cfg.vocab_size * el
     kv = 0 if cache_kind is None else kv_bytes(cfg, dtype, b, t)
     if cache_kind == "concat":
@@ -339,7 +355,7 @@ def peak_memory_estimate(cfg: GPTConfig, dtype: Any, batch_size: int, context_le
     return est
 
 
-def breakdown_formula(cfg: GPTConfig, dtype: Any, batch_size: int, context_len: int,
+def breakdown_formula(cfg: ModelConfig, dtype: Any, batch_size: int, context_len: int,
                       mask: str | None = None, device: str = "cpu") -> list[dict[str, Any]]:
     """Rows (component, bytes, source, note) of a run's memory by formula: the bar drawn beside
     the measured one (``instruments.measure.memory.memory_breakdown``)."""
@@ -351,7 +367,8 @@ def breakdown_formula(cfg: GPTConfig, dtype: Any, batch_size: int, context_len: 
         {"component": "causal-mask buffers", "bytes": mask_bytes(cfg, mask), "source": "formula",
          "note": f"{mask or cfg.mask} variant; per kind: {kinds}"},
         {"component": "KV cache", "bytes": kv_bytes(cfg, dtype, batch_size, context_len),
-         "source": "formula", "note": f"2·L·d·bytes × batch {batch_size} × {context_len} tokens"},
+         "source": "formula", "note": f"2·L·{cfg.n_kv_head} K/V heads·{cfg.head_dim}·bytes × "
+         f"batch {batch_size} × {context_len} tokens"},
         {"component": "cuBLAS workspace", "bytes": ws, "source": "formula",
          "note": "upper estimate" if ws else "none on a CPU"},
     ]

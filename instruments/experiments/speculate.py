@@ -223,12 +223,12 @@ def prompt_ids(model: GPT, text: str, new_tokens: int) -> tuple[torch.Tensor, st
     import torch
 
     from engine.loop import random_prompt
-    from engine.tokenizer import TokenizerError, encode_for
+    from engine.tokenizer import TokenizerError
 
     cfg = model.config
     room = cfg.block_size - new_tokens
     try:
-        ids = encode_for(text or DEFAULT_PROMPT, cfg.vocab_size)
+        ids = lineup.tokenizer(cfg).encode(text or DEFAULT_PROMPT)
     except TokenizerError as exc:
         if text:
             raise ValueError(str(exc).splitlines()[0]) from exc
@@ -281,8 +281,6 @@ def _speculate(model: GPT, p: SpeculateParams, prompt: torch.Tensor, tr: Tracker
     from engine.decoders import make_decoder
     from engine.loop import decode, first_difference
     from engine.speculative import speculative_decode
-    from engine.tokenizer import decode_for
-
     n, t0 = p.new_tokens, prompt.size(1)
     dec = make_decoder(model, p.mode, capacity=t0 + n)
     prefill = _sampler(model, p, tr).point(lambda: dec.prefill(prompt))
@@ -292,9 +290,9 @@ def _speculate(model: GPT, p: SpeculateParams, prompt: torch.Tensor, tr: Tracker
         return True
     want = plain[-1].tokens
     distinct = int(want.unique().numel())
-    vocab = model.config.vocab_size
-    meta.update(prompt_tokens=t0, prompt_text=decode_for(prompt[0].tolist(), vocab),
-                output_text=decode_for(want[0].tolist(), vocab), distinct_tokens=distinct)
+    tok = lineup.tokenizer(model.config)
+    meta.update(prompt_tokens=t0, prompt_text=tok.decode(prompt[0].tolist()),
+                output_text=tok.decode(want[0].tolist()), distinct_tokens=distinct)
     if distinct <= 2:
         tr.note(f"the greedy stream is {distinct} distinct token(s) repeated (what random "
                 "weights give): the drafts are trivially right, so this acceptance says little "
@@ -321,7 +319,7 @@ def _speculate(model: GPT, p: SpeculateParams, prompt: torch.Tensor, tr: Tracker
             tr.note(f"k={k}: the speculative tokens differ from plain greedy decoding at token "
                     f"{at}: a near-tie the multi-token forward rounded the other way")
         history = torch.cat([prompt[0].cpu(), spec.tokens[0].cpu()])
-        draft_ms = _drafting_ms(history, spec.forwards, k, p.ngram, t0, n, vocab)
+        draft_ms = _drafting_ms(history, spec.forwards, k, p.ngram, t0, n, model.config.vocab_size)
         pred = speedups(curve, k=k, acceptance=spec.acceptance, prompt_len=t0, new_tokens=n,
                         forwards=[(f.context_len, f.drafted) for f in spec.forwards],
                         prefill_ms=prefill_ms, step_loop_ms=step_loop_ms, draft_ms=draft_ms)

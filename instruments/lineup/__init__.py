@@ -13,7 +13,8 @@ Modes and peers, one namespace for everything a sweep can time:
                         through its adapter (``PeerSpec.factory``, imported on first use)
 Model families and their presets (``engine.families``):
   ``models(tests=False)``, ``preset(name)``, ``config(name)``, ``config_from_dict(fields)``,
-  ``family_of(name_or_config)``, ``load_model(name, weights, ...)``, ``model_class(cfg)``
+  ``family_of(name_or_config)``, ``load_model(name, weights, ...)``, ``model_class(cfg)``,
+  ``tokenizer(cfg)``
 Pages, inputs, the gate, the cost model and the experiments ask here, so a mode, a peer or a
 model family registered once is selectable, gated, predicted and timed wherever the others are.
 Torch-free at import; lowest of the instrument parts but the store, so the cost model and the
@@ -174,3 +175,4 @@ config_from_dict = families.config_from_dict
 family_of = families.family_of
 load_model = families.load  # a preset with its weights: an engine.state.ModelState
 model_class = families.model_class
+tokenizer = families.tokenizer  # a model's tokenizer: encode, decode, decode_each, chat
