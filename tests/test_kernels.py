@@ -4,6 +4,7 @@ fp32 weights: equal up to float32 summation order (~1e-6 of the output's scale);
 weights: equal to ``F.linear`` over the same weights dequantized to fp32 (the kernel converts in
 registers and adds nothing of its own). Odd sizes cover the kernel's tails (rows not a multiple
 of 4, widths not a multiple of the vector length); bad input is refused with what is allowed.
+The attention against SDPA, multi-head and grouped-query (``enable_gqa``).
 """
 
 from __future__ import annotations
@@ -80,11 +81,12 @@ def test_a_library_built_from_another_source_is_not_loaded(tmp_path, monkeypatch
     fresh checkout makes the source look newer than a library built from the same text)."""
     monkeypatch.setenv("KVLAB_KERNEL_DIR", str(tmp_path))
     monkeypatch.setattr(kernels, "_state", {"loaded": False, "why": "not built yet"})
-    (tmp_path / f"{kernels.NAME}.so").write_bytes(b"not a library")
-    (tmp_path / f"{kernels.NAME}.source-sha256").write_text("0" * 64)  # another source
+    where = kernels._build_dir()  # tmp_path, or a folder in it for a KVLAB_KERNEL_ISA build
+    kernels._library(where).write_bytes(b"not a library")
+    kernels._stamp(where).write_text("0" * 64)  # another source
     ok, why = kernels.available()
     assert not ok and "not built" in why
-    (tmp_path / f"{kernels.NAME}.source-sha256").write_text(kernels._source_hash())
+    kernels._stamp(where).write_text(kernels._source_hash())
     assert kernels.available() == (False, "not built yet")  # asked once per process
     monkeypatch.setattr(kernels, "_state", {"loaded": False, "why": ""})
     ok, why = kernels.available()  # now it matches: it tries to load it, and says why not
@@ -137,7 +139,9 @@ def test_attend_would_show_a_missed_key() -> None:
     (lambda a: {**a, "pos": 9}, "0 <= pos < T"),
     (lambda a: {**a, "k_buf": a["k_buf"].transpose(2, 3).contiguous().transpose(2, 3)},
      "contiguous (T, hs) rows"),
-    (lambda a: {**a, "v": a["v"][:, :1]}, "(B, nh, hs) like q"),
+    (lambda a: {**a, "v": a["v"][:, :1]}, "v must be (B, n_kv, hs) like k"),
+    (lambda a: {**a, "k": a["k"][:, :1], "v": a["v"][:, :1]}, "(B, n_kv, T, hs) like k"),
+    (lambda a: {**a, "q": torch.randn(1, 3, 8)}, "must divide q's (3)"),
     (lambda a: {**a, "q": a["q"].double()}, "must be fp32 on the CPU"),
 ])
 def test_attend_bad_input_says_what_is_allowed(change, message: str) -> None:  # noqa: ANN001
@@ -145,6 +149,40 @@ def test_attend_bad_input_says_what_is_allowed(change, message: str) -> None:  #
             "k_buf": torch.zeros(1, 2, 9, 8), "v_buf": torch.zeros(1, 2, 9, 8), "pos": 3}
     with pytest.raises(RuntimeError, match=re.escape(message)):
         kernels.attend(**change(args))
+
+
+@pytest.mark.parametrize("batch, nh, nkv, hs, t_max, pos", [
+    (1, 9, 3, 64, 300, 127),   # SmolLM2-135M: 9 query heads over 3 K/V heads of 64
+    (2, 9, 3, 64, 40, 0), (3, 4, 2, 16, 33, 17), (1, 6, 1, 64, 200, 150),  # one K/V head: MQA
+    (2, 8, 2, 20, 50, 31),  # a head size off the vector width
+])
+def test_grouped_query_attend_matches_sdpa(batch: int, nh: int, nkv: int, hs: int, t_max: int,
+                                           pos: int) -> None:
+    """Query head h reads K/V head h // (nh / n_kv): SDPA with ``enable_gqa`` (which repeats
+    each K/V head for its group), the (B, n_kv, T, hs) cache written at ``pos`` only."""
+    gen = torch.Generator().manual_seed(nh * 100 + nkv * 10 + pos)
+    q = torch.randn(batch, nh, hs, generator=gen)
+    k, v = torch.randn(batch, 2, nkv, hs, generator=gen).unbind(1)
+    k_buf = torch.randn(batch, nkv, t_max, hs, generator=gen) * 3
+    v_buf = torch.randn(batch, nkv, t_max, hs, generator=gen)
+    kb, vb = k_buf.clone(), v_buf.clone()
+    kb[:, :, pos], vb[:, :, pos] = k, v
+    ref = F.scaled_dot_product_attention(q.unsqueeze(2), kb[:, :, : pos + 1],
+                                         vb[:, :, : pos + 1], enable_gqa=True).squeeze(2)
+    rep = nh // nkv  # the same by hand: each K/V head repeated for its group
+    ref2 = F.scaled_dot_product_attention(
+        q.unsqueeze(2), kb[:, :, : pos + 1].repeat_interleave(rep, 1),
+        vb[:, :, : pos + 1].repeat_interleave(rep, 1)).squeeze(2)
+    assert torch.allclose(ref, ref2, rtol=0, atol=1e-6)
+    got = kernels.attend(q, k, v, k_buf, v_buf, pos)
+    assert got.shape == (batch, nh, hs)
+    assert (got - ref).abs().max() <= 2e-6 * ref.abs().max()
+    assert torch.equal(k_buf, kb) and torch.equal(v_buf, vb)
+    if nkv > 1:  # the tolerance sees heads paired the other way (h % n_kv)
+        wrong = F.scaled_dot_product_attention(
+            q.unsqueeze(2), kb[:, :, : pos + 1].repeat(1, rep, 1, 1),
+            vb[:, :, : pos + 1].repeat(1, rep, 1, 1)).squeeze(2)
+        assert (wrong - ref).abs().max() > 1e-3
 
 
 @pytest.mark.parametrize("batch, out, inn", [(1, 37, 48), (3, 2304, 768), (8, 130, 3072),
@@ -165,3 +203,4 @@ def test_interleaved_weights_give_the_same_product(batch: int, out: int, inn: in
     assert (kernels.linear_interleaved(x, swapped, out, b) - ref).abs().max() > 1e-3
     with pytest.raises(ValueError, match="multiple of 16"):
         kernels.interleave(torch.randn(4, 20))
+

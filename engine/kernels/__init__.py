@@ -1,25 +1,45 @@
-"""Our CPU kernels for a decode step: ``torch.ops.kvlab.linear``, ``.attend`` and
-``.decode_layers``, a small C++ extension built once per machine (``gemv.cpp``, ``attend.cpp``,
-``layers.cpp``, their ``simd.h`` and ``ops.h``, compiled with ``-O3 -march=native`` for the CPU
-at hand).
+"""Our CPU kernels for a decode step: ``torch.ops.kvlab.linear``, ``.attend``,
+``.decode_layers`` and the GGUF block products, a small C++ extension built once
+per machine (``gemv.cpp``, ``attend.cpp``, ``layers.cpp``, ``blocks.cpp``, their ``simd.h`` and
+``ops.h``, compiled with ``-O3 -march=native`` for the CPU at hand).
 
-  build()        compile it now (about 15-30 s on 2 cores; ``make`` does it while installing,
+  build()        compile it now (about 30-60 s on 2 cores; ``make`` does it while installing,
                  ``python -m engine.kernels build`` by hand); returns (ok, why not)
   available()    (True, "") once it is built and loaded, else (False, why): never compiles
+  isa()          the instruction set the loaded library was compiled for: "avx512-vnni",
+                 "avx512", "avx-vnni", "avx2" or "scalar" (None when none is loaded).
+                 ``KVLAB_KERNEL_ISA`` picks the build: unset or "native" (-march=native),
+                 "avx2" (native without AVX-512 and AVX-VNNI: an AVX-512 host runs the AVX2
+                 path), "avx-vnni" (without AVX-512), "scalar" (without AVX); each non-native
+                 build lives under its own name and folder, so builds coexist, and the source
+                 stamp holds the flags. One build per process (they share ``torch.ops.kvlab``).
   linear(x, w, scale=None, bias=None) -> y
                  y (B, out) = (x (B, in) @ w.T) * scale + bias for 1..8 rows of fp32 ``x``, with
                  ``w`` (out, in) contiguous in fp32, bf16 or int8 (int8 needs ``scale``, one fp32
                  per output row). The same results as ``F.linear`` up to float32 summation order.
+  q8_0_linear(x, blocks, bias=None, exact=False) -> y; q4_1_linear(...) -> y
+                 y (B, out) = x (B, in) @ W.T + bias over llama.cpp's GGUF blocks as stored:
+                 ``blocks`` (out, in/32*34) uint8 for Q8_0, (out, in/32*20) for Q4_1 (a GGUF
+                 tensor's bytes, rows back to back). ``exact=False``: x rounded to int8 per 32
+                 values (llama.cpp's way, integer dot products); True: the blocks widened to
+                 fp32 in registers. Bound against the fp64 product over the dequantized blocks,
+                 per output: sum_j |w~_j| dx_j / 2 + (in/32 + 40) 2^-23 sum_j |w~_j| (|x_j| + dx_j),
+                 |w~_j| = |d q_j| + |m| (Q8_0: |d q_j|), dx_j = max|x| / 127 over the 32-block
+                 of x holding j (0 when exact). ``block_error_bound`` computes it.
+  read_bytes(t) -> int
+                 a plain read of a tensor's bytes (what the block products are measured against)
   interleave(w) -> wi; linear_interleaved(x, wi, out, bias=None) -> y
                  the fp32 product over a copy of w in which every four rows are one contiguous
                  stream (a thread then reads its rows in one sequential pass; mode 8 takes it
                  per role where it times fastest)
   attend(q, k, v, k_buf, v_buf, pos) -> y (B, nh, hs)
-                 writes one new token's k, v (B, nh, hs) at row ``pos`` of a layer's cache
-                 (B, nh, T, hs) and attends its q over rows 0..pos (no mask): SDPA's result up
-                 to float32 rounding, without its per-call set-up (``attend.cpp``).
+                 writes one new token's k, v (B, n_kv, hs) at row ``pos`` of a layer's cache
+                 (B, n_kv, T, hs) and attends its q (B, nh, hs) over rows 0..pos (no mask), query
+                 head h reading K/V head h // (nh / n_kv) (grouped-query attention; n_kv = nh is
+                 multi-head): SDPA's result up to float32 rounding, without its per-call set-up
+                 (``attend.cpp``).
   decode_layers(x, ...) -> logits
-                 a whole decode step after the embedding -- every block, ln_f, the output
+                 a whole GPT-2 decode step after the embedding -- every block, ln_f, the output
                  projection -- in one call over the kernels above and ATen (``layers.cpp``;
                  ``engine.step.fused_step`` is its one caller).
 
@@ -40,40 +60,65 @@ import sys
 from pathlib import Path
 from typing import Any
 
-SOURCES = [Path(__file__).with_name(n) for n in ("gemv.cpp", "attend.cpp", "layers.cpp")]
+SOURCES = [Path(__file__).with_name(n)
+           for n in ("gemv.cpp", "attend.cpp", "layers.cpp", "blocks.cpp")]
 HEADERS = [Path(__file__).with_name(n) for n in ("simd.h", "ops.h")]
-NAME = "kvlab_kernels"
+NAME = "kvlab_kernels"  # the native build's; another ISA's is NAME + "_" + its name
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
+# KVLAB_KERNEL_ISA -> the flags after -march=native that take the newer instruction sets away
+ISAS = {"native": [], "avx2": ["-mno-avx512f", "-mno-avxvnni"], "avx-vnni": ["-mno-avx512f"],
+        "scalar": ["-mno-avx"]}
 _state: dict[str, Any] = {"loaded": False, "why": "not built yet: run `python -m engine.kernels "
                           "build` (make does it while installing)"}
 
 
+def _isa_wanted() -> str:
+    """``KVLAB_KERNEL_ISA`` (default "native"); ValueError for a name we do not build."""
+    want = os.environ.get("KVLAB_KERNEL_ISA", "").strip().lower() or "native"
+    if want not in ISAS:
+        raise ValueError(f"KVLAB_KERNEL_ISA={want!r}: one of {', '.join(ISAS)}")
+    return want
+
+
+def _name() -> str:
+    want = _isa_wanted()
+    return NAME if want == "native" else f"{NAME}_{want.replace('-', '_')}"
+
+
+def _cflags() -> list[str]:
+    return ["-O3", "-march=native", *ISAS[_isa_wanted()], "-fopenmp"]
+
+
 def _build_dir() -> Path:
-    """Where the compiled library lives: ``KVLAB_KERNEL_DIR``, else torch's extension cache."""
+    """Where the compiled library lives: ``KVLAB_KERNEL_DIR``, else torch's extension cache
+    (a non-native build in a folder of its own name inside ``KVLAB_KERNEL_DIR``)."""
     from torch.utils.cpp_extension import _get_build_directory
 
-    env = os.environ.get("KVLAB_KERNEL_DIR")
-    path = Path(env) if env else Path(_get_build_directory(NAME, verbose=False))
+    env, name = os.environ.get("KVLAB_KERNEL_DIR"), _name()
+    if env:
+        path = Path(env) if name == NAME else Path(env) / name
+    else:
+        path = Path(_get_build_directory(name, verbose=False))
     path.mkdir(parents=True, exist_ok=True)
     return path
 
 
 def _library(build_dir: Path) -> Path:
-    return build_dir / f"{NAME}.so"
+    return build_dir / f"{_name()}.so"
 
 
 def _source_hash() -> str:
-    """What the built library must have been built from: the source's bytes, our flags and the
-    torch it links against (a checkout's file times say nothing: a fresh clone makes an old
-    source look new)."""
+    """What the built library must have been built from: the source's bytes, our flags (the
+    instruction set's among them) and the torch it links against (a checkout's file times say
+    nothing: a fresh clone makes an old source look new)."""
     import torch
 
     code = b"".join(p.read_bytes() for p in [*SOURCES, *HEADERS])
-    return hashlib.sha256(code + " ".join([*CFLAGS, torch.__version__]).encode()).hexdigest()
+    return hashlib.sha256(code + " ".join([*_cflags(), torch.__version__]).encode()).hexdigest()
 
 
 def _stamp(build_dir: Path) -> Path:
-    return build_dir / f"{NAME}.source-sha256"
+    return build_dir / f"{_name()}.source-sha256"
 
 
 def build(verbose: bool = False) -> tuple[bool, str]:
@@ -84,8 +129,8 @@ def build(verbose: bool = False) -> tuple[bool, str]:
         from torch.utils.cpp_extension import load
 
         where = _build_dir()
-        load(name=NAME, sources=[str(p) for p in SOURCES], build_directory=str(where),
-             extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"], is_python_module=False,
+        load(name=_name(), sources=[str(p) for p in SOURCES], build_directory=str(where),
+             extra_cflags=_cflags(), extra_ldflags=["-fopenmp"], is_python_module=False,
              verbose=verbose)
         _stamp(where).write_text(_source_hash())
     except Exception as exc:  # no compiler, no ninja, a compile error: say which, never crash
@@ -107,6 +152,11 @@ def available() -> tuple[bool, str]:
         _state["why"] = "switched off (KVLAB_NO_KERNEL is set)"
         return False, _state["why"]
     try:
+        _isa_wanted()
+    except ValueError as exc:
+        _state["why"] = str(exc)
+        return False, _state["why"]
+    try:
         where = _build_dir()
         lib, stamp = _library(where), _stamp(where)
         built_from = stamp.read_text().strip() if stamp.exists() else None
@@ -126,11 +176,61 @@ def available() -> tuple[bool, str]:
     return True, ""
 
 
+def isa() -> str | None:
+    """The instruction set the loaded library runs ("avx512-vnni", "avx512", "avx-vnni", "avx2",
+    "scalar"), or None when none is loaded (``available()`` loads a built one)."""
+    if not available()[0]:
+        return None
+    import torch
+
+    return str(torch.ops.kvlab.isa())
+
+
 def linear(x: Any, w: Any, scale: Any = None, bias: Any = None) -> Any:
     """``torch.ops.kvlab.linear`` (see the module docstring); load it with ``available()``."""
     import torch
 
     return torch.ops.kvlab.linear(x, w, scale, bias)
+
+
+BLOCK = 32  # weights per GGUF Q8_0 / Q4_1 block
+BLOCK_BYTES = {"Q8_0": 34, "Q4_1": 20}  # fp16 d (+ fp16 m for Q4_1), then the 32 q
+
+
+def q8_0_linear(x: Any, blocks: Any, bias: Any = None, exact: bool = False) -> Any:
+    """``torch.ops.kvlab.q8_0_linear``: y (B, out) over Q8_0 blocks (out, in/32*34) uint8."""
+    import torch
+
+    return torch.ops.kvlab.q8_0_linear(x, blocks, bias, exact)
+
+
+def q4_1_linear(x: Any, blocks: Any, bias: Any = None, exact: bool = False) -> Any:
+    """``torch.ops.kvlab.q4_1_linear``: y (B, out) over Q4_1 blocks (out, in/32*20) uint8."""
+    import torch
+
+    return torch.ops.kvlab.q4_1_linear(x, blocks, bias, exact)
+
+
+def block_error_bound(x: Any, w_abs: Any, exact: bool) -> Any:
+    """The bound the block products keep to, per output (B, out), against the fp64 product over
+    the dequantized blocks: ``w_abs`` (out, in) is |d q_j| + |m| (Q8_0: |d q_j|), x (B, in)."""
+    import torch
+
+    x64, w64 = x.double(), w_abs.double()
+    if exact:
+        dx = torch.zeros_like(x64)
+    else:  # the scale of x's 32-block holding j: max |x| / 127, rounding error dx / 2
+        dx = (x64.abs().reshape(x.size(0), -1, BLOCK).amax(-1) / 127).repeat_interleave(BLOCK, 1)
+    gamma = (x.size(1) // BLOCK + 40) * 2.0**-23
+    return dx @ w64.T / 2 + gamma * ((x64.abs() + dx) @ w64.T)
+
+
+def read_bytes(t: Any) -> int:
+    """``torch.ops.kvlab.read_bytes``: the sum of a contiguous tensor's bytes, each read once on
+    torch's threads: the floor the block products are measured against."""
+    import torch
+
+    return int(torch.ops.kvlab.read_bytes(t))
 
 
 STRIP, GROUP = 16, 4  # gemv.cpp's kStrip and kRows

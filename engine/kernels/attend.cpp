@@ -2,10 +2,16 @@
 // the decode step's attention for modes 8, 12 and 13 on a CPU.
 //
 //   attend(q, k, v, k_buf, v_buf, pos) -> y (B, nh, hs)
-//     q, k, v  (B, nh, hs) fp32, the new token's (views of the fused q|k|v output are fine: only
-//              the last dimension must be contiguous)
-//     k_buf, v_buf  (B, nh, T, hs) one layer's cache, rows contiguous; k and v are written at row
+//     q        (B, nh, hs) fp32, the new token's queries
+//     k, v     (B, n_kv, hs) fp32, its keys and values: n_kv = nh (multi-head, GPT-2) or a divisor
+//              of nh (grouped-query attention, Llama: query head h reads K/V head h / (nh / n_kv))
+//              (views of a fused q|k|v output are fine: only the last dimension must be contiguous)
+//     k_buf, v_buf  (B, n_kv, T, hs) one layer's cache, rows contiguous; k and v are written at row
 //              ``pos``, then the query attends over rows 0..pos (the new token sees itself: no mask)
+//
+// Any head size: the vector paths take hs a multiple of the vector width (8 floats, 16 with
+// AVX-512; the value sum's one-pass loop up to 8 vectors: 64 with AVX2, 128 with AVX-512, wider
+// heads one lane group at a time), everything else the scalar tails.
 //
 // Why: at one query, ATen's flash-attention kernel pays block set-up per call and reads the cache
 // in tiles meant for many queries (12 calls took 1.7 ms at 128 cached tokens and 3.9 ms at 512
@@ -145,9 +151,10 @@ void weighted_values(const float* p, const float* v, int64_t n, int64_t hs, floa
   for (int64_t j = 0; j < hs; ++j) y[j] *= inv;
 }
 
-void check_new(const at::Tensor& t, const char* name, int64_t batch, int64_t nh, int64_t hs) {
-  TORCH_CHECK(t.dim() == 3 && t.size(0) == batch && t.size(1) == nh && t.size(2) == hs,
-              name, " must be (B, nh, hs) like q");
+void check_new(const at::Tensor& t, const char* name, const char* like, int64_t batch,
+               int64_t heads, int64_t hs) {
+  TORCH_CHECK(t.dim() == 3 && t.size(0) == batch && t.size(1) == heads && t.size(2) == hs,
+              name, " must be ", like);
   TORCH_CHECK(t.scalar_type() == at::kFloat && t.device().is_cpu() && t.stride(2) == 1,
               name, " must be fp32 on the CPU with its last dimension contiguous");
 }
@@ -159,13 +166,16 @@ namespace kvlab {
 at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor k_buf,
                   at::Tensor v_buf, int64_t pos) {
   TORCH_CHECK(q.dim() == 3, "q must be (B, nh, hs)");
-  const int64_t batch = q.size(0), nh = q.size(1), hs = q.size(2);
-  check_new(q, "q", batch, nh, hs);
-  check_new(k, "k", batch, nh, hs);
-  check_new(v, "v", batch, nh, hs);
+  TORCH_CHECK(k.dim() == 3, "k must be (B, n_kv, hs)");
+  const int64_t batch = q.size(0), nh = q.size(1), hs = q.size(2), nkv = k.size(1);
+  check_new(q, "q", "(B, nh, hs)", batch, nh, hs);
+  TORCH_CHECK(nkv >= 1 && nh % nkv == 0, "k and v's heads (", nkv,
+              ") must divide q's (", nh, "): grouped-query attention");
+  check_new(k, "k", "(B, n_kv, hs) like q's B and hs", batch, nkv, hs);
+  check_new(v, "v", "(B, n_kv, hs) like k", batch, nkv, hs);
   for (const at::Tensor* buf : {&k_buf, &v_buf}) {
-    TORCH_CHECK(buf->dim() == 4 && buf->size(0) == batch && buf->size(1) == nh &&
-                    buf->size(3) == hs, "k_buf and v_buf must be (B, nh, T, hs)");
+    TORCH_CHECK(buf->dim() == 4 && buf->size(0) == batch && buf->size(1) == nkv &&
+                    buf->size(3) == hs, "k_buf and v_buf must be (B, n_kv, T, hs) like k");
     TORCH_CHECK(buf->scalar_type() == at::kFloat && buf->device().is_cpu() &&
                     buf->stride(3) == 1 && buf->stride(2) == hs,
                 "k_buf and v_buf must be fp32 on the CPU with contiguous (T, hs) rows");
@@ -173,18 +183,29 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   TORCH_CHECK(pos >= 0 && pos < k_buf.size(2) && v_buf.size(2) == k_buf.size(2),
               "pos must be a row of the cache: 0 <= pos < T");
   at::Tensor y = at::empty({batch, nh, hs}, q.options());
-  const int64_t n = pos + 1;
+  const int64_t n = pos + 1, groups = nh / nkv;
   const float scale = 1.f / std::sqrt(static_cast<float>(hs));
   const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
   float *kb = k_buf.data_ptr<float>(), *vb = v_buf.data_ptr<float>(), *yp = y.data_ptr<float>();
+  auto head = [&](float* buf, const at::Tensor& t, int64_t b, int64_t g) {
+    return buf + b * t.stride(0) + g * t.stride(1);
+  };
+  // the new rows first: with groups > 1 several tasks read one K/V head (the same values either
+  // way, so multi-head results are unchanged)
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t g = 0; g < nkv; ++g) {
+      std::copy_n(kp + b * k.stride(0) + g * k.stride(1), hs, head(kb, k_buf, b, g) + pos * hs);
+      std::copy_n(vp + b * v.stride(0) + g * v.stride(1), hs, head(vb, v_buf, b, g) + pos * hs);
+    }
+  }
+  // one task per (sequence, query head); a group's query heads are neighbours, so a thread's
+  // range mostly shares its K/V heads (read again from its own cache)
   at::parallel_for(0, batch * nh, 1, [&](int64_t t0, int64_t t1) {
     std::vector<float> s(n);
     for (int64_t task = t0; task < t1; ++task) {
       const int64_t b = task / nh, h = task % nh;
-      float* keys = kb + b * k_buf.stride(0) + h * k_buf.stride(1);
-      float* values = vb + b * v_buf.stride(0) + h * v_buf.stride(1);
-      std::copy_n(kp + b * k.stride(0) + h * k.stride(1), hs, keys + pos * hs);
-      std::copy_n(vp + b * v.stride(0) + h * v.stride(1), hs, values + pos * hs);
+      const float* keys = head(kb, k_buf, b, h / groups);
+      const float* values = head(vb, v_buf, b, h / groups);
       scores(qp + b * q.stride(0) + h * q.stride(1), keys, values, n, hs, scale, s.data());
       const float total = softmax_numerators(s.data(), n);
       weighted_values(s.data(), values, n, hs, total, yp + task * hs);

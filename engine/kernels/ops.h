@@ -15,8 +15,15 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<
 // gemv.cpp: the fp32 product over engine.kernels.interleave's copy of w
 at::Tensor linear_interleaved(const at::Tensor& x, const at::Tensor& wi, int64_t out,
                               const std::optional<at::Tensor>& bias);
-// attend.cpp: write one token's k, v at row pos of a layer's cache, attend q over rows 0..pos
+// attend.cpp: write one token's k, v (B, n_kv, hs) at row pos of a layer's cache (B, n_kv, T, hs),
+// attend q (B, nh, hs) over rows 0..pos, query head h reading K/V head h / (nh / n_kv)
 at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor k_buf,
                   at::Tensor v_buf, int64_t pos);
+// blocks.cpp: y (B, out) = x (B, in) @ W.T + bias over GGUF Q8_0 / Q4_1 blocks (out, in/32*bytes)
+// as stored; exact: blocks widened to fp32, else x rounded to int8 per 32 (see blocks.cpp)
+at::Tensor q8_0_linear(const at::Tensor& x, const at::Tensor& blocks,
+                       const std::optional<at::Tensor>& bias, bool exact);
+at::Tensor q4_1_linear(const at::Tensor& x, const at::Tensor& blocks,
+                       const std::optional<at::Tensor>& bias, bool exact);
 
 }  // namespace kvlab

@@ -2,6 +2,8 @@
 // -- AVX-512, AVX2+FMA, chosen at compile time by -march=native -- so each kernel body is
 // written once. ``KVLAB_VECTOR`` is defined where a vector path exists; ``kLanes`` floats per
 // ``vec``. ``scalar`` reads one weight of any stored type as fp32 (the plain-loop fallback).
+// ``kIsa`` names the path compiled in (``engine.kernels.isa()``): the fp32 kernels run AVX-512
+// or AVX2+FMA; blocks.cpp's integer dot products use VNNI where the target has it.
 #pragma once
 
 #include <c10/util/BFloat16.h>
@@ -14,6 +16,18 @@
 #endif
 
 namespace kvlab {
+
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+constexpr const char* kIsa = "avx512-vnni";
+#elif defined(__AVX512F__)
+constexpr const char* kIsa = "avx512";
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && defined(__AVXVNNI__)
+constexpr const char* kIsa = "avx-vnni";
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr const char* kIsa = "avx2";
+#else
+constexpr const char* kIsa = "scalar";
+#endif
 
 inline float scalar(const float* p, int64_t i) { return p[i]; }
 inline float scalar(const int8_t* p, int64_t i) { return static_cast<float>(p[i]); }
