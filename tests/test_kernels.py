@@ -4,7 +4,9 @@ fp32 weights: equal up to float32 summation order (~1e-6 of the output's scale);
 weights: equal to ``F.linear`` over the same weights dequantized to fp32 (the kernel converts in
 registers and adds nothing of its own). Odd sizes cover the kernel's tails (rows not a multiple
 of 4, widths not a multiple of the vector length); bad input is refused with what is allowed.
-The attention against SDPA, multi-head and grouped-query (``enable_gqa``).
+The attention against SDPA, multi-head and grouped-query (``enable_gqa``); the fused Llama step
+(``decode_layers_llama``) against a plain PyTorch reference written here (RMSNorm, rotate_half
+RoPE, repeat_interleave GQA, SwiGLU), for every product kind, GGUF blocks included.
 """
 
 from __future__ import annotations
@@ -204,3 +206,134 @@ def test_interleaved_weights_give_the_same_product(batch: int, out: int, inn: in
     with pytest.raises(ValueError, match="multiple of 16"):
         kernels.interleave(torch.randn(4, 20))
 
+
+# ------------------------------------------------------------------ the fused Llama decode step
+def _rope_tables(t: int, hs: int, theta: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = theta ** -(torch.arange(0, hs, 2, dtype=torch.float64) / hs)
+    ang = torch.arange(t, dtype=torch.float64)[:, None] * inv[None]
+    return ang.cos().float(), ang.sin().float()  # (T, hs/2)
+
+
+def _llama_reference(x, norms, mats, k_buf, v_buf, cos, sin, pos, nh, nkv, eps,  # noqa: ANN001, ANN202
+                     gptj: bool = False):
+    """The step in plain PyTorch, fp64: RMSNorm, rotate_half RoPE, GQA by repeat_interleave,
+    SwiGLU; ``mats`` the 7L + 1 weight matrices (out, in); the caches written in place.
+    ``gptj``: RoPE's pairs taken as neighbouring channels instead (a wrong layout here)."""
+    def rms(h, wt):  # noqa: ANN001, ANN202
+        return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * wt
+
+    def rot(t):  # noqa: ANN001, ANN202
+        if gptj:
+            c, s = cos[pos].double().repeat_interleave(2), sin[pos].double().repeat_interleave(2)
+            return t * c + torch.stack([-t[..., 1::2], t[..., ::2]], -1).flatten(-2) * s
+        half = t.size(-1) // 2
+        c, s = torch.cat([cos[pos]] * 2).double(), torch.cat([sin[pos]] * 2).double()
+        return t * c + torch.cat([-t[..., half:], t[..., :half]], -1) * s
+
+    batch, hs = x.size(0), k_buf.size(-1)
+    for i in range(k_buf.size(0)):
+        wq, wk, wv, wo, wg, wu, wd = mats[7 * i: 7 * i + 7]
+        h = rms(x, norms[2 * i])
+        q, k = rot((h @ wq.T).view(batch, nh, hs)), rot((h @ wk.T).view(batch, nkv, hs))
+        k_buf[i, :, :, pos], v_buf[i, :, :, pos] = k, (h @ wv.T).view(batch, nkv, hs)
+        keys = k_buf[i, :, :, : pos + 1].repeat_interleave(nh // nkv, 1)  # (B, nh, n, hs)
+        vals = v_buf[i, :, :, : pos + 1].repeat_interleave(nh // nkv, 1)
+        att = torch.softmax((q.unsqueeze(2) @ keys.transpose(-1, -2)) / hs ** 0.5, -1)
+        x = x + (att @ vals).reshape(batch, nh * hs) @ wo.T
+        h = rms(x, norms[2 * i + 1])
+        x = x + (F.silu(h @ wg.T) * (h @ wu.T)) @ wd.T
+    return rms(x, norms[-1]) @ mats[-1].T
+
+
+def _llama_case(batch: int, pos: int, layers: int = 2, nh: int = 4, nkv: int = 2, c: int = 64,
+                ffn: int = 128, vocab: int = 96, t_max: int = 32) -> dict:
+    gen = torch.Generator().manual_seed(batch * 100 + pos)
+    hs = c // nh
+    shapes = [(nh * hs, c), (nkv * hs, c), (nkv * hs, c), (c, nh * hs), (ffn, c), (ffn, c),
+              (c, ffn)] * layers + [(vocab, c)]
+    mats = [torch.randn(o, i, generator=gen) / i ** 0.5 for o, i in shapes]
+    norms = [1 + 0.1 * torch.randn(c, generator=gen) for _ in range(2 * layers + 1)]
+    k_buf = torch.randn(layers, batch, nkv, t_max, hs, generator=gen)
+    v_buf = torch.randn(layers, batch, nkv, t_max, hs, generator=gen)
+    cos, sin = _rope_tables(t_max, hs)
+    x = torch.randn(batch, c, generator=gen)
+    return dict(x=x, mats=mats, norms=norms, k_buf=k_buf, v_buf=v_buf, cos=cos, sin=sin,
+                nh=nh, nkv=nkv, layers=layers, pos=pos)
+
+
+def _stored(m: torch.Tensor, kind: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(what the fused step is given, the fp64 weights it multiplies by) for a product kind."""
+    from .test_blocks import dequantize, quantize
+
+    if kind in (0, 4):
+        return m, m.double()
+    fmt = "Q8_0" if kind in (kernels.Q8_0, kernels.Q8_0_EXACT) else "Q4_1"
+    blocks = quantize(m.numpy(), fmt)
+    return torch.from_numpy(blocks), torch.from_numpy(dequantize(blocks, fmt)[0])
+
+
+@pytest.mark.parametrize("kind", [0, 4, kernels.Q8_0_EXACT, kernels.Q4_1_EXACT, kernels.Q8_0,
+                                  kernels.Q4_1])
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("batch, pos", [(1, 0), (1, 9), (3, 9)])
+def test_fused_llama_step_matches_a_pytorch_reference(kind: int, fused: bool, batch: int,
+                                                      pos: int) -> None:
+    """``decode_layers_llama`` (2 layers, 4 query heads over 2 K/V heads of 16, width 64, MLP
+    128) against the fp64 reference: within 1e-5 of its largest |logit| for every exact product
+    kind; 3e-2 for the integer block kinds (x rounded to 8 bits in every product). Also with
+    q|k|v and gate|up as one product each (``fused``); the caches written at ``pos`` only."""
+    case = _llama_case(batch, pos)
+    stored = [_stored(m, kind) for m in case["mats"]]
+    ref_mats = [m64 for _, m64 in stored]
+    k64, v64 = case["k_buf"].double(), case["v_buf"].double()
+    want = _llama_reference(case["x"].double(), [n.double() for n in case["norms"]], ref_mats,
+                            k64, v64, case["cos"], case["sin"], pos, case["nh"], case["nkv"],
+                            1e-5)
+    ws = [w for w, _ in stored]
+    if fused:  # q|k|v rows and gate|up rows stacked (blocks stack row-wise too)
+        ws = [t for i in range(case["layers"]) for t in (
+            torch.cat(ws[7 * i: 7 * i + 3]), ws[7 * i + 3], torch.cat(ws[7 * i + 4: 7 * i + 6]),
+            ws[7 * i + 6])] + [ws[-1]]
+    k_buf, v_buf = case["k_buf"].clone(), case["v_buf"].clone()
+    got = kernels.decode_layers_llama(
+        case["x"], case["norms"], ws, [None] * len(ws), [None] * len(ws), [kind] * len(ws),
+        [w.size(0) for w in ws], k_buf, v_buf, case["cos"], case["sin"], pos, case["nh"],
+        case["nkv"], 1e-5)
+    assert got.shape == want.shape
+    # the integer kinds round x to 8 bits per 32 values in each of the 15 products (up to 1/254
+    # of a block's largest |x| per value): 0.8-1.3e-2 of the largest logit on these cases
+    tol = (3e-2 if kind in (kernels.Q8_0, kernels.Q4_1) else 1e-5) * want.abs().max()
+    assert (got.double() - want).abs().max() <= tol
+    assert (k_buf.double() - k64).abs().max() <= tol and (v_buf.double() - v64).abs().max() <= tol
+    untouched = torch.ones(k_buf.size(3), dtype=torch.bool)
+    untouched[pos] = False
+    assert torch.equal(k_buf[:, :, :, untouched], case["k_buf"][:, :, :, untouched])
+
+
+def test_fused_llama_step_would_show_a_wrong_rotation() -> None:
+    """The 1e-5 tolerance sees RoPE's pairs taken the GPT-J way (neighbouring channels)."""
+    case = _llama_case(1, 9)
+    got = kernels.decode_layers_llama(
+        case["x"], case["norms"], case["mats"], [None] * 15, [None] * 15, [0] * 15,
+        [m.size(0) for m in case["mats"]], case["k_buf"].clone(), case["v_buf"].clone(),
+        case["cos"], case["sin"], 9, 4, 2, 1e-5)
+    want = _llama_reference(case["x"].double(), [n.double() for n in case["norms"]],
+                            [m.double() for m in case["mats"]], case["k_buf"].double(),
+                            case["v_buf"].double(), case["cos"], case["sin"], 9, 4, 2, 1e-5,
+                            gptj=True)
+    assert (got.double() - want).abs().max() > 1e-3 * want.abs().max()
+
+
+def test_fused_llama_step_bad_input_says_what_is_allowed() -> None:
+    case = _llama_case(1, 3)
+    args = [case["x"], case["norms"], case["mats"], [None] * 15, [None] * 15, [0] * 15,
+            [m.size(0) for m in case["mats"]], case["k_buf"], case["v_buf"], case["cos"],
+            case["sin"], 3, 4, 2, 1e-5]
+    with pytest.raises(RuntimeError, match=re.escape("7L + 1 products")):
+        kernels.decode_layers_llama(*args[:2], case["mats"][:-1], *args[3:])
+    with pytest.raises(RuntimeError, match="T > pos"):
+        kernels.decode_layers_llama(*args[:11], 32, *args[12:])
+    with pytest.raises(RuntimeError, match="n_kv_head must divide n_head"):
+        kernels.decode_layers_llama(*args[:12], 4, 3, 1e-5)
+    with pytest.raises(RuntimeError, match="unknown product kind 9"):
+        kernels.decode_layers_llama(*args[:5], [9] * 15, *args[6:])

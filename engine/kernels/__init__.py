@@ -1,5 +1,5 @@
 """Our CPU kernels for a decode step: ``torch.ops.kvlab.linear``, ``.attend``,
-``.decode_layers`` and the GGUF block products, a small C++ extension built once
+``.decode_layers``, the GGUF block products and the Llama step, a small C++ extension built once
 per machine (``gemv.cpp``, ``attend.cpp``, ``layers.cpp``, ``blocks.cpp``, their ``simd.h`` and
 ``ops.h``, compiled with ``-O3 -march=native`` for the CPU at hand).
 
@@ -42,6 +42,9 @@ per machine (``gemv.cpp``, ``attend.cpp``, ``layers.cpp``, ``blocks.cpp``, their
                  a whole GPT-2 decode step after the embedding -- every block, ln_f, the output
                  projection -- in one call over the kernels above and ATen (``layers.cpp``;
                  ``engine.step.fused_step`` is its one caller).
+  decode_layers_llama(x, ...) -> logits
+                 the same for a Llama-family model (RMSNorm, RoPE, grouped-query attention,
+                 SwiGLU; ``layers.cpp``)
 
 Why: at batch 1 a decode step reads every weight once, so its time is the speed at which the
 weights stream from memory. On these 2-core machines ``F.linear`` over ``[out, in]`` weights
@@ -274,6 +277,24 @@ def decode_layers(x: Any, ln_w: Any, ln_b: Any, w: Any, scale: Any, bias: Any, k
 
     return torch.ops.kvlab.decode_layers(x, ln_w, ln_b, w, scale, bias, kind, out, k_buf, v_buf,
                                          pos, n_head, eps)
+
+
+# decode_layers' ``kind`` for the GGUF block products (engine.step's constants stop at 4)
+Q8_0, Q4_1, Q8_0_EXACT, Q4_1_EXACT = 5, 6, 7, 8
+
+
+def decode_layers_llama(x: Any, norm_w: Any, w: Any, scale: Any, bias: Any, kind: Any, out: Any,
+                        k_buf: Any, v_buf: Any, cos: Any, sin: Any, pos: int, n_head: int,
+                        n_kv_head: int, eps: float) -> Any:
+    """``torch.ops.kvlab.decode_layers_llama``: a Llama-family decode step after the embedding
+    in one call (``layers.cpp`` says what each argument holds): x (B, C); 2L + 1 RMSNorm
+    weights; 7L + 1 products (q, k, v, o, gate, up, down, ..., head) or 4L + 1 (q|k|v, o,
+    gate|up, down, ..., head), each with its kind (0-8) and width; the (L, B, n_kv, T, hs)
+    caches; the rotary cos / sin tables (T, hs/2) or (T, hs); returns logits (B, vocab)."""
+    import torch
+
+    return torch.ops.kvlab.decode_layers_llama(x, norm_w, w, scale, bias, kind, out, k_buf,
+                                               v_buf, cos, sin, pos, n_head, n_kv_head, eps)
 
 
 def main(argv: list[str] | None = None) -> int:
