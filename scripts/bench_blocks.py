@@ -16,6 +16,9 @@ gate 1536x576, up 1536x576, down 576x1536), then the 49152x576 tied head -- in t
 
 beside a read of each set's own bytes (``kernels.read_bytes``: every byte summed once, on the
 same threads) and ``sum()`` of the fp32 set (the floor the docs measure every step against).
+With ``--context`` (default 128) also whole fused decode steps (``decode_layers_llama``: the
+same products plus RMSNorms, RoPE, grouped-query attention over the cache, SwiGLU) in each
+storage, and the Q4_1 one with q|k|v and gate|up stacked into one product each.
 One process; each round times every candidate (``--repeats`` calls after one warm-up) in an
 order reversed every other round; the table gives medians, each as a multiple of its own set's
 read and of the fp32 read floor, and GB/s over its own bytes; the raw samples are kept with
@@ -51,6 +54,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--batch", default="1", help="rows of x (sequences), e.g. 1,2")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per candidate per round")
+    ap.add_argument("--context", type=int, default=128,
+                    help="also time whole fused steps at this context (0: none)")
     ap.add_argument("--out", default=None, help="save the run (kind 'blocks') into this folder")
     return ap.parse_args(argv)
 
@@ -118,6 +123,51 @@ def candidates(sets: dict, xs: dict[int, object]) -> dict[str, tuple[str, Callab
     return out
 
 
+def step_candidates(sets: dict, batch: int, ctx: int, gen) -> dict[str, tuple[str, Callable]]:  # noqa: ANN001
+    """Whole SmolLM2 decode steps after the embedding in one call (``decode_layers_llama``) at
+    context ``ctx``: every product of a set, RMSNorms, RoPE, grouped-query attention over the
+    (30, B, 3, ctx + 1, 64) caches, SwiGLU, the head."""
+    import torch
+
+    from engine import kernels
+
+    c, nh, nkv, hs = 576, 9, 3, 64
+    norms = [torch.ones(c) for _ in range(2 * LAYERS + 1)]
+    k_buf = torch.randn(LAYERS, batch, nkv, ctx + 1, hs, generator=gen)
+    v_buf = torch.randn(LAYERS, batch, nkv, ctx + 1, hs, generator=gen)
+    ang = torch.arange(ctx + 1.0)[:, None] * 100000.0 ** -(torch.arange(0, hs, 2) / hs)[None]
+    cos, sin = ang.cos(), ang.sin()
+    x = torch.randn(batch, c, generator=gen) * 0.1
+    kinds = {"fp32": 0, "Q8_0": kernels.Q8_0, "Q4_1": kernels.Q4_1}  # 0: kvlab::linear
+    exact = {kernels.Q8_0: kernels.Q8_0_EXACT, kernels.Q4_1: kernels.Q4_1_EXACT, 0: 0}
+
+    def step(ws: list, use_exact: bool = False) -> Callable:
+        kind = [kinds[f] for f, _ in ws]
+        kind = [exact[k] for k in kind] if use_exact else kind
+        mats = [w for _, w in ws]
+        outs = [w.size(0) for w in mats]
+        nothing = [None] * len(mats)
+        return lambda: kernels.decode_layers_llama(x, norms, mats, nothing, nothing, kind, outs,
+                                                   k_buf, v_buf, cos, sin, ctx, nh, nkv, 1e-5)
+
+    def stacked(ws: list) -> list:  # q|k|v and gate|up as one product each
+        out = []
+        for i in range(LAYERS):
+            layer = ws[7 * i: 7 * i + 7]
+            out += [(layer[0][0], torch.cat([w for _, w in layer[0:3]])), layer[3],
+                    (layer[4][0], torch.cat([layer[4][1], layer[5][1]])), layer[6]]
+        return out + [ws[-1]]
+
+    q41_stacked = stacked(sets["Q4_1"])
+    return {
+        f"Q4_1 step @{ctx}, integer": ("Q4_1", step(sets["Q4_1"])),
+        f"Q4_1 step @{ctx}, integer, q|k|v + gate|up": ("Q4_1", step(q41_stacked)),
+        f"Q4_1 step @{ctx}, exact": ("Q4_1", step(sets["Q4_1"], True)),
+        f"Q8_0 step @{ctx}, integer": ("Q8_0", step(sets["Q8_0"])),
+        f"fp32 step @{ctx}, kvlab.linear": ("fp32", step(sets["fp32"])),
+    }
+
+
 def check() -> None:
     """The integer and exact ways agree to the activation's rounding on one matrix of each."""
     import torch
@@ -159,6 +209,8 @@ def measure(args: argparse.Namespace) -> tuple[list[dict], dict]:
         for batch in [int(b) for b in args.batch.split(",")]:
             xs = {n: torch.randn(batch, n, generator=gen) for n in (576, 1536)}
             cands = candidates(sets, xs)
+            if args.context:
+                cands.update(step_candidates(sets, batch, args.context, gen))
             check()
             per: dict[str, list[float]] = {n: [] for n in cands}
             with torch.no_grad():

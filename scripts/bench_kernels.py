@@ -23,7 +23,9 @@ attention over the cache at 128 and 512 tokens (12 layers x 12 heads of 64, one 
 SDPA on 4-D views with the two row writes (what ``attend_filled`` ran before) against the C++
 ``attend`` (write + attention in one call), beside ``sum()`` of the same cached K and V bytes
 (table ``attention``). The run is saved (kind ``kernels``) into ``--out`` (default
-``docs/runs/engine-speed/``) and its Markdown table printed. Run it on a quiet machine.
+``docs/runs/engine-speed/``, with the kernel's instruction set, ``kernels.isa()``) and its
+Markdown table printed. Run it on a quiet machine. The GGUF block products have their own
+benchmark over SmolLM2's matrices: ``scripts/bench_blocks.py``.
 """
 
 from __future__ import annotations
@@ -130,6 +132,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
     from instruments.spine import ModelSpec, load
 
     kernels.available()
+    print(f"kernel ISA: {kernels.isa()} (KVLAB_KERNEL_ISA picks another build)", flush=True)
     model = load(ModelSpec(args.model, "random", "cpu", "float32")).model
     rows = []
     for threads in [int(t) for t in args.threads.split(",")]:
@@ -248,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown(rows))
     if not args.no_save:
 
+        from engine import kernels
         from instruments.measure.device import describe_device
 
         meta = results.collect_meta(model=args.model, device="cpu",
@@ -255,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
                                     dtype="float32", batch_size=1, weights="random",
                                     command="scripts/bench_kernels.py " + " ".join(argv or
                                                                                   sys.argv[1:]),
-                                    threads=args.threads)
+                                    threads=args.threads, isa=kernels.isa())
         run = results.new_run("kernels", meta, {"kernels": rows, "attention": attention})
         print(f"saved {results.save_run(run, args.out)}")
     return 0
