@@ -1,12 +1,15 @@
 """The README generator: the committed tree matches its runs; a changed digit, a corrupt or
 missing run file, a broken marker each fail with one line naming the block or the file; an empty
-folder says "no committed run yet"; the makers of the topics still waiting for runs compute what
-their rows hold. Every check that changes something works on a copy of the checkout."""
+folder says "no committed run yet"; a hand-written timing table fails the check, naming its file
+and line; the blocks made from the checkout (commands, scripts, layout) follow it; each maker
+computes what its rows hold. Every check that changes something works on a copy of the
+checkout."""
 
 from __future__ import annotations
 
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -19,17 +22,38 @@ from instruments.store.results import REPO_ROOT, collect_meta, new_run, save_run
 _BODY = re.compile(r"^<!-- generated: (\S+) -->\n(.*?)^<!-- end: \1 -->$", re.S | re.M)
 
 
+CODE = ("app.py", "engine", "instruments", "pages", "scripts", "ui")
+
+
+def _tracked(*paths: str) -> list[str]:
+    """The files git tracks under ``paths`` (what a clean checkout holds), else those on disk."""
+    try:
+        out = subprocess.run(["git", "-C", str(REPO_ROOT), "ls-files", "-z", "--", *paths],
+                             capture_output=True, text=True, check=True).stdout
+        return [p for p in out.split("\0") if p and (REPO_ROOT / p).is_file()]
+    except (OSError, subprocess.SubprocessError):
+        found = [p for path in paths for p in ([REPO_ROOT / path] if (REPO_ROOT / path).is_file()
+                                                else (REPO_ROOT / path).rglob("*"))]
+        return [p.relative_to(REPO_ROOT).as_posix() for p in found
+                if p.is_file() and "__pycache__" not in p.parts]
+
+
 @pytest.fixture
 def copy(tmp_path: Path) -> Path:
     """What the generator reads, copied: README.md, docs/ (no screenshots), the A40 reference,
-    the device check's script."""
+    and the code the checkout-made blocks describe (its tracked files: no git in the copy),
+    every block made again there."""
     root = tmp_path / "checkout"
     root.mkdir()
     shutil.copy(REPO_ROOT / "README.md", root / "README.md")
     shutil.copytree(REPO_ROOT / "docs", root / "docs", ignore=shutil.ignore_patterns("*.png"))
     shutil.copytree(REPO_ROOT / "results" / "reference", root / "results" / "reference")
-    (root / "scripts").mkdir()
-    shutil.copy(REPO_ROOT / "scripts" / "gpu_check.sh", root / "scripts" / "gpu_check.sh")
+    for rel_path in _tracked(*CODE):
+        (root / rel_path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO_ROOT / rel_path, root / rel_path)
+    # start from blocks that match (code changed but not yet regenerated fails one test, the
+    # first below, not every test of a copy)
+    readme.write(root)
     return root
 
 
@@ -82,7 +106,8 @@ def test_rewriting_a_changed_block_restores_it(copy: Path) -> None:
 def test_an_empty_folder_says_no_committed_run_yet(copy: Path) -> None:
     for run in (copy / "docs" / "runs" / "planner").glob("*.json"):
         run.unlink()
-    assert readme.check(copy) == ["docs/planner.md: block 'planner' differs from what "
+    assert readme.check(copy) == ["README.md: block 'hosts' differs from what docs/runs/ gives",
+                                  "docs/planner.md: block 'planner' differs from what "
                                   "docs/runs/planner/ gives"]
     readme.write(copy)
     body = dict((n, b) for _, n, b in blocks(copy))["planner"]
@@ -170,13 +195,20 @@ def test_the_predicted_step_table_names_each_groups_worst_miss(copy: Path) -> No
                  "worst_context": 1024},
                 {"mode": "compiled", "cached": True, "goal_share": 0.15, "worst_share": None,
                  "worst_context": None}]
-    _save(copy / "docs" / "runs" / "predicted-step", "step_prediction", {"verdicts": verdicts},
-          "2026-12-01T10:00:00+00:00")
+    verdicts[0]["within"], verdicts[2]["within"] = True, False
+    prediction = [{"mode": "concat", "context_len": t, "residual_ms": ms}
+                  for t, ms in ((8, 4.5), (273, 9.9), (1024, -1.25))]
+    _save(copy / "docs" / "runs" / "predicted-step", "step_prediction",
+          {"verdicts": verdicts, "prediction": prediction}, "2026-12-09T10:00:00+00:00")
     readme.write(copy)
     body = (copy / "docs" / "predicted-step.md").read_text()
     assert "| worst miss, cached modes (goal 15%) | worst miss, uncached modes (goal 25%) |" in body
     assert "14.1% (`concat` at 273 tokens); others 5.0%–10.5%" in body
     assert "19.9% (`uncached` at 1,024 tokens) | `compiled` |" in body
+    # the newest run per mode: its residuals over the contexts, from the smallest to the largest
+    assert "| `concat` | 14.1% at 273 tokens | -1.2 to +9.9 | yes |" in body
+    assert "| `prealloc` | 10.5% at 10 tokens | — | **no** |" in body  # no residual rows
+    assert "| `compiled` | — | — | — |" in body
 
 
 def test_the_isolation_table_sets_each_run_against_the_nearest_cli_run(copy: Path) -> None:
@@ -227,6 +259,9 @@ def test_the_sweep_table_reads_the_benchmarks_folders(copy: Path) -> None:
     assert "| browser-1 | 4.2 | 95 | no | 2 / 5 / 0 | 0 | 1.040 (1.00–1.08; 2/2 within 10%) | " \
         "1.000 (1.00–1.00; 2/2 within 10%) |" in body
     assert "| CLI again (noise floor) | – | 61 |" in body
+    # the README's first-run line for this host: one browser run, its two times
+    first = (copy / "README.md").read_text()
+    assert "| Test CPU (" in first and "| 2026-12-01 | 1 | 4.2–4.2 | 95–95 | `sweep/` |" in first
     assert readme.check(copy) == []
 
 
@@ -250,6 +285,140 @@ def test_the_peers_table_sets_each_engine_against_the_floor_of_its_own_run(copy:
     assert "| 1 | 128 | 40.0 | 1.20× | 1.50× |" in body  # the newest run of 1 thread only
     assert "| 1 | 128 | 40.0 | 1.25× |" not in body
     assert "not timed: `ort_float32` (pip install onnxruntime)" in body
-    # the README's summary: ours against CTranslate2 at the same precision, from the same run
-    summary = (copy / "README.md").read_text()
-    assert "| 1 | 128 | 40.0 | `fast` | 48.0 (1.20×) | 60.0 (1.50×) | 0.80 | – | – | – |" in summary
+    # the history: every run, ours against CTranslate2 fp32 and the floor inside each one
+    history = [line for line in body.split("<!-- generated: peers-history -->")[1]
+               .split("<!-- end: peers-history -->")[0].splitlines() if line.startswith("| 2026")]
+    assert [line.split(" | ", 2)[0] for line in history] == ["| 2026-12-01T10:00",
+                                                             "| 2026-12-01T11:00"]
+    assert history[0].endswith("| 1 | 40.0 | 0.83 | 1.25 | – |")
+    assert history[1].endswith("| 1 | 40.0 | 0.80 | 1.20 | – |")
+    # the gate's line: each engine's largest logit error and what it was allowed
+    rows_gate = [r | {"logits_max_abs_diff": 2e-6, "logits_tolerance": 2.6e-4}
+                 for r in rows(1, 47.0)]
+    _save(folder, "peers", {"peers": rows_gate}, "2026-12-01T12:00:00+00:00")
+    readme.write(copy)
+    assert "- the gate, largest logit error against mode 1 (allowed): `fast` 2e-06 (0.00026), " \
+        "`ct2_float32` 2e-06 (0.00026)" in (copy / "docs" / "peers.md").read_text()
+
+
+def test_the_speculation_table_names_the_model_and_counts_the_predictions(copy: Path) -> None:
+    folder = copy / "docs" / "runs" / "speculate"
+    for p in folder.glob("*.json"):
+        p.unlink()
+
+    def rows(measured: tuple[float, float], predicted: tuple[float, float]) -> list[dict]:
+        return [{"k": k, "acceptance": a, "speedup_measured": m, "speedup_predicted_drafts": p,
+                 "identical": True} for k, a, m, p in zip((1, 4), (0.5, 0.25), measured,
+                                                            predicted, strict=True)]
+
+    _save(folder, "speculate", {"speculative": rows((1.2, 1.5), (1.3, 2.0))},
+          "2026-12-01T10:00:00+00:00", weights="local checkpoint (bytes_stdlib)",
+          bench_prompt="code", distinct_tokens=1, mode="prealloc_fused", new_tokens=96)
+    random = rows((2.0, 3.0), (2.0, 3.3))
+    random[1]["identical"] = False
+    _save(folder, "speculate", {"speculative": random}, "2026-12-01T10:01:00+00:00",
+          weights="random (seed 0)", bench_prompt="prose", distinct_tokens=2,
+          mode="prealloc_fused", new_tokens=96)
+    readme.write(copy)
+    body = (copy / "docs" / "past-the-floor.md").read_text()
+    assert "Draft lengths k = 1/4; mode `prealloc_fused`, 96 new tokens per prompt" in body
+    # the fixture is named by its checkpoint, not by the gpt2 its config is shaped like;
+    # 1.3 over 1.2 is within 15%, 2.0 over 1.5 is not
+    assert "| `bytes_stdlib` (trained fixture) | code | 1 | 50/25% | 1.20/1.50× | 1 of 2 | yes |" \
+        in body
+    assert "| gpt2, random (seed 0) weights | prose | 2 | 50/25% | 2.00/3.00× | 2 of 2 | **no** |" \
+        in body
+
+
+def test_the_hosts_table_counts_the_runs_of_each_host_and_a_gpu(copy: Path) -> None:
+    assert "**On a GPU: no committed runs.**" in (copy / "README.md").read_text()
+    run = new_run("hardware", collect_meta(model="gpt2", device="cuda", device_name="Test GPU",
+                                           dtype="float32", platform="Linux-1.0-x86_64-x"), {})
+    run["created_utc"] = "2026-12-05T10:00:00+00:00"
+    save_run(run, copy / "docs" / "runs" / "gpu-check")  # a folder no other block reads
+    assert readme.check(copy) == ["README.md: block 'hosts' differs from what docs/runs/ gives"]
+    readme.write(copy)
+    text = (copy / "README.md").read_text()
+    assert "| Test GPU (Linux-1.0) | cuda | 1 | `gpu-check/` | 2026-12-05 |" in text
+    assert "**On a GPU: 1 committed run.**" in text
+
+
+# ------------------------------------------------------------- tables typed by hand
+TIMING_TABLES = [
+    "| context | step (ms) |\n|---|---|\n| 128 | 41.2 |\n",  # a unit in the header
+    "| attempt | measured |\n|---|---|\n| prefetch | 18.0 → 12.0 ms |\n",  # in a cell
+    "| progress every | share of a core |\n|---|---|\n| 5 s | 17% |\n",
+    "```\n| model | t/s |\n| --- | --: |\n| gpt2 | 41.5 ± 0.3 |\n```\n",  # fenced
+]
+
+
+@pytest.mark.parametrize("table", TIMING_TABLES)
+def test_a_hand_written_timing_table_fails_the_check_naming_file_and_line(
+        copy: Path, table: str, capsys: pytest.CaptureFixture[str]) -> None:
+    doc = copy / "docs" / "sweep.md"
+    text = doc.read_text(encoding="utf-8")
+    line = text[:text.index("## What a point is")].count("\n") + 1
+    doc.write_text(text.replace("## What a point is", table + "\n## What a point is", 1),
+                   encoding="utf-8")
+    at = line + (1 if table.startswith("```") else 0)
+    (found,) = readme.check(copy)
+    assert found.startswith(f"docs/sweep.md:{at}: a table with timing columns (")
+    assert cli.main(["readme", "--check", "--root", str(copy)]) == 1
+    assert f"docs/sweep.md:{at}: a table with timing columns" in capsys.readouterr().err
+    readme.write(copy)  # regenerating cannot fix it: only a block or a quoted run can
+    assert readme.check(copy) == [found]
+
+
+@pytest.mark.parametrize("table", [
+    "| mode | what changes |\n|---|---|\n| 1 `uncached` | the naive loop, 16 × 128 bytes |\n",
+    "| field | meaning |\n|---|---|\n| `p50_ms`, `tpot_ms` | time per output token |\n",
+    "```\n| model | t/s |\n| --- | --: |\n| gpt2 | ... ± ... |\n```\n",  # a format, no figure
+])
+def test_a_table_without_timings_passes(copy: Path, table: str) -> None:
+    doc = copy / "docs" / "sweep.md"
+    doc.write_text(doc.read_text(encoding="utf-8") + "\n" + table, encoding="utf-8")
+    assert readme.check(copy) == []
+
+
+# ------------------------------------------------------------ blocks made from the code
+def _block(root: Path, doc: str, name: str) -> str:
+    return dict((n, b) for d, n, b in blocks(root) if d.name == doc)[name]
+
+
+def test_the_command_list_is_the_clis_parser() -> None:
+    sub = cli.build_parser()._subparsers._group_actions[0]
+    body = _block(REPO_ROOT, "running.md", "commands")
+    listed = re.findall(r"^\| `(\S+)`", body, re.M)
+    assert listed == [a.dest for a in sub._choices_actions]
+    for action in sub._choices_actions:
+        assert (action.help or "").replace("|", "\\|") in body
+    for old in ("sweep", "e2e", "predict"):  # the older names are shown beside the new
+        assert f"({old})" in body
+
+
+def test_a_new_script_or_module_makes_the_lists_stale(copy: Path) -> None:
+    (copy / "scripts" / "bench_new.py").write_text('"""A new benchmark: it times things."""\n')
+    (copy / "engine" / "newpart.py").write_text('"""A new part."""\n')
+    assert readme.check(copy) == [
+        "docs/running.md: block 'scripts' differs from what the docstrings of scripts/ gives",
+        "docs/running.md: block 'layout' differs from what the package tree gives"]
+    readme.write(copy)
+    assert "| `scripts/bench_new.py` | A new benchmark: it times things. |" in \
+        _block(copy, "running.md", "scripts")
+    assert re.search(r"^\| `engine/` \|.*\bnewpart\b", _block(copy, "running.md", "layout"),
+                     re.M)
+    (copy / "scripts" / "bench_new.py").unlink()
+    assert readme.check(copy) == [
+        "docs/running.md: block 'scripts' differs from what the docstrings of scripts/ gives"]
+
+
+def test_a_new_command_makes_the_command_list_stale(copy: Path) -> None:
+    path = copy / "instruments" / "cli.py"
+    text = path.read_text(encoding="utf-8")
+    path.write_text(text.replace('    _store_parsers(sub)\n', '    _store_parsers(sub)\n'
+                                 '    sub.add_parser("brand-new", help="a command just added")\n',
+                                 1), encoding="utf-8")
+    assert readme.check(copy) == ["docs/running.md: block 'commands' differs from what the "
+                                  "CLI's parser (instruments/cli.py) gives"]
+    readme.write(copy)
+    assert "| `brand-new` | a command just added |" in _block(copy, "running.md", "commands")

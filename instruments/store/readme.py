@@ -6,13 +6,20 @@ docs/runs/ it is made from and which maker (``instruments.store.readme_blocks``)
 folder's runs, read with the store's tolerant loader, into Markdown.
 
   write(root)  rewrite every block from its runs; the documents that changed
-  check(root)  one line per block that differs from what its runs give (empty: all match)
+  check(root)  one line per block that differs from what its runs give, and one per Markdown
+               table with timing columns outside a generated block (``readme_tables``):
+               a hand-written timing table can neither be checked nor regenerated (empty: all
+               good)
 
 ``python -m instruments readme`` writes; ``python -m instruments readme --check`` exits non-zero
-naming each block that differs (CI runs it after the tests). A folder with no run file yet gives
-"no committed run yet" and the command that fills it (its runs are taken on a quiet machine,
-never on a shared one); a missing folder, a corrupt or unreadable run file, a block without its
-end marker or an unknown block name raises ``ReadmeError``: one line naming the file.
+naming each block that differs and each loose timing table by file and line (CI runs it after
+the tests). A block reads one folder under docs/runs/ (``folder``; ``""``: all of it), maybe
+more (``more``), or none: the blocks made from the checkout itself -- the CLI's commands, the
+scripts, the package tree (``readme_code``), the device check's limits. A folder with no run
+file yet gives "no committed run yet" and the command that fills it (its runs are taken on a
+quiet machine, never on a shared one); a missing folder, a corrupt or unreadable run file, a
+block without its end marker or an unknown block name raises ``ReadmeError``: one line naming
+the file.
 """
 
 from __future__ import annotations
@@ -23,19 +30,26 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from instruments.store import readme_blocks as mk
+from instruments.store import readme_code as code
 from instruments.store import readme_speed as speed
+from instruments.store import readme_tables
 from instruments.store.readme_blocks import ReadmeError, Run, rel
-from instruments.store.results import REPO_ROOT, RUNS_PATH, load_runs
+from instruments.store.results import REPO_ROOT, RUNS_PATH, ResultsError, load_run
 
 __all__ = ["BLOCKS", "ReadmeError", "check", "documents", "write"]
 
 
 @dataclass(frozen=True)
 class Block:
-    folder: str | None  # under docs/runs/; None: the block reads no run (the device check's limits)
+    folder: str | None  # under docs/runs/ ("": all of it); None: the block reads no run
     make: Callable[[list[Run], Path], str]
     fills: str = ""  # the command whose run files belong in the folder
     recursive: bool = False  # the folder's runs sit in subfolders (a benchmark's layout)
+    more: tuple[str, ...] = ()  # further folders whose runs the maker gets too (same layout)
+    source: str = ""  # what a block that reads no run is made from (named when it differs)
+
+    def folders(self) -> tuple[str, ...]:
+        return () if self.folder is None else (self.folder, *self.more)
 
 
 _QUIET = "on a quiet machine, then copy its run files here"
@@ -62,20 +76,27 @@ BLOCKS: dict[str, Block] = {
     "engine-speed": Block("engine-speed", speed.kernels,
                           f"`python scripts/bench_kernels.py` {_QUIET}"),
     "peers": Block("peers", speed.peers, f"`python scripts/bench_peers.py` {_QUIET}"),
-    "peers-summary": Block("peers", speed.peers_summary,
-                           f"`python scripts/bench_peers.py` {_QUIET}"),
-    "peers-epyc": Block("peers-epyc", speed.peers, "`python scripts/bench_peers.py` on the "
+    "peers-epyc": Block("peers-epyc", speed.peers_history, "`python scripts/bench_peers.py` on the "
                         "2-core AMD EPYC, before CTranslate2 had its own OpenMP runtime (kept as "
                         "measured)"),
     "engine-speed-epyc": Block("engine-speed-epyc", speed.kernels, "`python scripts/"
                                "bench_kernels.py` on the 2-core AMD EPYC (kept as measured)"),
-    "peers-before": Block("peers-before", speed.peers, "`python scripts/bench_peers.py` before "
-                          "the kernel went into mode 8 (kept as measured)"),
-    "speculate": Block("speculate", mk.listing, "`python scripts/bench_speculate.py` "
+    "peers-before": Block("peers-before", speed.peers_history, "`python scripts/bench_peers.py` "
+                          "before the kernel went into mode 8 (kept as measured)"),
+    "peers-history": Block("peers", speed.peers_history, f"`python scripts/bench_peers.py` "
+                           f"{_QUIET}"),
+    "speculate": Block("speculate", speed.speculation, "`python scripts/bench_speculate.py` "
                        f"{_QUIET}"),
-    "speculate-epyc": Block("speculate-epyc", mk.listing, "`python scripts/bench_speculate.py` "
-                            "on the 2-core AMD EPYC (kept as measured)"),
-    "gpu-check-length": Block(None, mk.gpu_check_length),
+    "speculate-epyc": Block("speculate-epyc", speed.speculation, "`python scripts/"
+                            "bench_speculate.py` on the 2-core AMD EPYC (kept as measured)"),
+    "first-run": Block("sweep", speed.first_run, "`python scripts/bench_sweep.py`",
+                       recursive=True, more=("sweep-slow-host", "sweep-epyc")),
+    "hosts": Block("", mk.hosts, "a script or command named in docs/runs/README.md",
+                   recursive=True),
+    "gpu-check-length": Block(None, mk.gpu_check_length, source="scripts/gpu_check.sh"),
+    "commands": Block(None, code.commands, source="the CLI's parser (instruments/cli.py)"),
+    "scripts": Block(None, code.scripts, source="the docstrings of scripts/"),
+    "layout": Block(None, code.layout, source="the package tree"),
 }
 # A marker is a line of its own (a marker quoted inside a sentence is prose, not a block).
 _BLOCK = re.compile(r"^<!-- generated: (?P<name>\S+) -->\n(?P<body>.*?)^<!-- end: (?P=name) -->$",
@@ -97,33 +118,50 @@ class _Maker:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.runs: dict[str, list[Run]] = {}
+        self.runs: dict[tuple[str, bool], list[Run]] = {}
         self.made: dict[str, str] = {}
 
     def folder_runs(self, folder: str, recursive: bool = False) -> list[Run]:
-        if folder not in self.runs:
+        if (folder, recursive) not in self.runs:
             path = self.root / RUNS_DIR / folder
             if not path.is_dir():
                 raise ReadmeError(f"{rel(path, self.root)}/ is missing (a block reads its runs)")
-            loaded = load_runs(path, recursive=recursive)
-            if loaded.skipped:
-                bad, why = loaded.skipped[0]
-                raise ReadmeError(f"{rel(bad, self.root)}: {why}")
-            self.runs[folder] = loaded.runs
-        return self.runs[folder]
+            self.runs[folder, recursive] = _load_runs(path, recursive, self.root)
+        return self.runs[folder, recursive]
 
     def __call__(self, name: str) -> str:
         if name not in self.made:
             block = BLOCKS[name]
-            runs = [] if block.folder is None else self.folder_runs(block.folder,
-                                                                     block.recursive)
+            runs = [r for f in block.folders() for r in self.folder_runs(f, block.recursive)]
             if block.folder is not None and not runs:
-                body = (f"_No committed run yet: `{(RUNS_DIR / block.folder).as_posix()}/` holds "
+                body = (f"_No committed run yet: `{_where(block)}` holds "
                         f"no run file. Run {block.fills}._")
             else:
                 body = block.make(runs, self.root).rstrip("\n")
             self.made[name] = body + "\n"
         return self.made[name]
+
+
+_LOADED: dict[tuple[str, int, int], Run] = {}  # run files read before, by path, mtime and size
+
+
+def _load_runs(folder: Path, recursive: bool, root: Path) -> list[Run]:
+    """``results.load_runs`` for a block (oldest first), each file read once while it is
+    unchanged (a check reads every folder again); an unreadable file raises, naming it."""
+    paths = sorted(folder.rglob("*.json") if recursive else folder.glob("*.json"))
+    runs = []
+    for path in paths:
+        if path.name.startswith(".") or not path.is_file():
+            continue
+        st = path.stat()
+        key = (str(path.resolve()), st.st_mtime_ns, st.st_size)
+        if key not in _LOADED:
+            try:
+                _LOADED[key] = load_run(path)
+            except ResultsError as exc:
+                raise ReadmeError(f"{rel(path, root)}: {exc}") from exc
+        runs.append({**_LOADED[key], "path": str(path)})
+    return sorted(runs, key=lambda r: (str(r["created_utc"]), r["path"]))
 
 
 def _blocks(doc: Path, text: str, root: Path) -> list[re.Match[str]]:
@@ -169,12 +207,21 @@ def write(root: Path = REPO_ROOT) -> list[Path]:
     return changed
 
 
+def _where(block: Block) -> str:
+    """What a block is made from, as its messages name it: ``docs/runs/peers/`` or its source."""
+    if block.folder is None:
+        return block.source
+    return " and ".join(f"{(RUNS_DIR / f).as_posix()}/" for f in block.folders())
+
+
 def check(root: Path = REPO_ROOT) -> list[str]:
-    """One line per generated block that differs from what its runs give (empty: all match)."""
+    """One line per generated block that differs from what its runs give, then one per table
+    with timing columns outside a generated block (empty: all good)."""
     lines = []
     for doc, _text, _new, stale in _regenerated(root):
         for name in stale:
-            folder = BLOCKS[name].folder
-            src = "scripts/gpu_check.sh" if folder is None else f"{(RUNS_DIR / folder).as_posix()}/"
-            lines.append(f"{rel(doc, root)}: block {name!r} differs from what {src} gives")
+            lines.append(f"{rel(doc, root)}: block {name!r} differs from what "
+                         f"{_where(BLOCKS[name])} gives")
+    for doc in documents(root):
+        lines += readme_tables.loose(doc, root)
     return lines

@@ -62,6 +62,15 @@ def machine(run: Run) -> str:
             + (" (partial)" if m.get("partial") else ""))
 
 
+def host(run: Run) -> str:
+    """The host a run names: its device's name and its platform up to the architecture (two
+    VMs with the same CPU model differ there)."""
+    m = run.get("meta") or {}
+    plat = re.sub(r"-(x86_64|aarch64|arm64|AMD64).*$", "", str(m.get("platform") or "?"))
+    name = re.sub(r"\((R|TM)\)| Processor$", "", str(m.get("device_name") or m.get("device")))
+    return f"{name} ({plat})"
+
+
 def source(run: Run, root: Path) -> str:
     """Where a figure came from: ``machine(run)`` and the run file."""
     return f"{machine(run)}: `{rel(run['path'], root)}`"
@@ -239,7 +248,30 @@ def predicted_step(runs: list[Run], root: Path) -> str:
     lines += md_table(["run", f"worst miss, cached modes (goal {_pct(goal[True])})",
                        f"worst miss, uncached modes (goal {_pct(goal[False])})",
                        "not predicted"], rows)
-    return "\n".join(lines)
+    return "\n".join(lines + _residuals(preds[-1], root))
+
+
+def _residuals(run: Run, root: Path) -> list[str]:
+    """Per mode of the newest run: its worst miss, its residual (measured - predicted) over
+    the contexts, and the verdict; nothing when the run holds no ``prediction`` table."""
+    pred = (run.get("tables") or {}).get("prediction") or []
+    if not pred:
+        return []
+    resid: dict[str, list[float]] = {}
+    for r in pred:
+        if r.get("residual_ms") is not None:
+            resid.setdefault(str(r["mode"]), []).append(float(r["residual_ms"]))
+    rows = []
+    for v in table(run, "verdicts", root):
+        got = resid.get(str(v["mode"]))
+        rows.append([f"`{v['mode']}`", "—" if v.get("worst_share") is None else
+                     f"{v['worst_share']:.1%} at {v['worst_context']:,} tokens",
+                     f"{min(got):+.1f} to {max(got):+.1f}" if got else "—",
+                     "—" if v.get("within") is None else "yes" if v["within"] else "**no**"])
+    return ["", f"Per mode, the newest run (`{Path(run['path']).name}`): the residual is "
+            "measured − predicted at each of its contexts.", "",
+            *md_table(["mode", "worst miss", "residual over the contexts (ms)",
+                       "within its goal"], rows)]
 
 
 def _pct(x: float | None) -> str:
@@ -292,14 +324,27 @@ def isolation(runs: list[Run], root: Path) -> str:
     return "\n".join(lines)
 
 
-def listing(runs: list[Run], root: Path) -> str:
-    """The runs of a folder whose block has no maker of its own yet: what each one is."""
-    return "\n".join(md_table(
-        ["run", "kind", "date", "device", "model", "dtype", "threads", "partial"],
-        ([f"`{rel(r['path'], root)}`", r.get("kind"), str(r.get("created_utc"))[:10],
-          (r.get("meta") or {}).get("device_name"), (r.get("meta") or {}).get("model"),
-          (r.get("meta") or {}).get("dtype"), (r.get("meta") or {}).get("threads"),
-          "yes" if (r.get("meta") or {}).get("partial") else "no"] for r in runs)))
+# -------------------------------------------------------------------------- what ran where
+def hosts(runs: list[Run], root: Path) -> str:
+    """Every host the committed runs name, with how many runs, under which folders, when; and
+    how many ran on a GPU."""
+    by: dict[str, list[Run]] = {}
+    for r in runs:
+        if (r.get("meta") or {}).get("device_name"):  # not a benchmark's own timing record
+            by.setdefault(host(r), []).append(r)
+    rows = []
+    for name, got in sorted(by.items(), key=lambda kv: min(str(r["created_utc"]) for r in
+                                                          kv[1])):
+        topics = sorted({Path(rel(r["path"], root)).parts[2] for r in got})
+        dates = sorted(str(r["created_utc"])[:10] for r in got)
+        rows.append([name, ", ".join(sorted({str(r["meta"].get("device")) for r in got})),
+                     len(got), ", ".join(f"`{t}/`" for t in topics),
+                     dates[0] if dates[0] == dates[-1] else f"{dates[0]} – {dates[-1]}"])
+    gpu = sum(str((r.get("meta") or {}).get("device", "")).startswith("cuda") for r in runs)
+    return "\n".join([*md_table(["host (device, platform)", "device", "runs",
+                                 "folders under docs/runs/", "dates"], rows), "",
+                      f"**On a GPU: {gpu or 'no'} committed run"
+                      f"{'' if gpu == 1 else 's'}.**"])
 
 
 # ------------------------------------------------------------------------------ device check

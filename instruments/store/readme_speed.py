@@ -3,21 +3,27 @@
 Makers as in ``instruments.store.readme_blocks`` (``make(runs, root) -> str``):
   peers        the newest ``peers`` run per thread count: each engine's decode step as a
                multiple of the weight-read floor measured beside it, per context
-  peers_summary  the same runs for the README: our fastest exact step and ``int8_weights``
-               against CTranslate2 at the same precision, ms, × the floor and the ratio
   kernels      the newest ``kernels`` run (``scripts/bench_kernels.py``): every matrix-vector
                candidate per kind of matrix, ms and × a ``sum()`` of the same fp32 bytes; and
                its ``attention`` table (SDPA against our ``attend``) where it has one
+  peers_history  every ``peers`` run of its folders, one line each: host, threads, the read
+               floor, our fastest exact step against CTranslate2 fp32 and the floor, and
+               ``int8_weights`` against CTranslate2 int8, per context
   sweep_bench  ``scripts/bench_sweep.py``'s runs (subfolders): the default sweep from the
                browser against issue 25's goals (``instruments.store.sweep_bench``)
+  first_run    the same runs of several hosts, one line per host: how long a new user's first
+               sweep took from the browser
+  speculation  ``scripts/bench_speculate.py``'s runs: per model and prompt, the acceptance and
+               the measured speedup per draft length, and how often the prediction was within
+               15% of it
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from instruments.store.readme_blocks import Run, machine, md_table, newest, rel, table
-from instruments.store.sweep_bench import report
+from instruments.store.readme_blocks import Run, host, machine, md_table, newest, rel, table
+from instruments.store.sweep_bench import TIMING_KIND, by_folder, report
 
 KINDS = ("c_attn", "attn.c_proj", "c_fc", "mlp.c_proj", "lm_head")
 
@@ -48,8 +54,21 @@ def peers(runs: list[Run], root: Path) -> str:
     skipped = sorted({f"`{r['engine']}` ({r.get('why', '')})" for run in newest_by_threads.values()
                       for r in table(run, "peers", root) if r.get("latency_ms") is None})
     return "\n".join(["Median step as a multiple of the read floor measured beside it (lower is "
-                      "faster):", "", *out, "", *notes]
+                      "faster):", "", *out, "", *notes, *_gate(newest_by_threads, root)]
                      + ([f"- not timed: {', '.join(skipped)}"] if skipped else []))
+
+
+def _gate(by_threads: dict[int, Run], root: Path) -> list[str]:
+    """The gate's verdict per engine in the run of the fewest threads: the largest logit error
+    against mode 1, and what its tolerance allowed."""
+    run = by_threads[min(by_threads)]
+    seen: dict[str, str] = {}
+    for r in table(run, "peers", root):
+        if r.get("logits_max_abs_diff") is not None and r["engine"] not in seen:
+            seen[r["engine"]] = (f"`{r['engine']}` {r['logits_max_abs_diff']:.2g} "
+                                 f"({r.get('logits_tolerance') or 0:.2g})")
+    return [f"- the gate, largest logit error against mode 1 (allowed): {', '.join(seen.values())}"
+            ] if seen else []
 
 
 def _newest_peers(runs: list[Run], root: Path) -> dict[int, Run]:
@@ -63,71 +82,39 @@ def _newest_peers(runs: list[Run], root: Path) -> dict[int, Run]:
     return out
 
 
-# (ours, the peer at the same precision): ours None = our fastest exact mode at that context
-PAIRS = ((None, "ct2_float32"), ("int8_weights", "ct2_int8"))
-
-
-def peers_summary(runs: list[Run], root: Path) -> str:
-    """Per thread count and context: each pair of ``PAIRS`` as ms (× the floor) and ours ÷ the
-    peer's -- issue 22's and issue 21's measuring stick, read off the newest runs."""
-    lines = []
-    for threads, run in sorted(_newest_peers(runs, root).items()):
-        rows = [r for r in table(run, "peers", root) if r.get("latency_ms") is not None]
-        for t in sorted({r["context_len"] for r in rows}):
-            here = {r["engine"]: r for r in rows if r["context_len"] == t}
-            exact = next((e for e, r in here.items() if r.get("x_fastest_exact") == 1.0), None)
-            floor = next((r.get("floor_ms") for r in here.values() if r.get("floor_ms")), None)
-            cells: list[str] = []
-            for ours, peer in PAIRS:
-                a, b = here.get(ours or exact or ""), here.get(peer)
-                cells += [_ms_x(a), _ms_x(b), f"{a['latency_ms'] / b['latency_ms']:.2f}"
-                          if a and b else "–"]
-            lines.append([threads, t, "–" if floor is None else f"{floor:.1f}",
-                          f"`{exact}`" if exact else "–", *cells])
-    head = ["threads", "context", "read of the fp32 weights (ms)", "our fastest exact",
-            "its step (× floor)", "CTranslate2 fp32", "ours ÷ CTranslate2", "`int8_weights`",
-            "CTranslate2 int8", "ours ÷ CTranslate2"]
-    notes = [f"- {threads} thread(s): {machine(run)}; `{rel(run['path'], root)}`"
-             for threads, run in sorted(_newest_peers(runs, root).items())]
-    return "\n".join(["Median decode step in ms (× the read floor measured beside it), gpt2's "
-                      "shapes, one process per thread count:", "", *md_table(head, lines), "",
-                      *notes])
-
-
-def _ms_x(r: dict | None) -> str:
-    if not r:
-        return "–"
-    x = r.get("x_floor")
-    return f"{r['latency_ms']:.1f} ({x:.2f}×)" if x else f"{r['latency_ms']:.1f}"
-
-
 def kernels(runs: list[Run], root: Path) -> str:
     """The newest kernels run: per thread count, candidate × kind of matrix."""
     run = newest(runs, "kernels", root)
     rows = table(run, "kernels", root)
     names = list(dict.fromkeys(r["candidate"] for r in rows))
-    out = [f"Measured on {machine(run)}: `{rel(run['path'], root)}`. Each cell: ms for one token "
-           "through all 12 layers' matrices of that kind (the output projection once), and × a "
-           "`sum()` of the same fp32 matrices timed beside it.", ""]
+    out = [f"Measured on {machine(run)}: `{rel(run['path'], root)}`. One token through all 12 "
+           "layers' matrices of each kind (the output projection once): the `sum()` of the same "
+           "fp32 matrices in ms, every other candidate as a multiple of it, timed beside it.", ""]
     for threads in sorted({r["threads"] for r in rows}):
         got = {(r["candidate"], r["kind"]): r for r in rows if r["threads"] == threads}
         out += [f"{threads} thread(s):", ""]
         out += md_table(["candidate", *[f"`{k}`" for k in KINDS]], (
-            [n, *[f"{got[n, k]['latency_ms']:.2f} ({got[n, k]['x_fp32_read']:.2f}×)"
-                  if (n, k) in got else "–" for k in KINDS]] for n in names))
+            [n, *[_cell(got.get((n, k)), "x_fp32_read") for k in KINDS]] for n in names))
         out.append("")
     attention = (run.get("tables") or {}).get("attention") or []
     if attention:
-        out += ["The attention over the cache, one new token through 12 layers (12 heads of 64), "
-                "ms and × a `sum()` of the same cached K and V bytes:", ""]
+        out += ["The attention over the cache, one new token through 12 layers (12 heads of 64): "
+                "the `sum()` of the same cached K and V bytes in ms, the others × it:", ""]
         names = list(dict.fromkeys(r["candidate"] for r in attention))
         keys = sorted({(r["threads"], r["context_len"]) for r in attention})
         got = {(r["candidate"], r["threads"], r["context_len"]): r for r in attention}
         out += md_table(["candidate", *[f"{t} thread(s), {c} tokens" for t, c in keys]], (
-            [n, *[f"{got[n, t, c]['latency_ms']:.2f} ({got[n, t, c]['x_kv_read']:.2f}×)"
-                  if (n, t, c) in got else "–" for t, c in keys]] for n in names))
+            [n, *[_cell(got.get((n, t, c)), "x_kv_read") for t, c in keys]] for n in names))
         out.append("")
     return "\n".join(out).rstrip("\n")
+
+
+def _cell(r: dict | None, ratio: str) -> str:
+    """A read in ms, anything else as a multiple of the read beside it."""
+    if r is None:
+        return "–"
+    return f"{r['latency_ms']:.2f} ms" if r["candidate"].startswith("read") else \
+        f"{r[ratio]:.2f}×"
 
 
 def sweep_bench(runs: list[Run], root: Path) -> str:
@@ -138,3 +125,112 @@ def sweep_bench(runs: list[Run], root: Path) -> str:
         return f"_`{folder}/` holds no browser run of `scripts/bench_sweep.py` yet._"
     first = next(r for r in runs if r.get("kind") == "latency_sweep")
     return "\n".join([f"Measured on {machine(first)}.", "", *lines])
+
+
+def _top(run: Run, root: Path) -> str:
+    """The folder under docs/runs/ a run was loaded from."""
+    return Path(rel(run["path"], root)).parts[2]
+
+
+def _history_row(run: Run, root: Path) -> tuple[list, set[str]]:
+    got = [r for r in table(run, "peers", root) if r.get("latency_ms") is not None]
+    ctx = sorted({r["context_len"] for r in got})
+    at = {(r["engine"], r["context_len"]): r for r in got}
+    exact = {t: next((e for (e, c), r in at.items() if c == t
+                      and r.get("x_fastest_exact") == 1.0), "") for t in ctx}
+    floors = [next((r["floor_ms"] for (_, c), r in at.items() if c == t and r.get("floor_ms")),
+                   None) for t in ctx]
+    ratios, x_floor, int8 = [], [], []
+    for t in ctx:
+        ours, ct2, q, cq = (at.get((exact[t], t)), at.get(("ct2_float32", t)),
+                            at.get(("int8_weights", t)), at.get(("ct2_int8", t)))
+        ratios.append(f"{ours['latency_ms'] / ct2['latency_ms']:.2f}" if ours and ct2 else "–")
+        x_floor.append(f"{ours['x_floor']:.2f}" if ours and ours.get("x_floor") else "–")
+        int8.append(f"{q['latency_ms'] / cq['latency_ms']:.2f}" if q and cq else "–")
+    row = [str(run["created_utc"])[:16], host(run), (run.get("meta") or {}).get("threads"),
+           "/".join("–" if f is None else f"{f:.1f}" for f in floors), "/".join(ratios),
+           "/".join(x_floor), "/".join(int8)]
+    return row, {e for e in exact.values() if e}
+
+
+def peers_history(runs: list[Run], root: Path) -> str:
+    """Every peers run of the folder, oldest first: the same-run ratios the peers page is
+    about, one line per run."""
+    made = [_history_row(run, root) for run in sorted(
+        (r for r in runs if r.get("kind") == "peers"), key=lambda r: str(r["created_utc"]))]
+    exact = sorted(set().union(*(e for _, e in made)))
+    ctx = sorted({r["context_len"] for run in runs if run.get("kind") == "peers"
+                  for r in table(run, "peers", root) if r.get("latency_ms") is not None})
+    return "\n".join([f"Our fastest exact step ({', '.join(f'`{e}`' for e in exact) or '–'}) "
+                      "against CTranslate2 fp32 and the read floor, and `int8_weights` against "
+                      "CTranslate2 int8, each inside one run; a cell holds one figure per "
+                      f"context ({'/'.join(str(t) for t in ctx)} tokens):", "",
+                      *md_table(["started (UTC)", "host", "threads",
+                                 "read of the fp32 weights (ms)", "÷ CTranslate2 fp32",
+                                 "× the floor", "`int8_weights` ÷ CTranslate2 int8"],
+                                (row for row, _ in made))])
+
+
+def first_run(runs: list[Run], root: Path) -> str:
+    """Per host: the default sweep from the browser, seconds to its first point and to the end."""
+    folders: dict[str, list[Run]] = {}
+    for r in runs:
+        folders.setdefault(_top(r, root), []).append(r)
+    rows = []
+    for folder, got in folders.items():
+        per = by_folder(got)
+        timings = [k[TIMING_KIND]["tables"]["timing"][0] for n, k in sorted(per.items())
+                   if n.startswith("browser-") and TIMING_KIND in k]
+        sweep = next((r for r in got if r.get("kind") == "latency_sweep"), None)
+        if not timings or sweep is None:
+            continue
+        first = [t["first_s"] for t in timings]
+        total = [t["total_s"] for t in timings]
+        rows.append([host(sweep), str(sweep["created_utc"])[:10], len(timings),
+                     f"{min(first):.1f}–{max(first):.1f}", f"{min(total):.0f}–{max(total):.0f}",
+                     f"`{folder}/`"])
+    if not rows:
+        return "_No browser run of `scripts/bench_sweep.py` is committed yet._"
+    rows.sort(key=lambda r: r[1])
+    return "\n".join(md_table(["host (device, platform)", "date", "runs", "first point (s)",
+                               "whole sweep (s)", "runs in docs/runs/"], rows))
+
+
+GOAL = 0.15  # scripts/bench_speculate.py's: the prediction within 15% of the measured speedup
+
+
+def _model(meta: dict) -> str:
+    weights = str(meta.get("weights") or "")
+    if weights.startswith("local checkpoint (") and weights.endswith(")"):
+        return f"`{weights[len('local checkpoint ('):-1]}` (trained fixture)"
+    return f"{meta.get('model')}, {weights} weights"
+
+
+def speculation(runs: list[Run], root: Path) -> str:
+    """Per speculate run (a model and a prompt): acceptance and measured speedup per k, how
+    many predictions came within ``GOAL``, whether every output equalled greedy decoding."""
+    found = [r for r in runs if r.get("kind") == "speculate"] or [
+        newest(runs, "speculate", root)]
+    rows = []
+    for run in found:
+        m, sp = run.get("meta") or {}, table(run, "speculative", root)
+        within = sum(1 for r in sp if r.get("speedup_predicted_drafts") is not None and
+                     abs(r["speedup_predicted_drafts"] / r["speedup_measured"] - 1) <= GOAL)
+        rows.append([f"`{Path(run['path']).name}`", _model(m), m.get("bench_prompt") or "–",
+                     m.get("distinct_tokens", "–"),
+                     "/".join(f"{r['acceptance'] * 100:.0f}" for r in sp) + "%",
+                     "/".join(f"{r['speedup_measured']:.2f}" for r in sp) + "×",
+                     f"{within} of {len(sp)}",
+                     "yes" if all(r.get("identical") for r in sp) else "**no**"])
+    ks = "/".join(str(r["k"]) for r in table(found[-1], "speculative", root))
+    m = found[-1].get("meta") or {}
+    threads = m.get("threads")
+    return "\n".join([f"Draft lengths k = {ks}; mode `{m.get('mode')}`, {m.get('new_tokens')} "
+                      f"new tokens per prompt; on {host(found[-1])}, {threads} thread"
+                      f"{'' if threads == 1 else 's'}, torch {m.get('torch_version')}, "
+                      f"{str(found[-1].get('created_utc'))[:10]}. Speedup: the whole generation "
+                      "against plain greedy decoding with the same mode.",
+                      "", *md_table(["run", "model", "prompt", "distinct tokens generated",
+                                     "acceptance per k", "measured speedup per k",
+                                     f"prediction within {GOAL:.0%}", "output = greedy"],
+                                    rows)])
