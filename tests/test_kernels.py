@@ -310,6 +310,21 @@ def test_fused_llama_step_matches_a_pytorch_reference(kind: int, fused: bool, ba
     assert torch.equal(k_buf[:, :, :, untouched], case["k_buf"][:, :, :, untouched])
 
 
+@pytest.mark.parametrize("nh, nkv, c, ffn", [(6, 2, 96, 100), (3, 1, 96, 36), (9, 3, 576, 64)])
+def test_fused_llama_step_other_shapes(nh: int, nkv: int, c: int, ffn: int) -> None:
+    """Groups of 3 query heads (SmolLM2's), one K/V head, an MLP width off the vector width."""
+    case = _llama_case(2, 5, nh=nh, nkv=nkv, c=c, ffn=ffn)
+    n = len(case["mats"])
+    want = _llama_reference(case["x"].double(), [t.double() for t in case["norms"]],
+                            [m.double() for m in case["mats"]], case["k_buf"].double(),
+                            case["v_buf"].double(), case["cos"], case["sin"], 5, nh, nkv, 1e-5)
+    got = kernels.decode_layers_llama(
+        case["x"], case["norms"], case["mats"], [None] * n, [None] * n, [0] * n,
+        [m.size(0) for m in case["mats"]], case["k_buf"].clone(), case["v_buf"].clone(),
+        case["cos"], case["sin"], 5, nh, nkv, 1e-5)
+    assert (got.double() - want).abs().max() <= 1e-5 * want.abs().max()
+
+
 def test_fused_llama_step_would_show_a_wrong_rotation() -> None:
     """The 1e-5 tolerance sees RoPE's pairs taken the GPT-J way (neighbouring channels)."""
     case = _llama_case(1, 9)

@@ -55,6 +55,7 @@
 #include <vector>
 
 #include "ops.h"
+#include "simd.h"
 
 namespace {
 
@@ -164,7 +165,17 @@ at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
   for (int64_t b = 0; b < batch; ++b) {
     const float* g = gate.data_ptr<float>() + b * gate.stride(0);
     const float* u = up.data_ptr<float>() + b * up.stride(0);
-    for (int64_t i = 0; i < ffn; ++i) yp[b * ffn + i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+    float* yb = yp + b * ffn;
+    int64_t i = 0;
+#ifdef KVLAB_VECTOR  // 1536 exponentials a layer for SmolLM2: the vector exp, not one by one
+    using namespace kvlab;
+    for (; i + kLanes <= ffn; i += kLanes) {
+      const vec gv = vload(g + i);
+      const vec silu = vdiv(gv, vadd(vset(1.f), vexp(vmul(gv, vset(-1.f)))));
+      vstore(yb + i, vmul(silu, vload(u + i)));
+    }
+#endif
+    for (; i < ffn; ++i) yb[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
   }
   return y;
 }

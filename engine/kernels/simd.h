@@ -55,6 +55,7 @@ inline float vsum(vec a) { return _mm512_reduce_add_ps(a); }
 inline vec vset(float a) { return _mm512_set1_ps(a); }
 inline void vstore(float* p, vec a) { _mm512_storeu_ps(p, a); }
 inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
+inline vec vdiv(vec a, vec b) { return _mm512_div_ps(a, b); }
 inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
 inline vec vmin(vec a, vec b) { return _mm512_min_ps(a, b); }
 inline vec vmax(vec a, vec b) { return _mm512_max_ps(a, b); }
@@ -85,6 +86,7 @@ inline float vsum(vec a) {
 inline vec vset(float a) { return _mm256_set1_ps(a); }
 inline void vstore(float* p, vec a) { _mm256_storeu_ps(p, a); }
 inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
+inline vec vdiv(vec a, vec b) { return _mm256_div_ps(a, b); }
 inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
 inline vec vmin(vec a, vec b) { return _mm256_min_ps(a, b); }
 inline vec vmax(vec a, vec b) { return _mm256_max_ps(a, b); }
