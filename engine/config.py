@@ -62,11 +62,12 @@ class GPTConfig:
         return 2 * self.n_layer * self.n_kv_head * self.head_dim * element_bytes
 
     def matrices(self) -> list[tuple[str, int, int, bool]]:
-        """One block's Linears, (role, out, in, has bias): the fused q|k|v product, the
-        attention's output projection, the MLP's 4x up and down projections."""
+        """One block's Linears, (role -- its module's path in the block --, out, in, has
+        bias): the fused q|k|v product, the attention's output projection, the MLP's 4x up and
+        down projections."""
         d = self.n_embd
-        return [("c_attn", 3 * d, d, True), ("attn.c_proj", d, d, True),
-                ("c_fc", 4 * d, d, True), ("mlp.c_proj", d, 4 * d, True)]
+        return [("attn.c_attn", 3 * d, d, True), ("attn.c_proj", d, d, True),
+                ("mlp.c_fc", 4 * d, d, True), ("mlp.c_proj", d, 4 * d, True)]
 
     @property
     def head(self) -> tuple[int, int]:
@@ -142,13 +143,15 @@ class LlamaConfig:
         return 2 * self.n_layer * self.n_kv_head * self.head_dim * element_bytes
 
     def matrices(self) -> list[tuple[str, int, int, bool]]:
-        """One block's Linears, (role, out, in, has bias): q, k and v apart (k and v only
+        """One block's Linears, (role -- its module's path in the block --, out, in, has bias):
+        q, k and v apart (k and v only
         n_kv_head heads wide: GQA's saving), the attention's output projection, SwiGLU's gate,
         up and down projections. No biases."""
         d, kv, h = self.n_embd, self.n_kv_head * self.head_dim, self.n_hidden
-        return [("q_proj", d, d, False), ("k_proj", kv, d, False), ("v_proj", kv, d, False),
-                ("o_proj", d, d, False), ("gate_proj", h, d, False), ("up_proj", h, d, False),
-                ("down_proj", d, h, False)]
+        return [("self_attn.q_proj", d, d, False), ("self_attn.k_proj", kv, d, False),
+                ("self_attn.v_proj", kv, d, False), ("self_attn.o_proj", d, d, False),
+                ("mlp.gate_proj", h, d, False), ("mlp.up_proj", h, d, False),
+                ("mlp.down_proj", d, h, False)]
 
     @property
     def head(self) -> tuple[int, int]:

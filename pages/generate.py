@@ -3,7 +3,10 @@
 By default the two modes are "with the KV cache" and the naive loop without it; any two modes of
 the ladder can be picked. The "generation" experiment runs in the measuring process
 (``ui.jobs``); its tokens stream back and are written into the two columns as they come. The
-verdict and the per-token chart come from the run it returns.
+verdict and the per-token chart come from the run it returns. The prompt goes as text: the
+measuring process reads it with the model's own tokenizer (GPT-2's BPE, SmolLM2's from its GGUF
+file) and, for an instruct model, in its chat template when the toggle asks; the text of every
+token comes back with it, so this page never loads a tokenizer.
 """
 
 from __future__ import annotations
@@ -11,7 +14,6 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from engine.tokenizer import TokenizerError, encode, text_or_ids
 from instruments import lineup
 from instruments.experiments import to_dict
 from instruments.experiments.generation import GenerationParams
@@ -28,7 +30,14 @@ choice = header.page("Generate side by side", "The same prompt, generated greedi
                      "device synchronised, measured in the measuring process.")
 cfg = header.model(choice)
 limit = cfg.block_size
-prompt = st.text_area("Prompt", "Hello, I'm a language model,", max_chars=4000, key="gen_prompt")
+preset = lineup.preset(choice.model)
+default_prompt = ("The key-value cache in a transformer" if preset.chat
+                  else "Hello, I'm a language model,")
+prompt = st.text_area("Prompt", default_prompt, max_chars=4000, key="gen_prompt")
+chat = st.toggle("Chat template", False, key="gen_chat", disabled=not preset.chat,
+                 help="Wrap the prompt in the model's own chat template (the instruct model's "
+                 "user turn, then the assistant's)." if preset.chat else
+                 f"{choice.model} has no chat template.")
 n_new = st.number_input("New tokens", min_value=1, max_value=limit, value=min(40, limit - 16),
                         step=10, key="gen_new")
 usable = mode_choices(choice.device, cfg.family)[0]
@@ -48,29 +57,42 @@ def _title(mode: str) -> str:
 
 if clicked:
     try:
-        try:
-            ids = encode(prompt)
-        except TokenizerError as exc:
-            raise ValueError(str(exc)) from exc
-        params = GenerationParams(ids, int(n_new), [left, right])
+        params = GenerationParams(prompt, int(n_new), [left, right], chat=bool(chat))
         params.check(cfg, choice.device)
     except ValueError as exc:
         st.error(str(exc))
         st.stop()
-    st.session_state["gen_prompt_text"] = prompt
     jobs.start(KEY, "generation", to_dict(params), "side-by-side generation")
+
+
+def _text(text: str) -> str:
+    """Model text shown as it is: no Markdown read into it (code, asterisks, underscores), its
+    line breaks and indentation kept."""
+    escaped = "".join("\\" + c if c in MARKDOWN else c for c in text)
+    lines = escaped.split("\n")
+    return "  \n".join(line[: len(line) - len(line.lstrip(" "))].replace(" ", "&nbsp;")
+                       + line.lstrip(" ") for line in lines)
+
+
+MARKDOWN = set("\\`*_{}[]()#+-.!|<>~$")
 
 
 def _draw(job: Job) -> None:
     tokens = jobs.rows(job, "tokens")
     sides = job.params["modes"]
-    shown = st.session_state.get("gen_prompt_text", "")
+    meta = (job.run or {}).get("meta") or {}
+    shown = meta.get("prompt_text", job.params.get("prompt_text", ""))
+    if meta.get("tokenizer"):
+        st.caption(f"Prompt: {meta.get('prompt_tokens')} tokens ({meta['tokenizer']}"
+                   + (", chat template" if job.params.get("chat") else "") + ").")
     cols = st.columns(2)
     for col, side, mode in zip(cols, ("left", "right"), sides, strict=True):
         part = tokens[tokens["side"] == side] if not tokens.empty else tokens
         col.subheader(_title(mode))
-        ids = [int(t) for t in part["token_id"]] if not part.empty else []
-        col.markdown(f"{shown}**{text_or_ids(ids)}**")
+        new = (meta.get("texts") or {}).get(side)
+        if new is None:
+            new = "".join(str(t) for t in part["piece"]) if "piece" in part else ""
+        col.markdown(f"{_text(shown)}**{_text(new)}**")
         if job.finished and not part.empty:
             col.metric("ms / token (median)", f"{part['step_ms'].median():.2f}")
             col.caption(f"total {part['step_ms'].sum() / 1e3:.2f} s for {len(part)} tokens; "
@@ -85,8 +107,10 @@ def _draw(job: Job) -> None:
     else:
         gap_a = "?" if pd.isna(v["logit_gap_a"]) else f"{v['logit_gap_a']:.3g}"
         gap_b = "?" if pd.isna(v["logit_gap_b"]) else f"{v['logit_gap_b']:.3g}"
-        ta = "?" if pd.isna(v["token_a"]) else repr(text_or_ids([int(v["token_a"])]))
-        tb = "?" if pd.isna(v["token_b"]) else repr(text_or_ids([int(v["token_b"])]))
+        pieces = dict(zip(tokens["token_id"], tokens["piece"], strict=True)) \
+            if "piece" in tokens else {}
+        ta = "?" if pd.isna(v["token_a"]) else repr(pieces.get(int(v["token_a"]), v["token_a"]))
+        tb = "?" if pd.isna(v["token_b"]) else repr(pieces.get(int(v["token_b"]), v["token_b"]))
         st.error(f"The streams differ from new token {int(v['first_diff'])}: {a} chose {ta}, "
                  f"{b} {tb}; logit gap {gap_a} ({a} run) / {gap_b} ({b} run).")
     log_y = st.toggle("log y", False, key="gen_logy")

@@ -119,8 +119,12 @@ if job is not None:
 def _draw(j: Job) -> None:
     df = jobs.rows(j, "kv_memory")
     st.plotly_chart(kv_memory_figure(df, baseline, log_y), width="stretch")
+    gqa = (f" The dotted line is the same cache with one K/V head per query head "
+           f"({cfg.n_head} instead of {cfg.n_kv_head}): what grouped-query attention saves."
+           if cfg.n_kv_head < cfg.n_head else "")
     st.caption("Figure 6: the formula (dashed) against the bytes the cache tensors hold "
-               "(filled) and what the allocator or the process gained (hollow). The measuring "
+               "(filled) and what the allocator or the process gained (hollow)." + gqa
+               + " The measuring "
                "process may have run other experiments first, so \"before warm-up\" is before "
                "this measurement's warm-up, not before the process's first matmul.")
     if j.finished and not df.empty:

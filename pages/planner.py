@@ -148,14 +148,17 @@ else:
                "error against fp32 on the loaded model.")
 
 # ------------------------------------------------------------------------------ kv heads
-st.subheader("Fewer KV heads (a what-if)")
+st.subheader("How many K/V heads the cache holds")
 heads = pd.DataFrame(kv_plan.kv_head_rows(cfg, dtype, budget))
 if budget:
     st.plotly_chart(kv_heads_figure(heads), width="stretch")
 st.dataframe(heads, hide_index=True)
-st.caption(f"GPT-2 has one KV head per query head ({cfg.n_head}); grouped-query and multi-query "
-           "attention share each KV head among several query heads. These rows are formulas "
-           "only: this model cannot run them.")
+own = (f"one K/V head per query head ({cfg.n_head})" if cfg.n_kv_head == cfg.n_head else
+       f"{cfg.n_kv_head} K/V heads for its {cfg.n_head} query heads (grouped-query attention: "
+       f"each K/V head serves {cfg.n_head // cfg.n_kv_head} query heads)")
+st.caption(f"This model caches {own}. Grouped-query and multi-query attention share each K/V "
+           "head among several query heads; the rows not marked as this model's are formulas "
+           "only: a what-if this model cannot run.")
 
 # ------------------------------------------------------------------------------ step time
 st.subheader("What paging and int8 cost per step")

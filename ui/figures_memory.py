@@ -70,8 +70,10 @@ def kv_memory_figure(df: pd.DataFrame, baseline: str | None = None,
     df = df.sort_values("context_len") if not df.empty else df
     fig = go.Figure()
     series = [
-        ("kv_formula_bytes", "formula 2·L·d·bytes", dict(mode="lines"),
+        ("kv_formula_bytes", "formula 2·L·K/V heads·hs·bytes", dict(mode="lines"),
          dict(color="#333", dash="dash", width=2), None),
+        ("kv_mha_formula_bytes", "formula with a K/V head per query head (MHA)",
+         dict(mode="lines"), dict(color="#999", dash="dot", width=2), None),
         ("kv_tensor_bytes", "requested by the cache tensors", dict(mode="markers"), None,
          dict(symbol="circle", size=8, color="#f58518")),
         ("allocated_delta_bytes", "allocator: allocated − baseline", dict(mode="markers"), None,
@@ -81,9 +83,11 @@ def kv_memory_figure(df: pd.DataFrame, baseline: str | None = None,
         ("rss_delta_bytes", "process resident memory − baseline", dict(mode="markers"), None,
          dict(symbol="diamond-open", size=9, color="#54a24b", line=dict(width=2))),
     ]
+    shared = ("kv_mha_formula_bytes" in df.columns and "kv_formula_bytes" in df.columns
+              and (df["kv_mha_formula_bytes"] == df["kv_formula_bytes"]).all())
     for col, name, kw, line, marker in series:
-        if col not in df.columns:
-            continue
+        if col not in df.columns or (col == "kv_mha_formula_bytes" and shared):
+            continue  # no GQA: the MHA line would lie on the formula's
         part = df[["context_len", col]].dropna()
         if part.empty:
             continue

@@ -80,7 +80,8 @@ def storage_figure(df: pd.DataFrame) -> go.Figure:
 
 def kv_heads_figure(df: pd.DataFrame) -> go.Figure:
     """Full-length sequences that fit for each KV-head count (what-ifs in grey)."""
-    own = df["kind"].astype(str).str.startswith("GPT-2")
+    own = df["own"].astype(bool) if "own" in df else df["kind"].astype(str).str.contains(
+        "this model")
     fig = go.Figure(go.Bar(
         x=df["kv_heads"].astype(str), y=df["fits_full_length"],
         marker_color=["#4c78a8" if o else "#bab0ac" for o in own], text=df["kind"],

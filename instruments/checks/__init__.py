@@ -5,12 +5,27 @@
   bugs         the write-up's silent bugs, each a broken subclass of an engine module, switched
                on one at a time in a private view of a model (never in the model others use)
 
-``BUG_DESCRIPTIONS`` (kind -> what goes wrong) is here, torch-free, for the pages to list.
+``BUG_DESCRIPTIONS`` (kind -> what goes wrong) and ``BUG_FAMILIES`` (kind -> the model families
+it can be switched on in) are here, torch-free, for the pages to list; ``bugs_for(family)``.
 """
 
 BUG_DESCRIPTIONS = {
     "cache_order": "new keys/values concatenated before the cached ones (torch.cat([new, old]))",
-    "positions": "decode positions restarted at 0 instead of continuing after the cache",
+    "positions": "decode positions restarted at 0 instead of continuing after the cache "
+                 "(GPT-2: the position table; Llama: RoPE's angles)",
     "mask_offset": "causal-mask slice not offset by the cached length",
+    "rope_twice": "cached keys rotated a second time: RoPE applied again to every key read back "
+                  "from the cache",
+    "gqa_mapping": "query head h reads K/V head h % n_kv_head (the cache tiled) instead of "
+                   "h // groups",
 }
+BUG_FAMILIES = {"cache_order": ("gpt2", "llama"), "positions": ("gpt2", "llama"),
+                "mask_offset": ("gpt2", "llama"), "rope_twice": ("llama",),
+                "gqa_mapping": ("llama",)}
 BUG_KINDS = tuple(BUG_DESCRIPTIONS)
+
+
+def bugs_for(family: str) -> list[str]:
+    """The bugs that can be switched on in a model of ``family`` (RoPE's and GQA's only where
+    there are rotary positions and shared K/V heads)."""
+    return [k for k in BUG_KINDS if family in BUG_FAMILIES[k]]

@@ -1,5 +1,6 @@
 """The write-up's silent bugs, switched on in a model for the checks to catch (the engine has
-none of them, and no switch for them).
+none of them, and no switch for them). GPT-2's are here; a Llama-family model's -- the same three
+through rotary positions, and RoPE's and GQA's own -- in ``instruments.checks.bugs_llama``.
 
   view = private_view(model)        a GPT of its own over the same weight tensors
   with inject_bug(view, "positions"): ...   the bug is on inside the block, off after
@@ -34,7 +35,7 @@ import torch.nn as nn
 from engine.attention import Attention
 from engine.kv_cache import ConcatKVCache, KVCache
 from engine.model import GPT, CausalSelfAttention
-from instruments.checks import BUG_KINDS
+from instruments.checks import BUG_KINDS, bugs_for
 
 
 class RestartedPositions(nn.Embedding):
@@ -79,7 +80,16 @@ class NewKeysFirst(CausalSelfAttention):
 
 
 def _modules(model: GPT, kind: str) -> tuple[list[nn.Module], type[nn.Module]]:
-    """The modules bug ``kind`` lives in, and the broken class they take."""
+    """The modules bug ``kind`` lives in, and the broken class they take (a Llama-family
+    model's: ``instruments.checks.bugs_llama``)."""
+    family = model.config.family
+    if kind not in bugs_for(family):
+        raise ValueError(f"bug {kind!r} does not apply to {family} models; allowed: "
+                         f"{', '.join(bugs_for(family))}")
+    if family == "llama":
+        from instruments.checks import bugs_llama
+
+        return bugs_llama.modules(model, kind)  # type: ignore[arg-type]
     if kind == "positions":
         return [model.transformer.wpe], RestartedPositions
     attn = [block.attn for block in model.transformer.h]

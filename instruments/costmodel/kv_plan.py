@@ -11,8 +11,10 @@ allocating them). Every size is a formula of the config:
                     "paged"       every sequence reserves ceil(l_i/b)*b (blocks handed out on use)
                     in use = sum l_i tokens; wasted = reserved - in use
   what fits         sequences = budget // (reserved bytes per sequence, averaged over the draw)
-Grouped / multi-query attention (fewer KV heads than query heads) is a what-if here: GPT-2 has
-one KV head per query head, so those rows are formulas only.
+Grouped / multi-query attention (fewer KV heads than query heads): every K/V-head count that
+divides the query heads, the model's own marked -- GPT-2 caches one K/V head per query head,
+SmolLM2 3 for its 9 (grouped-query attention: 46,080 B a token in fp32 where 9 heads would
+need 138,240). The other rows are formulas only: what-ifs of the same model.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from engine import dtypes
-from engine.config import GPTConfig
+from engine.config import ModelConfig
 
 DISTRIBUTIONS = ("long-tailed", "uniform", "fixed")
 LAYOUTS = {"contiguous": "contiguous, sized for the model's limit",
@@ -33,10 +35,11 @@ STORAGES = ("float32", "bfloat16", "float16", "int8")
 HEADROOM = 0.9  # the share of free memory a plan may use (as instruments.measure.memory.fits)
 
 
-def kv_bytes_per_token(cfg: GPTConfig, dtype: Any, storage: str | None = None,
+def kv_bytes_per_token(cfg: ModelConfig, dtype: Any, storage: str | None = None,
                        kv_heads: int | None = None) -> int:
-    """Bytes one token adds to the cache: K and V, every layer (gpt2 fp32: 73,728)."""
-    heads = cfg.n_head if kv_heads is None else kv_heads
+    """Bytes one token adds to the cache: K and V, every layer, every K/V head the model caches
+    (or ``kv_heads``) (gpt2 fp32: 73,728; smollm2-135m: 46,080)."""
+    heads = cfg.n_kv_head if kv_heads is None else kv_heads
     if storage == "int8":  # int8 values + one scale per (layer, head, token) in the model dtype
         return 2 * cfg.n_layer * heads * (cfg.head_dim + dtypes.itemsize(dtype))
     return 2 * cfg.n_layer * heads * cfg.head_dim * dtypes.itemsize(storage or dtype)
@@ -106,7 +109,7 @@ def max_batch(budget_bytes: int, bytes_per_token: int, context_len: int) -> int:
     return int(max(0, budget_bytes) // (bytes_per_token * context_len))
 
 
-def storage_rows(cfg: GPTConfig, dtype: Any, budget_bytes: int | None) -> list[dict[str, Any]]:
+def storage_rows(cfg: ModelConfig, dtype: Any, budget_bytes: int | None) -> list[dict[str, Any]]:
     """Bytes per token of each KV storage type, and full-length sequences that fit."""
     rows = []
     for storage in dict.fromkeys([dtypes.canonical(dtype), *STORAGES]):
@@ -117,14 +120,17 @@ def storage_rows(cfg: GPTConfig, dtype: Any, budget_bytes: int | None) -> list[d
     return rows
 
 
-def kv_head_rows(cfg: GPTConfig, dtype: Any, budget_bytes: int | None) -> list[dict[str, Any]]:
-    """What-if: every KV-head count dividing n_head (GPT-2's own first; 1 = multi-query)."""
+def kv_head_rows(cfg: ModelConfig, dtype: Any, budget_bytes: int | None) -> list[dict[str, Any]]:
+    """Every KV-head count dividing n_head, from multi-head down to multi-query: the model's own
+    (``cfg.n_kv_head``) marked "this model", the others what-ifs."""
     rows = []
     for heads in [h for h in range(cfg.n_head, 0, -1) if cfg.n_head % h == 0]:
         bpt = kv_bytes_per_token(cfg, dtype, kv_heads=heads)
+        shape = ("multi-head" if heads == cfg.n_head else "multi-query" if heads == 1
+                 else "grouped")
         rows.append({"kv_heads": heads, "group": cfg.n_head // heads,
-                     "kind": "GPT-2 (multi-head)" if heads == cfg.n_head
-                     else "multi-query (what-if)" if heads == 1 else "grouped (what-if)",
+                     "kind": f"{shape} (this model)" if heads == cfg.n_kv_head
+                     else f"{shape} (what-if)", "own": heads == cfg.n_kv_head,
                      "bytes_per_token": bpt,
                      "full_length_bytes": bpt * cfg.block_size,
                      "fits_full_length": None if budget_bytes is None

@@ -2,9 +2,13 @@
 "generation").
 
 ``run(loaded, GenerationParams, progress, should_stop)`` -> run with tables ``tokens`` (one row
-per generated token and side: side, mode, step, token_id, context_len, step_ms -- streamed as
-they come, so the page writes the text live) and ``verdict`` (identical, or the first new token
-where the two part, both tokens and their logit gap in each run).
+per generated token and side: side, mode, step, token_id, piece -- its text --, context_len,
+step_ms -- streamed as they come, so the page writes the text live) and ``verdict`` (identical,
+or the first new token where the two part, both tokens and their logit gap in each run); meta
+``prompt_text`` (what the model read, the chat template applied when asked) and ``texts`` (each
+side's whole text). The prompt is text, tokenized here by the model's own tokenizer (its
+family's: GPT-2's BPE, SmolLM2's from its GGUF file), so the dashboard's server never loads a
+tokenizer; or ids (``prompt_ids``) for callers that have them.
 """
 
 from __future__ import annotations
@@ -30,39 +34,59 @@ if TYPE_CHECKING:
 @dataclass
 class GenerationParams:
     """One prompt generated greedily through two modes, token by token, and the verdict."""
-    prompt_ids: list[int]
+    prompt_text: str = ""
     new_tokens: int = 40
     modes: list[str] = field(default_factory=lambda: ["prealloc_fused", "uncached"])
+    chat: bool = False  # wrap the text in the model's chat template (an instruct model's)
+    prompt_ids: list[int] = field(default_factory=list)  # instead of text
 
     def check(self, cfg: GPTConfig, device: str) -> None:
-        if not self.prompt_ids:
+        if not self.prompt_ids and not self.prompt_text.strip():
             raise ValueError("The prompt is empty: type at least one character.")
         whole("new tokens", self.new_tokens, 1)
         if len(self.modes) != 2 or self.modes[0] == self.modes[1]:
             raise ValueError("Pick two different modes to compare (left and right are the "
                              "same).")
         modes_usable(self.modes, device, cfg.family)
-        n, limit = len(self.prompt_ids), cfg.block_size
-        if n + self.new_tokens > limit:
-            raise ValueError(
-                f"Prompt ({n} tokens) + {self.new_tokens} new tokens is beyond the model's limit"
-                f" of {limit} tokens; allowed: at most {max(limit - n, 0)} new tokens.")
+        fits(len(self.prompt_ids), self.new_tokens, cfg.block_size)
+
+    def ids(self, cfg: ModelConfig) -> tuple[list[int], str]:
+        """(the prompt's ids, the text the model reads): the text through the model's
+        tokenizer, in its chat template when asked (ValueError where the model has none)."""
+        if self.prompt_ids:
+            return list(self.prompt_ids), ""
+        from instruments.lineup import tokenizer
+
+        tok = tokenizer(cfg)
+        text = tok.chat(self.prompt_text) if self.chat else self.prompt_text
+        ids = tok.encode(text)
+        if not ids:
+            raise ValueError("The prompt is empty: type at least one character.")
+        fits(len(ids), self.new_tokens, cfg.block_size)
+        return ids, text
+
+
+def fits(n: int, new_tokens: int, limit: int) -> None:
+    if n + new_tokens > limit:
+        raise ValueError(
+            f"Prompt ({n} tokens) + {new_tokens} new tokens is beyond the model's limit"
+            f" of {limit} tokens; allowed: at most {max(limit - n, 0)} new tokens.")
 
 
 Params = GenerationParams
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prompt", default="The KV cache stores", help="the prompt (GPT-2 tokens)")
+    p.add_argument("--prompt", default="The KV cache stores",
+                   help="the prompt, read by the model's own tokenizer")
+    p.add_argument("--chat", action="store_true",
+                   help="wrap the prompt in the model's chat template (an instruct model's)")
     p.add_argument("--new-tokens", type=int, default=40)
     p.add_argument("--modes", default="prealloc_fused,uncached", help="two modes: left,right")
 
 
 def from_args(args: argparse.Namespace, cfg: ModelConfig) -> GenerationParams:
-    from engine.tokenizer import get_tokenizer
-
-    return GenerationParams(get_tokenizer().encode(args.prompt), args.new_tokens,
-                            parse_modes(args.modes))
+    return GenerationParams(args.prompt, args.new_tokens, parse_modes(args.modes), args.chat)
 
 
 def summary(run: dict[str, Any]) -> list[str]:
@@ -77,10 +101,12 @@ def run(loaded: Loaded, params: GenerationParams, progress: ProgressFn | None = 
         should_stop: StopFn | None = None) -> dict[str, Any]:
     from engine.loop import checked_request, decode
     from instruments.checks.correctness import compare_streams
-    from instruments.lineup import make_decoder
+    from instruments.lineup import make_decoder, tokenizer
 
     model = loaded.checked(params)
-    idx = checked_request(model, [params.prompt_ids], params.new_tokens)
+    ids, prompt_text = params.ids(model.config)
+    tok = tokenizer(model.config)
+    idx = checked_request(model, [ids], params.new_tokens)
     n = params.new_tokens
     tr = Tracker(progress, should_stop, 2 * n, unit="tokens")
     gens = []
@@ -90,8 +116,10 @@ def run(loaded: Loaded, params: GenerationParams, progress: ProgressFn | None = 
         def on_step(s: Step, side: str = side, mode: str = mode) -> None:
             tr.work += 1
             tr.row("tokens", {"side": side, "mode": mode, "step": s.index,
-                              "token_id": s.token_ids[0], "context_len": s.context_len,
-                              "step_ms": s.step_ms}, f"{mode}: token {s.index + 1}/{n}")
+                              "token_id": s.token_ids[0],
+                              "piece": tok.decode_each([s.token_ids[0]])[0],
+                              "context_len": s.context_len, "step_ms": s.step_ms},
+                   f"{mode}: token {s.index + 1}/{n}")
 
         gens.append(decode(dec, idx, n, keep_logits=True, timer=StepClock(model.device),
                            on_step=on_step, should_stop=tr.stop))
@@ -106,4 +134,8 @@ def run(loaded: Loaded, params: GenerationParams, progress: ProgressFn | None = 
                                               **vars(verdict)}]}
     if stopped:
         tr.note("stopped before both sides finished: no verdict")
-    return record(loaded, "generation", params, tables, partial=stopped, notes=tr.notes)
+    texts = {side: tok.decode(g.tokens[0].tolist()) for side, g in zip(("left", "right"), gens,
+                                                                         strict=True)}
+    return record(loaded, "generation", params, tables, partial=stopped, notes=tr.notes,
+                  prompt_text=prompt_text or tok.decode(ids), prompt_tokens=len(ids),
+                  texts=texts, tokenizer=tok.name)

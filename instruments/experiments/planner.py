@@ -167,7 +167,7 @@ def _layout(model: GPT, layout: str, lengths: list[int], block_tokens: int) -> A
     if layout == "exact":
         return [make_cache("prealloc", model, 1, n) for n in lengths]
     blocks = kv_plan.reserved_tokens("paged", lengths, cfg.block_size, block_tokens)
-    cache = PagedKVCache(cfg.n_layer, len(lengths), cfg.n_head, cfg.block_size, cfg.head_dim,
+    cache = PagedKVCache(cfg.n_layer, len(lengths), cfg.n_kv_head, cfg.block_size, cfg.head_dim,
                          block_tokens=block_tokens, pool_blocks=blocks // block_tokens,
                          device=model.device, dtype=model.dtype)
     for seq, n in enumerate(lengths):  # every block of the pool is handed out, none is left

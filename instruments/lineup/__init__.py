@@ -14,7 +14,7 @@ Modes and peers, one namespace for everything a sweep can time:
 Model families and their presets (``engine.families``):
   ``models(tests=False)``, ``preset(name)``, ``config(name)``, ``config_from_dict(fields)``,
   ``family_of(name_or_config)``, ``load_model(name, weights, ...)``, ``model_class(cfg)``,
-  ``tokenizer(cfg)``
+  ``tokenizer(cfg)``, ``reference(model)``, ``block_linears(model)``, ``head_linear(model)``
 Pages, inputs, the gate, the cost model and the experiments ask here, so a mode, a peer or a
 model family registered once is selectable, gated, predicted and timed wherever the others are.
 Torch-free at import; lowest of the instrument parts but the store, so the cost model and the
@@ -176,3 +176,6 @@ family_of = families.family_of
 load_model = families.load  # a preset with its weights: an engine.state.ModelState
 model_class = families.model_class
 tokenizer = families.tokenizer  # a model's tokenizer: encode, decode, decode_each, chat
+reference = families.reference  # the family's transformers model holding a model's weights
+block_linears = families.block_linears  # every block's Linears, in cfg.matrices() order
+head_linear = families.head_linear

@@ -212,6 +212,10 @@ def measure_kv_memory(model: GPT, contexts: Sequence[int], batch_size: int = 1,
         rows.append({
             "context_len": t, "batch_size": batch_size, "cache_kind": cache_kind, "fill": fill,
             "kv_formula_bytes": costs.kv_bytes(cfg, model.dtype, batch_size, t),
+            # the same cache if every query head kept its own K/V (GQA's saving; = formula
+            # for GPT-2)
+            "kv_mha_formula_bytes": costs.kv_bytes(cfg, model.dtype, batch_size, t)
+            * cfg.n_head // cfg.n_kv_head,
             "kv_tensor_bytes": cache.nbytes(), "kv_used_bytes": used,
             "kv_storage_bytes": storage_bytes(cache.tensors()),
             "allocated_delta_bytes": _delta(now, base, "allocated"),
