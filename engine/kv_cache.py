@@ -5,11 +5,14 @@
 model's shapes, on its device and in its dtype. All expose the same small interface the
 attention layers use:
   ``cache.length``              tokens already cached (positions 0..length-1)
-  ``cache.update(layer, k, v)`` store the new keys/values (B, nh, T_new, hs) after the old ones
-                                 and return all keys/values so far, old first
+  ``cache.update(layer, k, v)`` store the new keys/values (B, n_kv, T_new, hs) after the old
+                                 ones and return all keys/values so far, old first
   ``cache.advance(T_new)``      called once per forward, after every layer has updated
   ``cache.crop(length)``        forget everything from ``length`` on (for re-using a prefill)
 Time runs along dim 2 in both, oldest first: the mask slice and the positions depend on it.
+A cache holds ``cfg.n_kv_head`` heads: GPT-2's every head, a GQA model's fewer (SmolLM2: 3 for
+its 9 query heads), never copies repeated per query head -- attention reads each K/V head for
+its whole group (``engine.attention``).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Protocol
 
 import torch
 
-from .config import GPTConfig
+from .config import ModelConfig
 
 # cache kind -> storage dtype of the quantized cache (engine.kv_variants.QuantizedKVCache)
 QUANTIZED_KINDS = {"kv_int8": "int8", "kv_float16": "float16", "kv_bfloat16": "bfloat16"}
@@ -82,14 +85,14 @@ class PreallocKVCache:
         self,
         n_layer: int,
         batch_size: int,
-        n_head: int,
+        n_kv_head: int,
         capacity: int,
         head_dim: int,
         *,
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
     ) -> None:
-        shape = (n_layer, batch_size, n_head, capacity, head_dim)  # (L, B, nh, T_max, hs)
+        shape = (n_layer, batch_size, n_kv_head, capacity, head_dim)  # (L, B, n_kv, T_max, hs)
         self.k_buf = torch.zeros(shape, device=device, dtype=dtype)
         self.v_buf = torch.zeros(shape, device=device, dtype=dtype)
         self.n_layer = n_layer
@@ -132,10 +135,10 @@ KVCache = ConcatKVCache | PreallocKVCache
 
 
 class Shaped(Protocol):
-    """What a cache is sized from: a model's shapes, device and dtype (a ``GPT``)."""
+    """What a cache is sized from: a model's shapes, device and dtype (a ``GPT``, a ``Llama``)."""
 
     @property
-    def config(self) -> GPTConfig: ...
+    def config(self) -> ModelConfig: ...
     @property
     def device(self) -> torch.device: ...
     @property
@@ -145,10 +148,11 @@ class Shaped(Protocol):
 def make_cache(kind: str, model: Shaped, batch_size: int = 1,
                capacity: int | None = None) -> KVCache:
     """An empty cache of ``kind`` for ``batch_size`` sequences of ``model``; ``capacity`` tokens
-    (default: the model's limit) for the kinds sized once (all but "concat")."""
+    (default: the model's limit) for the kinds sized once (all but "concat"). Each layer holds
+    ``cfg.n_kv_head`` heads (fewer than the query heads under GQA)."""
     cfg = model.config
     cap = cfg.block_size if capacity is None else capacity
-    shape = (cfg.n_layer, batch_size, cfg.n_head, cap, cfg.head_dim)
+    shape = (cfg.n_layer, batch_size, cfg.n_kv_head, cap, cfg.head_dim)
     if kind == "concat":
         return ConcatKVCache(cfg.n_layer)
     if kind == "prealloc":

@@ -3,13 +3,16 @@
 ``PagedKVCache``: keys/values live in fixed-size blocks of ``block_tokens`` tokens in one pool;
 each sequence has a block table, and a block is taken from the free list only when a position
 first needs it (as vLLM hands out blocks). Attention needs the keys in order, so ``update``
-gathers the sequence's blocks into contiguous (B, nh, S, hs) tensors every call -- the copy a
+gathers the sequence's blocks into contiguous (B, n_kv, S, hs) tensors every call -- the copy a
 paged-attention kernel avoids, and what this mode's step time shows. Exact: the same values as
 a contiguous cache.
 
 ``QuantizedKVCache``: keys/values stored in a smaller type -- int8 with one scale per token and
 head (absmax / 127), or float16 / bfloat16 -- and returned dequantized in the model's dtype.
 Not exact: the logits move, by an amount the planner measures and the gate bounds.
+
+Both hold ``n_kv_head`` heads per layer (``make_cache`` passes the model's ``cfg.n_kv_head``:
+GPT-2's every head, a GQA model's fewer).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ INT8_MAX = 127.0
 class PagedKVCache:
     kind = "paged"
 
-    def __init__(self, n_layer: int, batch_size: int, n_head: int, capacity: int,
+    def __init__(self, n_layer: int, batch_size: int, n_kv_head: int, capacity: int,
                  head_dim: int, *, block_tokens: int = 16, pool_blocks: int | None = None,
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> None:
         self.block_tokens = block_tokens
@@ -32,7 +35,7 @@ class PagedKVCache:
         # By default the pool can hold every sequence at full capacity; a smaller pool (what a
         # server sizes to its memory) runs out when the sequences together need more blocks.
         n_blocks = batch_size * self.blocks_per_seq if pool_blocks is None else pool_blocks
-        shape = (n_layer, n_blocks, n_head, block_tokens, head_dim)  # (L, blocks, nh, bt, hs)
+        shape = (n_layer, n_blocks, n_kv_head, block_tokens, head_dim)  # (L, blocks, n_kv, bt, hs)
         self.k_pool = torch.zeros(shape, device=device, dtype=dtype)
         self.v_pool = torch.zeros(shape, device=device, dtype=dtype)
         self.table = torch.full((batch_size, self.blocks_per_seq), -1, dtype=torch.long,
@@ -62,7 +65,7 @@ class PagedKVCache:
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor]:
-        B, nh, T, hs = k.shape
+        B, n_kv, T, hs = k.shape
         start, end = self.length, self.length + T
         if layer == 0:
             for seq in range(B):
@@ -70,13 +73,13 @@ class PagedKVCache:
         pos = torch.arange(start, end, device=self.table.device)
         blk = self.table[:, pos // self.block_tokens]  # (B, T) block of each new position
         off = (pos % self.block_tokens).expand(B, T)  # (B, T) its slot in the block
-        self.k_pool[layer][blk, :, off] = k.transpose(1, 2)  # (B, T, nh, hs)
+        self.k_pool[layer][blk, :, off] = k.transpose(1, 2)  # (B, T, n_kv, hs)
         self.v_pool[layer][blk, :, off] = v.transpose(1, 2)
         n = math.ceil(end / self.block_tokens)
-        ids = self.table[:, :n]  # (B, n) -> gather the blocks in order: (B, n, nh, bt, hs)
-        keys = self.k_pool[layer][ids].permute(0, 2, 1, 3, 4).reshape(B, nh, -1, hs)
-        values = self.v_pool[layer][ids].permute(0, 2, 1, 3, 4).reshape(B, nh, -1, hs)
-        return keys[:, :, :end], values[:, :, :end]  # (B, nh, S, hs), oldest first
+        ids = self.table[:, :n]  # (B, n) -> gather the blocks in order: (B, n, n_kv, bt, hs)
+        keys = self.k_pool[layer][ids].permute(0, 2, 1, 3, 4).reshape(B, n_kv, -1, hs)
+        values = self.v_pool[layer][ids].permute(0, 2, 1, 3, 4).reshape(B, n_kv, -1, hs)
+        return keys[:, :, :end], values[:, :, :end]  # (B, n_kv, S, hs), oldest first
 
     def advance(self, n_new: int) -> None:
         self.length += n_new
@@ -108,14 +111,14 @@ class PagedKVCache:
 class QuantizedKVCache:
     """Rows stored as ``storage`` ("int8", "float16" or "bfloat16"), read in ``dtype``."""
 
-    def __init__(self, n_layer: int, batch_size: int, n_head: int, capacity: int,
+    def __init__(self, n_layer: int, batch_size: int, n_kv_head: int, capacity: int,
                  head_dim: int, *, storage: str = "int8", device: torch.device | str = "cpu",
                  dtype: torch.dtype = torch.float32) -> None:
         if storage not in ("int8", "float16", "bfloat16"):
             raise ValueError(f"storage must be int8, float16 or bfloat16, got {storage!r}")
         self.kind = f"kv_{storage}"
         self.storage, self.dtype = storage, dtype
-        shape = (n_layer, batch_size, n_head, capacity, head_dim)  # (L, B, nh, T_max, hs)
+        shape = (n_layer, batch_size, n_kv_head, capacity, head_dim)  # (L, B, n_kv, T_max, hs)
         held = torch.int8 if storage == "int8" else getattr(torch, storage)
         self.k_q = torch.zeros(shape, device=device, dtype=held)
         self.v_q = torch.zeros(shape, device=device, dtype=held)
