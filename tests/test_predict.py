@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from instruments import lineup
 from instruments.costmodel import predict
 from instruments.costmodel.predict import Calibration, compare, interpolate, predict_point, verdicts
 
@@ -69,7 +70,8 @@ def test_an_uncached_forward_multiplies_every_position_and_mode_2_projects_one()
 
 def test_compiled_modes_and_missing_calibration_say_why() -> None:
     cal = Calibration(synthetic())
-    assert predict_point(cal, "compiled", 8)["why"] == predict.NOT_PREDICTED
+    why = predict_point(cal, "compiled", 8)["why"]
+    assert why and why == predict.why_not("compiled") == lineup.mode_spec("compiled").predicted
     missing = predict_point(cal, "concat", 8)
     assert missing["predicted_ms"] is None and "concat_seed" in missing["why"]
 
@@ -142,6 +144,26 @@ def test_the_grid_and_the_plan_cover_what_the_modes_need() -> None:
     assert ("attention", "prealloc_fused") in parts and ("hollow", "prealloc_fused") in parts
     assert not any(p == "attention_full" for p, _ in parts)  # no uncached mode asked for
     assert not any(v == "compiled" for _, v in parts)
+
+
+def test_gpt2_parts_are_the_four_matrices_its_head_and_the_old_hollow_model() -> None:
+    """The family-agnostic calibration times what GPT-2's always did: per layer c_attn, the
+    attention's c_proj, c_fc and the MLP's c_proj, in every layout; the 50,257-row head; a
+    hollow GPT of one head of 4 and a vocabulary of 8."""
+    from engine.config import GPTConfig
+    from instruments.measure import calibration
+
+    model = lineup.load_model("tiny", "random").model
+    cfg, d = model.config, model.config.n_embd
+    parts = calibration._Parts(model, 1, cold=False)
+    for layout in ("out_in", "packed", "int8", "bfloat16"):
+        outs = parts.linears(layout, 2)()
+        assert [o.shape[-1] for o in outs] == [3 * d, d, 4 * d, d] * cfg.n_layer, layout
+        assert parts.head(layout, 2)().shape[-1] == 50257
+    hollow = calibration.hollow_model(model)
+    assert hollow.config == GPTConfig(n_layer=cfg.n_layer, n_head=1, n_embd=4,
+                                      block_size=cfg.block_size, vocab_size=8, mask=cfg.mask)
+    assert type(hollow) is type(model)
 
 
 def test_a_real_prediction_run_on_the_tiny_model() -> None:

@@ -9,14 +9,21 @@ sweep of the same machine. For a mode at context t, batch B:
                     dispatch, module calls, the Python of the step and of its loop (a long
                     forward's hollow step also holds its one-head t x t mask and softmax: 57 ms
                     of gpt2's 4 s forward at 1,000 tokens here)
-  weights_ms        every Linear matmul: rows = B for a cached step, B x t for a forward; the
-                    output projection on B x t rows for mode 1, B rows otherwise; in the mode's
-                    weight layout (the weight-only rungs: their int8 / bf16 kernels)
+  weights_ms        every Linear matmul of the model's blocks (GPT-2's four, the Llama
+                    family's seven: q, narrow k and v, o, gate, up, down): rows = B for a cached
+                    step, B x t for a forward; the output projection on B x t rows for mode 1, B
+                    rows otherwise; in the mode's weight layout (the weight-only rungs: their
+                    int8 / bf16 kernels)
   attention_ms      the cached step's KV write/concat/gather/dequantize and attention over t
-                    keys, or an uncached forward's t x t attention with the mask
-  small_ops_ms      layer norms, GELU, residual adds, the heads' re-assembly, the embeddings
+                    keys (n_head queries over the cache's n_kv_head heads), or an uncached
+                    forward's t x t attention with the mask
+  small_ops_ms      the family's other operators: GPT-2's layer norms, GELU, residual adds, the
+                    heads' re-assembly, the embeddings; the Llama family's RMSNorms, RoPE on q
+                    and k, SiLU x up, residual adds, the heads' re-assembly, the embedding
 Each size part is (real - hollow) of its calibration at that size, interpolated log-log
-between the calibrated grid points. ``GOALS``: the prediction is judged within 15% of the
+between the calibrated grid points; the hollow model is of the model's own family. Nothing here
+depends on the family: the calibration (``instruments.measure.calibration``) times each part on
+the model it is given. ``GOALS``: the prediction is judged within 15% of the
 measured median for cached modes and 25% for uncached ones.
 
 Which modes are predicted, and how, is read off each mode's ``ModeSpec`` (``recipe(mode)``: its
@@ -39,7 +46,7 @@ GOALS = {True: 0.15, False: 0.25}  # cached -> allowed |residual| / measured
 PARTS = ("weights_ms", "attention_ms", "small_ops_ms", "dispatch_host_ms")
 PART_LABELS = {"weights_ms": "weights streamed (Linear matmuls)",
                "attention_ms": "attention and KV cache",
-               "small_ops_ms": "small operators (norms, GELU, adds)",
+               "small_ops_ms": "small operators (norms, activations, RoPE, adds)",
                "dispatch_host_ms": "dispatch and host loop"}
 
 

@@ -129,8 +129,11 @@ def run(loaded: Loaded, params: PredictionParams, progress: ProgressFn | None = 
             tr.emit(message, force=False)
             return tr.stop()
 
+        missing: list[str] = []
         new = calibration.calibrate(model, params.modes, params.batch_size, contexts[-1],
-                                    params.calibration_repeats, tick, skip=done)
+                                    params.calibration_repeats, tick, skip=done,
+                                    missing=missing)
+        notes += [f"not calibrated: {why}" for why in missing]
         have += new
         loaded.memo[key] = have
     else:

@@ -2,25 +2,36 @@
 
 ``calibrate(model, modes, batch_size, max_context, repeats, tick)`` -> rows, each
 ``{"part", "variant", "scale", "x", "ms", "samples_ms"}``; ``instruments.costmodel.predict`` sums
-them into a predicted step. Parts (every one over all the model's layers, as a step runs them):
+them into a predicted step. Parts (every one over all the model's layers, as a step runs them),
+the same for every model family: what differs is read off the model and its config.
 
   layers     variant = weight layout ("out_in": ``F.linear`` on the model's ``[out, in]``
-             weights; "packed": mode 8's ``[in, out]`` chunked copies; "int8" / "bfloat16": the
-             weight-only rungs' modules, ``engine.quant``), x = rows: the four Linear
-             matmuls of every layer on x rows (1 per sequence for a cached step, T for a forward)
-  head       the output projection on x rows, same layouts
+             weights; "packed": mode 8's chosen products; "int8" / "bfloat16": the weight-only
+             rungs' modules, ``engine.quant``), x = rows: every block's Linear matmuls
+             (``lineup.block_linears``: GPT-2's q|k|v, o, MLP up and down; the Llama family's
+             q, k and v -- k and v only n_kv_head heads wide --, o, gate, up, down) on x rows (1
+             per sequence for a cached step, T for a forward)
+  head       the output projection (``lineup.head_linear``: 50,257 rows for GPT-2, 49,152 for
+             SmolLM2) on x rows, same layouts
   attention  variant = cache kind + core ("concat_seed", "prealloc_fused", ...), x = context S:
              one new token per sequence written into the mode's own cache class (holding S - 1
-             tokens) and attended over S keys -- explicit scores with the write-up's mask
-             ("seed"), ``scaled_dot_product_attention`` ("fused"), or "prealloc_step": what
-             ``decode_step``'s ``attend_filled`` runs (modes 8, 12, 13: the C++ kernel on a CPU)
+             tokens of n_kv_head heads) and attended by n_head queries over S keys -- explicit
+             scores with the write-up's mask ("seed"), ``scaled_dot_product_attention``
+             ("fused"), or "prealloc_step": what the one-token steps' ``attend_filled`` runs
+             (modes 8, 12, 13, GPT-2's ``engine.step`` and the Llama family's
+             ``engine.step_llama`` alike: the C++ kernel on a CPU, grouped-query where K/V heads
+             are fewer)
   attention_full  variant "seed", x = T: an uncached forward's T queries over T keys
-  small      x = rows: layer norms, GELU, residual adds, the heads' re-assembly copy and the
-             embeddings, at their real widths
+  small      x = rows: the family's operators that are no matmul and no attention, at their real
+             widths (``SMALL_OPS``) -- GPT-2: layer norms, GELU, residual adds, the heads'
+             re-assembly, token and position embeddings; the Llama family: RMSNorms, RoPE's
+             angles and its rotation of q and k, SiLU(gate) x up, residual adds, the heads'
+             re-assembly, the embedding lookup
   hollow     variant = mode, x = context: the mode's own decoder running a whole step (cached
-             modes) or forward (uncached) on a *hollow* model -- the same number of layers and
-             the same code, widths of 4 and a vocabulary of 8 -- so arithmetic is nil and what
-             is left is operator dispatch, module calls and the Python of the step and its loop
+             modes) or forward (uncached) on a *hollow* model of the same family
+             (``hollow_model``) -- the same number of layers and the same code, widths of 4 and
+             a vocabulary of 8 -- so arithmetic is nil and what is left is operator dispatch,
+             module calls and the Python of the step and its loop
 
 Every part except "hollow" is timed twice: at the model's real widths (``scale`` "real") and on
 the hollow model ("hollow"). The predictor charges ``hollow`` step time once and, for each part,
@@ -28,11 +39,13 @@ only real - hollow: the work that grows with the widths, without counting a part
 twice. x values are a geometric grid (``grid``); the predictor interpolates between them.
 Samples: ``repeats`` timed calls after one warm-up (2 for a piece over half a second), more
 while they disagree by more than 10%; on a CPU, a call that another process disturbed is
-taken again.
+taken again. A piece this module cannot time (a weight storage it does not know, a family
+without small operators here) is left out, and the predictor says "not calibrated: ...".
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable
@@ -42,9 +55,10 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention import Attention
-from engine.config import GPTConfig
+from engine.config import ModelConfig
 from engine.decoders.fast import fast_weights
 from engine.kv_cache import make_cache
+from engine.llama import Llama, apply_rope, rope_angles
 from engine.loop import random_prompt
 from engine.model import GPT
 from engine.quant import STORAGES, weight_only
@@ -56,6 +70,10 @@ from instruments.measure.sampler import Sampler
 
 Tick = Callable[[str], bool]  # (what is being timed) -> True when asked to stop
 HOLLOW_WIDTH, HOLLOW_VOCAB = 4, 8
+
+
+class NotCalibrated(Exception):
+    """A piece this module cannot time for this model (the predictor then says why not)."""
 
 
 def grid(top: int, fine_below: int | None = None) -> list[int]:
@@ -71,12 +89,28 @@ def grid(top: int, fine_below: int | None = None) -> list[int]:
     return sorted(points)
 
 
-def hollow_model(model: GPT) -> GPT:
-    """Same layers, same code, widths of 4 and a vocabulary of 8: a step with nil arithmetic."""
-    cfg = model.config
-    hcfg = GPTConfig(n_layer=cfg.n_layer, n_head=1, n_embd=HOLLOW_WIDTH,
-                     block_size=cfg.block_size, vocab_size=HOLLOW_VOCAB, mask=cfg.mask)
-    return GPT.random(hcfg, device=model.device, dtype=model.dtype, seed=0)
+def hollow_config(cfg: ModelConfig) -> ModelConfig:
+    """``cfg`` with widths of 4 and a vocabulary of 8, everything else (layers, positions,
+    mask, RoPE's base, the tie) kept. Its heads stay legal and take the same code paths: one
+    head of 4 for a model whose every head caches K/V (GPT-2); under grouped-query attention
+    2 query heads over 1 K/V head of size 2 (even: RoPE turns pairs), so the hollow step still
+    runs the grouped path; an MLP of width 4."""
+    fields = {f.name for f in dataclasses.fields(cfg)}
+    shapes: dict[str, Any] = {"n_embd": HOLLOW_WIDTH, "vocab_size": HOLLOW_VOCAB, "n_head": 1}
+    if cfg.n_kv_head != cfg.n_head:
+        shapes.update(n_head=2, n_kv_head=1)
+    elif "n_kv_head" in fields:
+        shapes["n_kv_head"] = 1
+    if "n_hidden" in fields:
+        shapes["n_hidden"] = HOLLOW_WIDTH
+    return dataclasses.replace(cfg, **{k: v for k, v in shapes.items() if k in fields})
+
+
+def hollow_model(model: GPT | Llama) -> GPT | Llama:
+    """Same family, same layers, same code, widths of 4 and a vocabulary of 8: a step with nil
+    arithmetic (``hollow_config``)."""
+    return type(model).random(hollow_config(model.config), device=model.device,
+                              dtype=model.dtype, seed=0)
 
 
 def _flush_buffer() -> torch.Tensor:
@@ -89,9 +123,10 @@ def _flush_buffer() -> torch.Tensor:
     return torch.zeros(int(size * 1.5) // 4)
 
 
-def _layer_weight_bytes(model: GPT) -> int:
-    blk = model.transformer.h[0]
-    return sum(p.numel() * p.element_size() for p in blk.parameters())
+def _layer_weight_bytes(model: GPT | Llama) -> int:
+    """The bytes of one block's matrices (``lineup.block_linears``)."""
+    return sum(p.numel() * p.element_size() for m in lineup.block_linears(model)[0]
+               for p in m.parameters())
 
 
 def _read(path: str) -> str | None:
@@ -119,46 +154,132 @@ def _sample(fn: Callable[[], Any], device: torch.device, repeats: int,
     return point.samples_ms
 
 
+def _packed(state: ModelState) -> tuple[list[list[Callable[..., Any]]], Callable[..., Any]]:
+    """Mode 8's chosen products (``engine.decoders.fast``): per block in ``cfg.matrices()``'s
+    order, and the head. GPT-2's copies are kept per block, the Llama family's per role."""
+    w = fast_weights(state)
+    if isinstance(w.linears, dict):  # per role, named as the role's module (q_proj, ...)
+        roles = [role.rsplit(".", 1)[-1] for role, *_ in state.model.config.matrices()]
+        return [list(b) for b in zip(*(w.linears[r] for r in roles), strict=True)], \
+            w.linears["lm_head"][0]
+    return [list(b) for b in w.linears], w.head
+
+
+# -- small operators, per family: what a forward runs that is no matmul and no attention -------
+SmallOps = Callable[["_Parts", int], Callable[[], Any]]
+
+
+def _gpt2_small(parts: _Parts, rows: int) -> Callable[[], Any]:
+    """Layer norms, GELU, residual adds, the heads' re-assembly copy, token + position
+    embeddings (``GPT.forward``'s)."""
+    cfg, m = parts.cfg, parts.model
+    d, nh, hs = cfg.n_embd, cfg.n_head, cfg.head_dim
+    x, h4 = parts.randn(1, rows, d), parts.randn(1, rows, 4 * d)
+    heads = parts.randn(1, nh, rows, hs)
+    idx = torch.zeros(1, rows, dtype=torch.long, device=parts.dev)
+    pos = torch.arange(rows, device=parts.dev)
+    tr = m.transformer
+
+    def run() -> None:
+        e = tr.wte(idx) + tr.wpe(pos)
+        for blk in tr.h:
+            a = blk.ln_1(x)
+            y = heads.transpose(1, 2).contiguous().view(1, rows, d)
+            e = x + y
+            a = blk.ln_2(e)
+            F.gelu(h4, approximate="tanh")
+            e = e + a
+        tr.ln_f(e)
+
+    return run
+
+
+def _llama_small(parts: _Parts, rows: int) -> Callable[[], Any]:
+    """RMSNorms (fp32), RoPE's angles (once per forward) and its rotation of q (n_head heads)
+    and k (n_kv_head heads), the heads' re-assembly copy, SiLU(gate) x up, residual adds, the
+    embedding lookup (``Llama.forward``'s)."""
+    cfg, m = parts.cfg, parts.model
+    d, nh, nkv, hs = cfg.n_embd, cfg.n_head, cfg.n_kv_head, cfg.head_dim
+    x = parts.randn(1, rows, d)
+    gate, up = parts.randn(1, rows, cfg.n_hidden), parts.randn(1, rows, cfg.n_hidden)
+    q, k = parts.randn(1, nh, rows, hs), parts.randn(1, nkv, rows, hs)
+    idx = torch.zeros(1, rows, dtype=torch.long, device=parts.dev)
+    pos = torch.arange(rows, device=parts.dev)
+    tr = m.model
+
+    def run() -> None:
+        cos, sin = rope_angles(pos, hs, cfg.rope_theta, parts.dtype)
+        e = tr.embed_tokens(idx)
+        for blk in tr.layers:
+            a = blk.input_layernorm(x)
+            apply_rope(q, cos, sin)
+            apply_rope(k, cos, sin)
+            y = q.transpose(1, 2).contiguous().view(1, rows, nh * hs)
+            e = x + y
+            a = blk.post_attention_layernorm(e)
+            F.silu(gate) * up
+            e = e + a
+        tr.norm(e)
+
+    return run
+
+
+SMALL_OPS: tuple[tuple[type, SmallOps], ...] = ((GPT, _gpt2_small), (Llama, _llama_small))
+
+
 class _Parts:
     """The timed pieces of one model (real or hollow) at batch B."""
 
-    def __init__(self, model: GPT, batch: int, cold: bool) -> None:
+    def __init__(self, model: GPT | Llama, batch: int, cold: bool) -> None:
         self.model, self.batch, self.cold = model, batch, cold
         self.state = ModelState.of(model)  # held while timing: its packing and masks are reused
         self.cfg, self.dev, self.dtype = model.config, model.device, model.dtype
         gen = torch.Generator().manual_seed(0)
-        self._randn = lambda *shape: torch.randn(*shape, generator=gen).to(self.dev, self.dtype)
+        self.randn = lambda *shape: torch.randn(*shape, generator=gen).to(self.dev, self.dtype)
 
     # -- weights ---------------------------------------------------------------------------
+    def _inputs(self, rows: int, packed: bool) -> list[torch.Tensor]:
+        """One input per Linear of a block (``cfg.matrices()``), one tensor per width: (rows,
+        in) for mode 8's products, which multiply (B, C) rows; (1, rows, in) otherwise, as the
+        model's forward hands (B, T, C) to its Linears (measured on GPT-2: 5% slower than
+        (B*T, C) at one row)."""
+        widths = [n_in for _, _, n_in, _ in self.cfg.matrices()]
+        by_width = {w: self.randn(rows, w) if packed else self.randn(1, rows, w)
+                    for w in dict.fromkeys(widths)}
+        return [by_width[w] for w in widths]
+
+    def _stored(self, layout: str) -> Any:
+        """The weight-only view a rung of storage ``layout`` multiplies by."""
+        if layout not in STORAGES:
+            raise NotCalibrated(f"weight layout {layout!r}: only out_in, packed and "
+                                f"{', '.join(STORAGES)} are timed here")
+        return weight_only(self.model, layout)
+
     def linears(self, layout: str, rows: int) -> Callable[[], Any]:
-        d = self.cfg.n_embd
-        if layout == "packed":  # mode 8 multiplies (B, C) rows
-            x, x4 = self._randn(rows, d), self._randn(rows, 4 * d)
-            w = fast_weights(self.state)
-            ordered = [c for qkv, proj, fc, fc_proj in w.linears
-                       for c in ((qkv, x), (proj, x), (fc, x), (fc_proj, x4))]
-            return lambda: [f(a) for f, a in ordered]
-        # GPT.forward's Linears see (B, T, C): measured here 5% slower than (B*T, C) at one row
-        x, x4 = self._randn(1, rows, d), self._randn(1, rows, 4 * d)
-        if layout in STORAGES:  # a weight-only rung: its own modules, as its step calls them
-            swapped = weight_only(self.model, layout).transformer.h
-            calls = [(m, a) for blk in swapped for m, a in ((blk.attn.c_attn, x),
-                     (blk.attn.c_proj, x), (blk.mlp.c_fc, x), (blk.mlp.c_proj, x4))]
+        xs = self._inputs(rows, layout == "packed")
+        if layout == "packed":
+            blocks, _ = _packed(self.state)
+            calls = [(f, x) for block in blocks for f, x in zip(block, xs, strict=True)]
+            return lambda: [f(a) for f, a in calls]
+        if layout != "out_in":  # a weight-only rung: its own modules, as its forward calls them
+            mods = lineup.block_linears(self._stored(layout))
+            calls = [(m, x) for block in mods for m, x in zip(block, xs, strict=True)]
             return lambda: [m(a) for m, a in calls]
-        mats = []
-        for blk in self.model.transformer.h:
-            mats += [(blk.attn.c_attn, x), (blk.attn.c_proj, x), (blk.mlp.c_fc, x),
-                     (blk.mlp.c_proj, x4)]
-        return lambda: [F.linear(a, m.weight, m.bias) for m, a in mats]
+        mats = [(m.weight, m.bias, x) for block in lineup.block_linears(self.model)
+                for m, x in zip(block, xs, strict=True)]
+        return lambda: [F.linear(a, w, b) for w, b, a in mats]
 
     def head(self, layout: str, rows: int) -> Callable[[], Any]:
+        d = self.cfg.n_embd
         if layout == "packed":
-            packed, x = fast_weights(self.state).head, self._randn(rows, self.cfg.n_embd)
+            _, packed = _packed(self.state)
+            x = self.randn(rows, d)
             return lambda: packed(x)
-        if layout in STORAGES:
-            head, x = weight_only(self.model, layout).lm_head, self._randn(1, rows, self.cfg.n_embd)
-            return lambda: head(x)
-        w, x = self.model.lm_head.weight, self._randn(1, rows, self.cfg.n_embd)
+        x = self.randn(1, rows, d)
+        if layout != "out_in":
+            stored = lineup.head_linear(self._stored(layout))
+            return lambda: stored(x)
+        w = lineup.head_linear(self.model).weight
         return lambda: F.linear(x, w)
 
     # -- attention -------------------------------------------------------------------------
@@ -167,39 +288,42 @@ class _Parts:
         return self.state.attention({"fused": "none", "seed": "seed"}[core])
 
     def attention(self, variant: str, context: int) -> Callable[[], float | None]:
-        """One new token into a cache of ``context - 1`` tokens, attended over ``context``.
+        """One new token into a cache of ``context - 1`` tokens, attended over ``context``:
+        n_head query heads over n_kv_head K/V heads (fewer under grouped-query attention).
 
         On a CPU each layer's part is timed on its own with the caches emptied before it (an
         untimed pass over a buffer larger than the last-level cache): inside a step, the
         layer's weights stream through the cache between one layer's attention and the next,
         so its keys and values come from memory, not from cache (measured here: timed warm,
         the concatenating and paged caches' attention at 659 tokens came out 20-40% below
-        what it costs inside the step). Only where one layer's weights fill at least half of
+        what it costs inside the step). Only where one layer's matrices fill at least half of
         that cache (gpt2 in fp32: 28 MB against 32 MB here); the hollow model's keys are a few
         bytes: not flushed.
         """
         kind, core_name = variant.rsplit("_", 1)
         cfg, B = self.cfg, self.batch
-        nh, hs = cfg.n_head, cfg.head_dim
+        nh, nkv, hs = cfg.n_head, cfg.n_kv_head, cfg.head_dim
         cache = make_cache(kind, self.model, B, capacity=max(context, 1))
         if context > 1:
             for layer in range(cfg.n_layer):
-                cache.update(layer, self._randn(B, nh, context - 1, hs),
-                             self._randn(B, nh, context - 1, hs))
+                cache.update(layer, self.randn(B, nkv, context - 1, hs),
+                             self.randn(B, nkv, context - 1, hs))
             cache.advance(context - 1)
         flush = _flush_buffer() if self.dev.type == "cpu" and self.cold else None
         if flush is not None and 2 * _layer_weight_bytes(self.model) < flush.nbytes / 1.5:
             flush = None  # a layer's weights are under half the cache: K/V stay in it
-        if core_name == "step":  # "prealloc_step": what decode_step's attend_filled runs (modes
-            q, k1, v1 = (self._randn(B, nh, hs) for _ in range(3))  # 8, 12, 13: the kernel's
-            with torch.no_grad():  # write + attention in one call on a CPU, else SDPA)
+        if core_name == "step":  # "prealloc_step": what the one-token steps' attend_filled
+            q = self.randn(B, nh, hs)  # runs (modes 8, 12, 13 of either family: the kernel's
+            k1, v1 = self.randn(B, nkv, hs), self.randn(B, nkv, hs)  # write + attention in
+            with torch.no_grad():  # one call on a CPU, else SDPA)
                 attend = attend_filled(cache.k_buf, cache.v_buf, context - 1)
 
             def layer_part(layer: int) -> None:
                 attend(layer, q, k1, v1)
         else:
             core = self._core(core_name)
-            q, k1, v1 = (self._randn(B, nh, 1, hs) for _ in range(3))
+            q = self.randn(B, nh, 1, hs)
+            k1, v1 = self.randn(B, nkv, 1, hs), self.randn(B, nkv, 1, hs)
 
             def layer_part(layer: int) -> None:
                 k, v = cache.update(layer, k1, v1)
@@ -220,38 +344,24 @@ class _Parts:
         return step
 
     def attention_full(self, t: int) -> Callable[[], Any]:
-        B, nh, hs = self.batch, self.cfg.n_head, self.cfg.head_dim
-        q, k, v = (self._randn(B, nh, t, hs) for _ in range(3))
+        B, cfg = self.batch, self.cfg
+        q = self.randn(B, cfg.n_head, t, cfg.head_dim)
+        k, v = (self.randn(B, cfg.n_kv_head, t, cfg.head_dim) for _ in range(2))
         core = self._core("seed")
-        return lambda: [core(q, k, v, layer, 0) for layer in range(self.cfg.n_layer)]
+        return lambda: [core(q, k, v, layer, 0) for layer in range(cfg.n_layer)]
 
     # -- the rest ----------------------------------------------------------------------------
     def small(self, rows: int) -> Callable[[], Any]:
-        cfg, m = self.cfg, self.model
-        d, nh, hs = cfg.n_embd, cfg.n_head, cfg.head_dim
-        x, h4 = self._randn(1, rows, d), self._randn(1, rows, 4 * d)
-        heads = self._randn(1, nh, rows, hs)
-        idx = torch.zeros(1, rows, dtype=torch.long, device=self.dev)
-        pos = torch.arange(rows, device=self.dev)
-        tr = m.transformer
-
-        def run() -> None:
-            e = tr.wte(idx) + tr.wpe(pos)
-            for blk in tr.h:
-                a = blk.ln_1(x)
-                y = heads.transpose(1, 2).contiguous().view(1, rows, d)
-                e = x + y
-                a = blk.ln_2(e)
-                F.gelu(h4, approximate="tanh")
-                e = e + a
-            tr.ln_f(e)
-
-        return run
+        for cls, build in SMALL_OPS:
+            if isinstance(self.model, cls):
+                return build(self, rows)
+        raise NotCalibrated(f"small operators of a {type(self.model).__name__} "
+                            f"({self.cfg.family} family): none are listed here")
 
     def build(self, part: str, variant: str, x: int
               ) -> Callable[[], Any] | tuple[Callable[[], Any], Callable[[], Any]]:
         """The call that times ``part`` (a calibration row's part, variant and x), or
-        (untimed set-up, timed call) for a whole step."""
+        (untimed set-up, timed call) for a whole step. ``NotCalibrated`` when it cannot."""
         if part == "attention_full":
             return self.attention_full(x)
         if part == "small":
@@ -297,13 +407,16 @@ def plan(model_modes: list[str], batch: int, max_context: int) -> list[tuple[str
 
 
 @torch.no_grad()
-def calibrate(model: GPT, model_modes: list[str], batch: int, max_context: int,
+def calibrate(model: GPT | Llama, model_modes: list[str], batch: int, max_context: int,
               repeats: int = 3, tick: Tick | None = None,
-              skip: set[tuple[str, str, int]] | None = None) -> list[dict[str, Any]]:
+              skip: set[tuple[str, str, int]] | None = None,
+              missing: list[str] | None = None) -> list[dict[str, Any]]:
     """Time every part ``model_modes`` need (see the module docstring); rows as described.
 
     ``skip``: (part, variant, x) pieces already calibrated. ``tick(message)`` is called before
-    each piece; when it returns True calibration stops and the rows so far are returned.
+    each piece; when it returns True calibration stops and the rows so far are returned. A
+    piece that cannot be timed for this model (``NotCalibrated``) is left out, and why is
+    added to ``missing`` (once) when given.
     """
     hollow = hollow_model(model)
     scales = {"real": _Parts(model, batch, True), "hollow": _Parts(hollow, batch, False)}
@@ -316,7 +429,12 @@ def calibrate(model: GPT, model_modes: list[str], batch: int, max_context: int,
                 continue
             if tick is not None and tick(f"calibrating {part} {variant} at {x} ({scale})"):
                 return rows
-            fn = parts.build(part, variant, x)
+            try:
+                fn = parts.build(part, variant, x)
+            except NotCalibrated as exc:  # the predictor says "not calibrated: ..."
+                if missing is not None and str(exc) not in missing:
+                    missing.append(str(exc))
+                break
             prepare, fn = fn if isinstance(fn, tuple) else (None, fn)
             samples = _sample(fn, model.device, repeats, prepare)
             rows.append({"part": part, "variant": variant, "scale": scale, "x": x,
