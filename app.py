@@ -1,8 +1,10 @@
 """KV Cache Lab: the Streamlit router. Run with `streamlit run app.py` (or `make run`).
 
-It sets the page up, draws the shared sidebar (model, weights, device, dtype) and hands over
-to the chosen page. Pages live in pages/ and stay thin: inputs -> a request to the measuring
-process (ui.jobs) -> figures. This process never imports torch and never times anything.
+It sets the page up, starts the measuring process and the device probe in the background (the
+first page never waits for either), draws the shared sidebar (model, weights, device, dtype)
+and hands over to the chosen page. Pages live in pages/ and stay thin: inputs -> a request to
+the measuring process (ui.jobs) -> figures. This process never imports torch and never times
+anything.
 """
 
 import streamlit as st
@@ -26,6 +28,9 @@ PAGES = [
 ]
 
 nav = st.navigation(PAGES)
-client.prestart(client.likely_device())  # torch imports there while the devices are probed
+# Once per server, in the background, while this page draws: the measuring process (torch
+# imports there) and the device probe (on a CPU-only torch, that process's greeting answers it).
+client.prestart(client.likely_device())
+client.start_probe()
 sidebar()
 nav.run()

@@ -2,7 +2,10 @@
 
 Device facts come from the probe of this machine (``ui.state.device_facts``) and the datasheet
 table (``instruments.measure.specs``); the peaks are measured only when asked, in the measuring
-process (the hardware experiment, ``ui.device``), and the model is loaded there too.
+process (the hardware experiment, ``ui.device``), and the model is loaded there too. The page
+never waits for either: until the probe lands its facts read "probing…", and the model card is
+drawn from the preset's config while the model loads (``header.model(wait=False)``); each fills
+in on the rerun that follows.
 """
 
 from __future__ import annotations
@@ -16,8 +19,8 @@ from instruments.costmodel import costs
 from instruments.measure.specs import lookup_peaks
 from instruments.process import client
 from instruments.process.client import Job
-from ui import device, header, jobs
-from ui.state import device_facts, machine
+from ui import header
+from ui.state import device_facts, machine, probing
 
 GUIDE = [
     ("pages/generate.py", "Generate side by side",
@@ -40,6 +43,7 @@ GUIDE = [
      "Every saved run, overlaid across machines, with the write-up's A40 numbers."),
 ]
 LIBRARIES = ("transformers", "streamlit", "plotly", "pandas", "numpy", "tiktoken")
+PROBING = "probing…"
 
 
 def _gib(n: float | None) -> str:
@@ -56,20 +60,26 @@ def _version(name: str) -> str:
 choice = header.page("KV Cache Lab", "A GPT-2 written from scratch, with a KV cache, measured "
                      "live on this machine: where the time and the memory of text generation "
                      "actually go.")
+# After the title: these import pandas, a second of a fresh server's first page on a 2-core CPU
+from ui import device, jobs  # noqa: E402
 
 dev_col, model_col = st.columns(2)
 with dev_col:
     st.subheader("Device")
     facts = device_facts(choice.device)
+    pending = bool(facts.get("probing"))
     st.markdown(f"**{facts.get('name')}** ({facts.get('kind')})")
     a, b, c = st.columns(3)
-    a.metric("Memory", _gib(facts.get("total_memory_bytes")))
+    a.metric("Memory", PROBING if pending else _gib(facts.get("total_memory_bytes")))
     if facts.get("kind") == "cpu":
-        b.metric("Cores / threads", f"{facts.get('cores') or '?'} / {facts.get('threads')}")
+        b.metric("Cores / threads", PROBING if pending else
+                 f"{facts.get('cores') or '?'} / {facts.get('threads')}")
         c.metric("measuring threads", str(client.measuring_threads()),
                  help="torch threads of the measuring process: every core but one, which is "
                  "kept for this page and the browser ($KVLAB_THREADS sets it)")
-        if facts.get("capability"):
+        if pending:
+            st.caption(f"Vector extensions: {PROBING}")
+        elif facts.get("capability"):
             st.caption(f"Vector extensions: {facts['capability']}")
     else:
         b.metric("Compute capability", str(facts.get("capability")))
@@ -108,10 +118,10 @@ with dev_col:
 
 with model_col:
     st.subheader("Model")
-    cfg = header.model(choice, quiet=True)
+    cfg = header.model(choice, quiet=True, wait=False)  # the preset's shapes while it loads
     label = header.weights_label(choice)
     if label is None:
-        st.caption("Weights: known once the model is loaded.")
+        header.await_model(choice)
     elif label.startswith("random"):
         why = (client.known_info(choice.spec()) or {}).get("weights_fallback")
         st.warning(f"**Random weights** — {label}. Generated text is gibberish; timings and "
@@ -142,7 +152,9 @@ for path, title, what in GUIDE:
     text.markdown(what)
 
 with st.expander("Library versions"):
-    versions = {"torch (measuring process)": str(machine().get("torch"))}
+    versions = {"torch (measuring process)": PROBING if probing() else
+                str(machine().get("torch"))}
     versions.update({name: _version(name) for name in LIBRARIES})
     versions["python"] = platform.python_version()
-    st.dataframe([{"library": k, "version": v} for k, v in versions.items()], hide_index=True)
+    st.markdown("| library | version |\n|---|---|\n"  # a table without Arrow: no pyarrow
+                + "\n".join(f"| {k} | {v} |" for k, v in versions.items()))

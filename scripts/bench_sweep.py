@@ -24,11 +24,21 @@ prediction stands in for second samples. ``--crop-check`` also times mode 3 the 
 (``--method generate``, 3 whole generations) beside the default crop method, the per-context
 medians compared (what ``latency_generate`` says this script checks). Run it on quiet cores: the
 numbers would lie.
+
+``--first`` measures the first minutes instead (``FIRST_GOALS``): for each read interval of
+``--reads`` (every 0.1 s and once a second) and each of ``--runs`` runs, three fresh servers, each
+with an empty results folder, the browser already open: (1) the Overview, seconds from the
+server's start to its title, to the page settled (its script idle) and to the device probe's
+facts and the model in; (2) the Latency sweep page settled, Run with every default, seconds to
+the first point; (3) the Latency sweep page opened and Run pressed the moment the button
+appears, seconds from the page's first paint (its title) to the first point. Each sweep is
+stopped after its first point (the server saves it). ``--report`` prints their table too.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -39,8 +49,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from instruments.process.client import measuring_threads  # noqa: E402
 from instruments.store import results  # noqa: E402
-from instruments.store.sweep_bench import TIMING_KIND, against, report  # noqa: E402
-from scripts.browser import streamlit_server, sweep_page  # noqa: E402
+from instruments.store.sweep_bench import (  # noqa: E402
+    FIRST_KIND,
+    TIMING_KIND,
+    against,
+    first_report,
+    report,
+)
+from scripts.browser import ARGS, CHROMIUM, settle, streamlit_server, sweep_page  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,6 +105,144 @@ def browser(folder: Path, args: argparse.Namespace) -> dict[str, float]:
     return timing
 
 
+# One look at the page per read: its title, whether its script runs, what it says.
+LOOK = """() => {
+  const app = document.querySelector('[data-testid="stApp"]');
+  const text = document.body ? document.body.innerText : '';
+  const run = Array.from(document.querySelectorAll('button'))
+      .find(b => b.innerText.includes('Run sweep'));
+  return {state: app ? app.getAttribute('data-test-script-state') : null,
+          titles: Array.from(document.querySelectorAll('h1')).map(h => h.innerText),
+          probing: text.includes('probing…'),
+          loading: text.includes(' in the measuring process…'),
+          run: run ? !run.disabled : false,
+          failed: document.querySelectorAll('[data-testid="stException"]').length > 0,
+          progress: Array.from(document.querySelectorAll('[data-testid="stProgress"]'))
+              .map(e => e.innerText).join(' ')};
+}"""
+SERVER_POLL_S = 0.05  # how often the benchmark asks whether a fresh server answers
+
+
+def look(page) -> dict:  # noqa: ANN001
+    seen = page.evaluate(LOOK)
+    if seen["failed"]:
+        raise AssertionError(page.inner_text("body"))
+    return seen
+
+
+def points(seen: dict) -> int:
+    done = seen["progress"].split(" / ")[0].strip()
+    return int(done) if done.isdigit() else 0
+
+
+def server(folder: Path, args: argparse.Namespace):  # noqa: ANN201
+    folder.mkdir(parents=True, exist_ok=True)
+    return streamlit_server(folder, tiny=args.model == "tiny", poll_s=SERVER_POLL_S,
+                            env={"KVLAB_THREADS": str(args.threads)})
+
+
+def first_page(chromium, folder: Path, args: argparse.Namespace, every: float  # noqa: ANN001
+               ) -> dict[str, float]:
+    """A fresh server's Overview in an open browser: seconds from the server's start to the
+    title, to the page settled, and to the probe's facts and the model in (no "probing…", no
+    "loading…")."""
+    page = chromium.new_page(viewport={"width": 1440, "height": 1000})
+    t0 = time.perf_counter()
+    with server(folder, args) as (url, _):
+        up = time.perf_counter() - t0
+        page.goto(url, wait_until="commit")
+        title = settled = filled = None
+        while filled is None and time.perf_counter() - t0 < 300:
+            seen, now = look(page), time.perf_counter() - t0
+            if title is None and any("KV Cache Lab" in h for h in seen["titles"]):
+                title = now
+            idle = title is not None and seen["state"] != "running"
+            if settled is None and idle:
+                settled = now
+            if idle and not seen["probing"] and not seen["loading"]:
+                filled = now
+            page.wait_for_timeout(every * 1000)
+    page.close()
+    if filled is None:
+        raise RuntimeError("the Overview never settled with its facts in")
+    return {"server_up_s": up, "page_title_s": title, "page_settled_s": settled,
+            "page_filled_s": filled}
+
+
+def first_point(chromium, folder: Path, args: argparse.Namespace, every: float,  # noqa: ANN001
+                at_once: bool) -> dict[str, float]:
+    """A fresh server's Latency sweep page, Run with every default: pressed once the page has
+    settled, or (``at_once``) the moment the button appears; the seconds to the first point
+    (from Run, and from the page's first paint), the page read every ``every`` s. The sweep is
+    stopped after its first point and saved by the server."""
+    page = chromium.new_page(viewport={"width": 1440, "height": 1000})
+    with server(folder, args) as (url, _):
+        page.goto(f"{url}/sweep", wait_until="commit")
+        paint = clicked = first = None
+        if not at_once:
+            page.wait_for_selector('h1:has-text("Latency sweep")', timeout=120_000)
+            settle(page, 300_000)  # the model loads in the measuring process
+            page.get_by_role("button", name="Run sweep").click()
+            clicked = time.perf_counter()
+        end = time.perf_counter() + 300
+        while first is None and time.perf_counter() < end:
+            seen, now = look(page), time.perf_counter()
+            if paint is None and any("Latency sweep" in h for h in seen["titles"]):
+                paint = now
+            if clicked is None and seen["run"]:
+                page.get_by_role("button", name="Run sweep").click()
+                clicked = time.perf_counter()
+            elif clicked is not None and points(seen) >= 1:
+                first = now
+                break
+            page.wait_for_timeout(every * 1000)
+        if first is None or clicked is None:
+            raise RuntimeError("no first point within 300 s")
+        page.get_by_role("button", name="Stop").click()
+        end = time.monotonic() + 300
+        while not list(folder.glob("*latency_sweep*.json")) and time.monotonic() < end:
+            time.sleep(0.5)
+    page.close()
+    if not at_once:
+        return {"settled_point_s": first - clicked}
+    return {"paint_point_s": first - paint, "paint_run_s": clicked - paint,
+            "run_point_s": first - clicked}
+
+
+def first_minutes(out: Path, args: argparse.Namespace) -> None:
+    """``--first``: per read interval and run, the three fresh servers (see the top); each
+    run's timing is saved in its folder beside the sweeps its servers saved."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        for every in args.reads:
+            for i in range(1, args.runs + 1):
+                folder = out / f"every-{every:g}s-run-{i}"
+                load_1m = os.getloadavg()[0]
+                timing = {"read_every_s": every, "load_1m": load_1m,
+                          **first_page(chromium, folder / "page", args, every),
+                          **first_point(chromium, folder / "settled", args, every, False),
+                          **first_point(chromium, folder / "paint", args, every, True)}
+                meta = results.collect_meta(
+                    model=args.model, weights="auto", device="cpu", dtype="float32",
+                    threads=args.threads, command="scripts/bench_sweep.py --first (headless "
+                    f"Chromium, fresh servers, every default, the page read every {every:g} s)")
+                sweeps = [r for r in saved(folder) if r.get("kind") == "latency_sweep"]
+                if sweeps:
+                    meta["device_name"] = sweeps[0]["meta"].get("device_name")
+                results.save_run(results.new_run(FIRST_KIND, meta, {"timing": [timing]}),
+                                 folder)
+                print(f"read every {every:g} s, run {i} (load {load_1m:.2f}): first page "
+                      f"{timing['page_title_s']:.1f} s (settled {timing['page_settled_s']:.1f} "
+                      f"s, filled in {timing['page_filled_s']:.1f} s); first point "
+                      f"{timing['settled_point_s']:.1f} s from a settled page, "
+                      f"{timing['paint_point_s']:.1f} s from first paint", flush=True)
+        chromium.close()
+    for log in out.rglob("server.log"):  # the servers' logs are not runs
+        log.unlink()
+
+
 def saved(out: Path) -> list[dict]:
     """Every run kept under ``out``, each with its path (what the report reads)."""
     from instruments.store.results import load_runs
@@ -97,8 +251,11 @@ def saved(out: Path) -> list[dict]:
 
 
 def table(out: Path) -> list[str]:
-    """The markdown table, from the runs kept in ``out`` (``instruments.store.sweep_bench``)."""
-    return report(saved(out)) or [f"no browser run under {out}"]
+    """The markdown tables, from the runs kept in ``out`` (``instruments.store.sweep_bench``)."""
+    runs = saved(out)
+    first = first_report(runs)
+    return [*report(runs), *([""] if first and report(runs) else []), *first] or [
+        f"no browser run under {out}"]
 
 
 def sweep_run(folder: Path) -> dict:
@@ -115,10 +272,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="/tmp/kvlab_sweep_bench",
                     help="an empty folder for the runs (copy its folders to docs/runs/sweep/)")
     ap.add_argument("--calibrated", action="store_true",
-                    help="give each browser run a calibration of this machine first")
+                    help="give each browser run a calibration of the host first")
     ap.add_argument("--crop-check", action="store_true",
                     help="also compare mode 3's crop method with the write-up's generations")
     ap.add_argument("--report", metavar="FOLDER", help="only print the table of saved runs")
+    ap.add_argument("--first", action="store_true",
+                    help="measure the first page and the first point on fresh servers instead")
+    ap.add_argument("--reads", type=lambda text: [float(x) for x in text.split(",")],
+                    default=[0.1, 1.0], help="--first: the page read every this many seconds "
+                    "(default 0.1,1)")
     args = ap.parse_args(argv)
     if args.report:
         print("\n".join(table(Path(args.report))))
@@ -126,6 +288,11 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     if out.exists() and any(out.iterdir()):
         raise SystemExit(f"{out} is not empty: move its runs away or pass another --out")
+    if args.first:
+        first_minutes(out, args)
+        print("\n".join(table(out)))
+        print(f"runs kept in {out}")
+        return 0
     calibration = None
     if args.calibrated:
         cli(out / "calibration", args, "prediction")

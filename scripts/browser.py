@@ -34,9 +34,10 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def streamlit_server(results: Path, tiny: bool = True, env: dict[str, str] | None = None
-                     ) -> Iterator[tuple[str, subprocess.Popen]]:
-    """A fresh ``streamlit run app.py``; RuntimeError with its log if it never answers."""
+def streamlit_server(results: Path, tiny: bool = True, env: dict[str, str] | None = None,
+                     poll_s: float = 0.5) -> Iterator[tuple[str, subprocess.Popen]]:
+    """A fresh ``streamlit run app.py``, yielded once it answers (asked every ``poll_s``: a
+    benchmark of the first page asks often); RuntimeError with its log if it never does."""
     port = free_port()
     env = {**os.environ, **(env or {}), "KVLAB_RESULTS_DIR": str(results),
            "KVLAB_TINY": "1" if tiny else "0"}
@@ -47,13 +48,14 @@ def streamlit_server(results: Path, tiny: bool = True, env: dict[str, str] | Non
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(120):
+        end = time.monotonic() + 60
+        while time.monotonic() < end:
             try:
                 with urllib.request.urlopen(f"{url}/_stcore/health", timeout=1) as r:
                     if r.read() == b"ok":
                         break
             except OSError:
-                time.sleep(0.5)
+                time.sleep(poll_s)
         else:
             raise RuntimeError("streamlit did not start: " + (results / "server.log").read_text())
         yield url, proc

@@ -391,3 +391,144 @@ def test_floor_lab_predicts_the_step_and_saves(results: Path) -> None:
     predicted = [n for n in names if n.endswith("time (predicted)")]
     assert len(predicted) == 1 and predicted[0].startswith("5 ·")  # prealloc_fused; concat none
     assert any("Dotted: the same ratio" in c.value for c in at.caption)
+
+
+# ------------------------------------------------------------- the first page never waits
+def _values(at: AppTest) -> list[str]:
+    return [str(e.value) for e in [*at.metric, *at.caption, *at.sidebar.caption, *at.markdown]]
+
+
+def test_the_first_page_draws_while_the_probe_and_the_load_run(
+        results: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Overview of a fresh server: a device probe that has not answered and a model still
+    loading hold nothing up. "probing…" stands where the facts go, the model card is the
+    preset's shapes, and both fill in on the rerun that follows (the probe's fragment reruns the
+    page when it lands)."""
+    import threading
+
+    from instruments import lineup
+    from instruments.process import client, probe
+    from instruments.spine import ModelSpec
+
+    gate = threading.Event()
+    facts = {"name": "Test CPU", "kind": "cpu", "device": "cpu", "cores": 2, "threads": 2,
+             "total_memory_bytes": 8 * 2**30, "capability": "avx2",
+             "dtypes": list(probe.CPU_DTYPES)}
+    monkeypatch.setattr(client, "_PROBE", client.DeviceProbe(
+        lambda: gate.wait(60) and {"torch": "9.9", "devices": {"cpu": facts}}))
+    held: dict[ModelSpec, client.Job] = {}  # the load: on its way until the test says
+    monkeypatch.setattr(client, "_INFO", {})  # as on a fresh server: nothing loaded yet
+    monkeypatch.setattr(client, "_LOADS", {})
+    monkeypatch.setattr(client, "_load", lambda spec: held.setdefault(
+        spec, client.Job("load", {}, spec)))
+    at = AppTest.from_file(APP, default_timeout=20)
+    at.run()
+    no_traceback(at)
+    assert at.title[0].value == "KV Cache Lab"
+    said = _values(at)
+    assert said.count("probing…") >= 2, said  # memory, cores / threads
+    assert "Device facts: probing…" in said, said  # the sidebar, where the answer will land
+    assert at.selectbox(key="device").options == ["cpu"]  # the CPU at once
+    assert at.selectbox(key="dtype").options == ["float32", "bfloat16"]
+    params = next(m.value for m in at.metric if m.label == "Parameters")
+    assert params.endswith(" M")  # the card drawn from the preset's config, torch-free
+    assert any("Loading tiny" in s and "in the measuring process…" in s for s in said), said
+    (job,) = held.values()  # the load was started, not waited for
+    gate.set()  # the probe lands; the model is loaded
+    client._PROBE.wait(10)
+    cfg = lineup.config(job.model.name)
+    monkeypatch.setitem(client._INFO, job.model, {
+        "weights_label": "random (seed 0, test shape)", "weights_fallback": None,
+        "config": cfg.to_dict(), "family": cfg.family})
+    job.state, job.ended_s = "done", time.monotonic()
+    at.run()
+    no_traceback(at)
+    said = _values(at)
+    assert not any("probing…" in s for s in said), said
+    assert "8.0 GiB" in said and "2 / 2" in said and "Vector extensions: avx2" in said
+    assert not any("in the measuring process…" in s for s in said), said
+    assert any("Random weights" in w.value for w in at.warning)  # what was loaded, said
+
+
+def test_a_gpu_joins_the_device_list_when_the_probe_finds_it(
+        results: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where torch could drive a GPU, the sidebar offers the CPU at once and says "probing…"
+    where the GPU may appear; when the probe finds one it joins the list and becomes the choice
+    of a session that has not picked a device itself."""
+    import threading
+
+    from instruments.process import client, probe
+
+    gate = threading.Event()
+    cpu = {"name": "Test CPU", "kind": "cpu", "dtypes": list(probe.CPU_DTYPES)}
+    gpu = {"name": "Test GPU", "kind": "cuda", "dtypes": ["float32", "bfloat16", "float16"]}
+    monkeypatch.setattr(probe, "gpu_build", lambda: True)
+    monkeypatch.setattr(client, "_PROBE", client.DeviceProbe(
+        lambda: gate.wait(60) and {"torch": "9.9", "devices": {"cpu": cpu, "cuda": gpu}}))
+    monkeypatch.setattr(client, "_INFO", {})
+    monkeypatch.setattr(client, "_LOADS", {})
+    monkeypatch.setattr(client, "_load", lambda spec: client.Job("load", {}, spec))  # never ends
+    at = AppTest.from_file(APP, default_timeout=20)
+    at.run()
+    no_traceback(at)
+    assert at.selectbox(key="device").options == ["cpu"]
+    assert "GPU: probing… (the CPU is ready)" in [c.value for c in at.sidebar.caption]
+    gate.set()
+    client._PROBE.wait(10)
+    at.run()
+    no_traceback(at)
+    assert at.selectbox(key="device").options == ["cuda", "cpu"]
+    assert at.session_state["choice"].device == "cuda"
+    assert not any("probing…" in c.value for c in at.sidebar.caption)
+    at.run()  # AppTest gives the sidebar's widgets new ids after its first runs: let it
+    assert at.session_state["choice"].device == "cuda"
+    at.selectbox(key="device").set_value("cpu").run()  # a choice of the user's own stays
+    at.run()
+    assert at.session_state["choice"].device == "cpu"
+
+
+def test_run_pressed_while_the_model_loads_times_mode_1_before_any_other_gate(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run pressed the moment the page appears on a fresh server: the measuring process is
+    still starting and the page's background load is on its way. The sweep queues behind that
+    load, and the first row it streams is mode 1's (the reference, gated by nothing), before
+    any other mode's gate has begun; each other mode's rows come after its gate (the order of
+    the stream, not its times)."""
+    from instruments.experiments import to_dict
+    from instruments.experiments.latency import LatencyParams
+    from instruments.process import client
+    from instruments.spine import ModelSpec
+
+    stream: list[tuple[str | None, str | None, str]] = []
+    add = client.Job.add
+
+    def recorded(job: client.Job, event) -> None:  # noqa: ANN001
+        if job.experiment == "latency":
+            stream.append((event.table, (event.row or {}).get("mode"), event.message))
+        add(job, event)
+
+    monkeypatch.setattr(client.Job, "add", recorded)
+    monkeypatch.setattr(client, "_LOADS", {})
+    running = client.running_pid("cpu")
+    if running is not None:  # a fresh process, as on a fresh server
+        os.kill(running, signal.SIGKILL)
+        end = time.monotonic() + 10
+        while client.running_pid("cpu") is not None and time.monotonic() < end:
+            time.sleep(0.05)
+    spec = ModelSpec("tiny", seed=31)
+    client.load_soon(spec)  # what the first page does
+    params = LatencyParams([4, 8, 16], ["uncached", "concat", "fast"], warmup=0, repeats=1,
+                           min_repeats=1, retakes=0, measure_peaks=False)
+    job = client.submit("latency", to_dict(params), spec)  # Run, pressed at once
+    assert client.loading(spec) and client.known_info(spec) is None  # before it was loaded
+    end = time.monotonic() + 120
+    while not job.finished and time.monotonic() < end:
+        time.sleep(0.05)
+    assert job.state == "done", job.error
+    rows = [(i, mode) for i, (table, mode, _) in enumerate(stream) if table == "latency"]
+    gate = {mode: min(i for i, (_, _, said) in enumerate(stream)
+                      if said.startswith(f"{mode}: checking its logits"))
+            for mode in ("concat", "fast")}
+    assert rows[0][1] == "uncached" and rows[0][0] < min(gate.values()), stream
+    for mode, began in gate.items():
+        assert began < min(i for i, m in rows if m == mode), stream  # withheld until gated

@@ -273,3 +273,26 @@ def test_killing_the_measuring_process_mid_sweep(tmp_path: Path) -> None:
         page.wait_for_selector('[data-testid="stProgress"]', timeout=30_000)
         wait_finished(page, 120_000)
         page.wait_for_selector('text=/Finished \\d+ points/', timeout=10_000)
+
+
+def test_the_first_page_draws_before_the_device_probe_lands(tmp_path: Path) -> None:
+    """A fresh server whose device probe is held back 5 s: the Overview's title is on the page
+    while "probing…" stands where the device's facts go, and the facts replace it when the probe
+    lands, without a reload (the sidebar's fragment reruns the page)."""
+    with _server(tmp_path, MODEL == "tiny", env={"KVLAB_PROBE_DELAY_S": "5"}) as (url, _), \
+            sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 1440, "height": 1000})
+        page.goto(url)
+        page.wait_for_selector('h1:has-text("KV Cache Lab")', timeout=60_000)
+        titled = time.monotonic()
+        page.wait_for_selector('text="probing…"', timeout=30_000)  # drawn: nothing waited
+        assert page.locator('[data-testid="stSidebar"]', has_text="probing…").count() == 1
+        page.wait_for_selector('text="probing…"', state="detached", timeout=120_000)
+        assert time.monotonic() - titled > 1  # the probe landed well after the title
+        page.wait_for_selector("text=/\\d+\\.\\d GiB/", timeout=30_000)  # the memory, probed
+        settle(page)
+        assert page.get_by_text("probing…").count() == 0
+        assert page.get_by_text("in the measuring process…").count() == 0  # the model is in
+        shot(page, "first_page", tmp_path)
+        browser.close()

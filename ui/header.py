@@ -3,7 +3,9 @@
 ``page(title, caption)`` -> the sidebar's ``Choice``. ``model(choice)`` -> the model's shape
 (``ModelConfig``) after loading it in its device's measuring process when that process is free,
 with a yellow banner for random weights; it shows the error and stops the page when the model
-cannot be loaded. Nothing here imports torch.
+cannot be loaded. ``model(choice, wait=False)`` does not wait: a preset's shapes come from its
+config (torch-free) while the model loads in the background, and ``await_model(choice)`` reruns
+the page when the load has ended. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -51,19 +53,24 @@ def _is_folder(choice: Choice) -> bool:
     return choice.weights not in lineup.preset(choice.model).weights
 
 
-def model(choice: Choice | None = None, quiet: bool = False) -> ModelConfig:
-    """The chosen model's shape; loads it in the measuring process if that process is free."""
+def model(choice: Choice | None = None, quiet: bool = False, wait: bool = True) -> ModelConfig:
+    """The chosen model's shape; loads it in the measuring process if that process is free.
+    ``wait=False``: a preset's shapes at once, the load started in the background (a model that
+    has no preset shapes, a local folder, is still waited for)."""
     choice = choice or current_choice()
     spec = choice.spec()
     info = client.known_info(spec)
-    if info is None:
+    if info is None and not wait and _preset_config(choice) is not None:
+        client.load_soon(spec)
+        error = client.load_error(spec)
+        if error is not None:
+            _cannot_load(error)
+    elif info is None:
         try:
             with st.spinner(f"Loading {spec.describe()} in the measuring process…"):
                 info = client.model_info(spec)
         except ValueError as exc:
-            st.error(f"Could not load the model: {exc} Choose random weights in the sidebar to "
-                     "measure with the same shapes.")
-            st.stop()
+            _cannot_load(str(exc))
     cfg = (lineup.config_from_dict(info["config"], info.get("family")) if info
            else _preset_config(choice))
     if cfg is None:
@@ -81,6 +88,28 @@ def model(choice: Choice | None = None, quiet: bool = False) -> ModelConfig:
             st.caption("Which weights load is known once the model is loaded (the device is "
                        "busy now).")
     return cfg
+
+
+def _cannot_load(why: str) -> None:
+    st.error(f"Could not load the model: {why} Choose random weights in the sidebar to "
+             "measure with the same shapes.")
+    st.stop()
+
+
+LOAD_POLL_S = 0.5  # while the model loads in the background, how often a page looks
+
+
+@st.fragment(run_every=LOAD_POLL_S)
+def await_model(choice: Choice) -> None:
+    """While ``choice``'s model is not loaded: "loading…" (or why not yet), the load started
+    once the device is free, and a rerun of the page once it has ended (loaded or failed), so
+    the page draws what was loaded."""
+    spec = choice.spec()
+    if client.known_info(spec) is not None or client.load_error(spec) is not None:
+        st.rerun()
+    client.load_soon(spec)  # the device may have been busy until now
+    st.caption(f"Loading {spec.describe()} in the measuring process…" if client.loading(spec)
+               else f"{spec.describe()} loads when the device is free (a run holds it now).")
 
 
 def fallback_note(reason: str | None) -> str:

@@ -4,9 +4,12 @@ Contract: ``sidebar()`` draws the model / weights / device / dtype pickers (thei
 the choice across page switches) and stores a ``Choice`` in ``st.session_state["choice"]``. The
 models and the weights each offers come from the family table (``instruments.lineup``: every
 preset of every family, its weight choices, where its real weights come from).
-The devices and dtypes offered come from ``instruments.process.client.devices()`` (asked once of a
-short-lived process: the server never imports torch); the model itself lives in the device's
-measuring process, never here. ``results_dir()`` is ``$KVLAB_RESULTS_DIR`` or ``results/``.
+The devices and dtypes offered come from the device probe (``instruments.process.client``: asked
+once per server, in the background; the server never imports torch). While it runs the sidebar
+offers the CPU (and its dtypes) at once and says "probing…" where a GPU may yet appear, pages show
+"probing…" where they need the facts, and a fragment reruns the page when the answer lands. The
+model itself lives in the device's measuring process, never here. ``results_dir()`` is
+``$KVLAB_RESULTS_DIR`` or ``results/``.
 With ``KVLAB_TINY=1`` the test shapes ("tiny", "llama-tiny") are offered first: tests and smoke
 runs use them.
 """
@@ -20,7 +23,7 @@ from pathlib import Path
 import streamlit as st
 
 from instruments import lineup
-from instruments.process import client
+from instruments.process import client, probe
 from instruments.spine import ModelSpec
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -67,10 +70,23 @@ def results_dir() -> Path:
     return Path(env) if env else REPO_ROOT / "results"
 
 
+PROBE_POLL_S = 0.5  # while the probe runs, how often the sidebar looks whether it has landed
+
+
 def machine() -> dict:
-    """This machine's devices (cached for the server's life; the first call takes seconds)."""
-    with st.spinner("Looking at this machine's devices…"):
-        return client.devices()
+    """This machine's devices: the probe's answer (asked once per server, in the background),
+    or until it lands the CPU alone, marked ``"probing": True``. Never waits."""
+    return client.machine_now()
+
+
+def probing() -> bool:
+    """Whether the device probe is still running (its facts are not in yet)."""
+    return bool(machine().get("probing"))
+
+
+def more_devices_pending() -> bool:
+    """Whether a device may still join the list: the probe runs and torch could drive a GPU."""
+    return probing() and probe.gpu_build()
 
 
 def available_devices() -> list[str]:
@@ -84,6 +100,8 @@ def available_dtypes(device: str) -> list[str]:
 
 
 def device_facts(device: str) -> dict:
+    """The probe's facts of ``device`` (name, kind, memory, cores, ...); while it runs, the CPU's
+    name and kind only, with ``"probing": True``."""
     return machine()["devices"].get(device, {"name": device, "kind": device})
 
 
@@ -120,8 +138,12 @@ def sidebar() -> Choice:
         weights = sb.text_input("Checkpoint folder", key="weights_path",
                                 placeholder="/path/to/save_pretrained/folder") or "random"
     devices = available_devices()
-    _keep_valid("device", devices, "Device")
-    device = sb.selectbox("Device", devices, key="device")
+    pending = more_devices_pending()
+    _device_before_picker(devices, pending)
+    device = sb.selectbox("Device", devices, key="device", on_change=_device_chosen)
+    if probing():
+        with sb:
+            _probe_note(pending)
     dtypes = available_dtypes(device)
     _keep_valid("dtype", dtypes, "dtype")
     dtype = sb.selectbox("dtype", dtypes, key="dtype")
@@ -134,6 +156,37 @@ def sidebar() -> Choice:
                + f" with {threads} torch thread{'s' * (threads > 1)}. $KVLAB_THREADS sets how "
                "many (default: every core but one, kept for this page and the browser).")
     return choice
+
+
+def _device_chosen() -> None:
+    st.session_state["_device_chosen"] = True
+
+
+def _device_before_picker(devices: list[str], pending: bool) -> None:
+    """The Device picker's state before it draws. While a GPU may still appear, a device asked
+    for that is not offered yet waits aside, unrefused. Once the probe has landed it comes back
+    (refused with a warning if still not offered), and where the probe found a GPU it becomes
+    the choice of a session that saw the CPU alone offered and has not picked a device itself."""
+    state = st.session_state
+    if pending:
+        if state.get("device") not in (None, *devices):
+            state["_device_asked"] = state.pop("device")
+        state["_device_seen_pending"] = True
+        return
+    if "_device_asked" in state:
+        state["device"] = state.pop("_device_asked")
+    elif state.pop("_device_seen_pending", False) and not state.get("_device_chosen"):
+        state["device"] = devices[0]
+    _keep_valid("device", devices, "Device")
+
+
+@st.fragment(run_every=PROBE_POLL_S)
+def _probe_note(pending: bool) -> None:
+    """While the device probe runs: "probing…" where a device may still appear (or the facts
+    will), and a rerun of the page the moment the answer lands, so it draws them."""
+    if not probing():
+        st.rerun()
+    st.caption("GPU: probing… (the CPU is ready)" if pending else "Device facts: probing…")
 
 
 def current_choice() -> Choice:

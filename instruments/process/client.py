@@ -11,12 +11,18 @@ When the job ends its run is saved -- the final one, or, if the process failed o
 built from the rows it streamed, marked partial -- and a dead process is replaced by a fresh one
 on the next request (``prestart(device)`` starts one ahead, in the background).
 ``model_info(spec)`` loads a model in its process (when the device is free) and says what was
-loaded: weights label, fallback, shapes.
+loaded: weights label, fallback, shapes; ``load_soon(spec)`` starts that load without waiting
+(``loading(spec)``, ``load_error(spec)`` say how it goes), and ``model_info`` waits for a load
+already on its way rather than returning None.
+``start_probe()`` asks, once, in a thread of its own, which devices this machine offers (the
+probe, ``instruments.process.probe``); ``devices_now()`` is its answer or None while it runs,
+``machine_now()`` that answer or the placeholder the pages draw from meanwhile (the CPU, marked
+"probing"), ``devices()`` waits for it. ``$KVLAB_PROBE_DELAY_S`` holds the probe back that many
+seconds (for tests of the pages drawn while it runs).
 """
 
 from __future__ import annotations
 
-import functools
 import itertools
 import json
 import os
@@ -31,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from instruments import experiments
+from instruments.process import probe
 from instruments.process.processes import (  # noqa: F401 - the server's one door to them
     REPO_ROOT,
     START_TIMEOUT_S,
@@ -237,13 +244,16 @@ def known_info(spec: ModelSpec) -> dict[str, Any] | None:
 
 def model_info(spec: ModelSpec, timeout_s: float = 300.0) -> dict[str, Any] | None:
     """Load ``spec`` in its device's process and say what was loaded; None if the device is
-    busy (nothing is queued behind a measurement) or it failed (``ValueError`` with why)."""
+    busy (nothing is queued behind a measurement) or it failed (``ValueError`` with why). A load
+    of ``spec`` already on its way (``load_soon``) is waited for, not asked again."""
     if spec in _INFO:
         return _INFO[spec]
-    running, waiting = QUEUE.status(spec.device)
-    if running is not None or waiting:
-        return None
-    job = submit("load", {}, spec, owner="sidebar", what=f"loading {spec.name}")
+    with _LOADS_LOCK:
+        job = _LOADS.get(spec)
+        if job is None or job.finished:
+            if _measuring(spec.device):
+                return None
+            job = _LOADS[spec] = _load(spec)
     end = time.monotonic() + timeout_s
     while not job.finished and time.monotonic() < end:
         time.sleep(0.05)
@@ -252,16 +262,140 @@ def model_info(spec: ModelSpec, timeout_s: float = 300.0) -> dict[str, Any] | No
     return job.info
 
 
+_LOADS: dict[ModelSpec, Job] = {}  # the newest load job of each spec
+_LOADS_LOCK = threading.Lock()
+LOADER = "sidebar"  # the owner of the load jobs pages ask for
+
+
+def _load(spec: ModelSpec) -> Job:
+    return submit("load", {}, spec, owner=LOADER, what=f"loading {spec.name}")
+
+
+def _measuring(device: str) -> bool:
+    """Whether a measurement holds ``device`` or waits for it (a load of a model does not
+    count: a page may queue behind it, it takes seconds at most)."""
+    running, waiting = QUEUE.status(device)
+    return any(t.owner != LOADER for t in [*([running] if running else []), *waiting])
+
+
+def load_soon(spec: ModelSpec) -> None:
+    """Start loading ``spec`` in its device's process and return at once, unless it is loaded,
+    on its way, failed last time (``load_error``), or the device is busy (a page asks again on
+    its next run). A page that can draw from the preset's shapes calls this instead of waiting:
+    the model loads while it draws."""
+    if spec in _INFO:
+        return
+    with _LOADS_LOCK:
+        if spec in _LOADS:
+            return  # on its way, done, or failed: model_info asks again when a page waits
+        if not _measuring(spec.device):
+            _LOADS[spec] = _load(spec)
+
+
+def loading(spec: ModelSpec) -> bool:
+    """Whether a load of ``spec`` is on its way."""
+    job = _LOADS.get(spec)
+    return job is not None and not job.finished
+
+
+def load_error(spec: ModelSpec) -> str | None:
+    """Why the newest load of ``spec`` failed (None: it did not, or none has ended)."""
+    job = _LOADS.get(spec)
+    if job is None or not job.finished or job.state != "failed" or spec in _INFO:
+        return None
+    return job.error or "the model could not be loaded"
+
+
 # ---------------------------------------------------------------------------------- devices
-@functools.lru_cache(maxsize=1)
-def devices() -> dict[str, Any]:
-    """What this machine offers, asked once of a short-lived process (the server imports no
-    torch): {"torch": version, "devices": {"cpu": facts + dtypes, "cuda": ...}}."""
+class DeviceProbe:
+    """The device probe, run once in a thread of its own (``find`` answers it); ``result()`` is
+    None until it has landed, ``wait()`` waits for it."""
+
+    def __init__(self, find: Callable[[], dict[str, Any]] | None = None) -> None:
+        self._find = find or _find_devices
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._landed = threading.Event()
+        self._result: dict[str, Any] | None = None
+
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="kvlab-probe",
+                                                daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            found = self._find()
+        except Exception as exc:  # noqa: BLE001 - the CPU is there whatever went wrong
+            found = _cpu_only(exc)
+        self._result = found
+        self._landed.set()
+
+    def result(self) -> dict[str, Any] | None:
+        self.start()
+        return self._result
+
+    def wait(self, timeout_s: float | None = None) -> dict[str, Any] | None:
+        self.start()
+        self._landed.wait(timeout_s)
+        return self._result
+
+
+def _cpu_only(exc: BaseException) -> dict[str, Any]:
+    return {"torch": None, "error": f"{type(exc).__name__}: {exc}",
+            "devices": {"cpu": {"name": probe.cpu_name(), "kind": "cpu", "device": "cpu",
+                                "dtypes": list(probe.CPU_DTYPES)}}}
+
+
+def _find_devices() -> dict[str, Any]:
+    """The probe's answer. A torch built without GPU support can drive only the CPU, and the
+    CPU's measuring process (started ahead for the first page) already imported torch and said
+    what the CPU is: its greeting answers, and no second interpreter imports torch beside it on
+    a 2-core machine. Otherwise (or if that process cannot start) a short-lived process asks
+    torch."""
+    delay = os.environ.get("KVLAB_PROBE_DELAY_S", "")
+    if delay.replace(".", "", 1).isdigit():
+        time.sleep(float(delay))
+    if not probe.gpu_build():
+        try:
+            return probe.from_hello(process("cpu").hello)
+        except Exception:  # noqa: BLE001, S110 - the short-lived probe below says what is wrong
+            pass
+    return _probe_process()
+
+
+def _probe_process() -> dict[str, Any]:
+    """``python -m instruments.process.probe`` in a short-lived process."""
     try:
         out = subprocess.run([sys.executable, "-m", "instruments.process.probe"], cwd=REPO_ROOT,
                              capture_output=True, text=True, timeout=START_TIMEOUT_S, check=True)
-        found = json.loads(out.stdout.strip().splitlines()[-1])
+        return json.loads(out.stdout.strip().splitlines()[-1])
     except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
-        return {"torch": None, "error": f"{type(exc).__name__}: {exc}",
-                "devices": {"cpu": {"name": "CPU", "kind": "cpu", "dtypes": ["float32"]}}}
-    return found
+        return _cpu_only(exc)
+
+
+_PROBE = DeviceProbe()
+
+
+def start_probe() -> None:
+    """Start the device probe in the background (once per server; later calls do nothing)."""
+    _PROBE.start()
+
+
+def devices_now() -> dict[str, Any] | None:
+    """The probe's answer, or None while it runs (it is started if it was not)."""
+    return _PROBE.result()
+
+
+def machine_now() -> dict[str, Any]:
+    """The probe's answer, or until it lands what can be said without it (``probe.placeholder``:
+    the CPU, marked ``"probing": True``)."""
+    return _PROBE.result() or probe.placeholder()
+
+
+def devices() -> dict[str, Any]:
+    """What this machine offers, waiting for the probe: {"torch": version, "devices": {"cpu":
+    facts + dtypes, "cuda": ...}} (the server imports no torch)."""
+    return _PROBE.wait() or probe.placeholder()

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from instruments.process import protocol
+from instruments.process import probe, protocol
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 180.0  # importing torch and CUDA on a cold machine can take a while
@@ -165,8 +165,10 @@ def prestart(device: str = "cpu") -> None:
 
 def likely_device() -> str:
     """The device the sidebar will most likely offer first, guessed without torch (the probe
-    decides): "cuda" where an NVIDIA driver is loaded, else "cpu"."""
-    return "cuda" if Path("/proc/driver/nvidia/version").exists() else "cpu"
+    decides): "cuda" where an NVIDIA driver is loaded and torch was built for a GPU, else
+    "cpu"."""
+    nvidia = Path("/proc/driver/nvidia/version").exists()
+    return "cuda" if nvidia and probe.gpu_build() else "cpu"
 
 
 @atexit.register

@@ -90,7 +90,7 @@ BLOCKS: dict[str, Block] = {
     "speculate-epyc": Block("speculate-epyc", speed.speculation, "`python scripts/"
                             "bench_speculate.py` on the 2-core AMD EPYC (kept as measured)"),
     "first-run": Block("sweep", speed.first_run, "`python scripts/bench_sweep.py`",
-                       recursive=True, more=("sweep-slow-host", "sweep-epyc")),
+                       recursive=True, more=("sweep-slow-host", "sweep-epyc", "sweep-first")),
     "hosts": Block("", mk.hosts, "a script or command named in docs/runs/README.md",
                    recursive=True),
     "gpu-check-length": Block(None, mk.gpu_check_length, source="scripts/gpu_check.sh"),

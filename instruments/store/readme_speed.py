@@ -12,7 +12,8 @@ Makers as in ``instruments.store.readme_blocks`` (``make(runs, root) -> str``):
   sweep_bench  ``scripts/bench_sweep.py``'s runs (subfolders): the default sweep from the
                browser against issue 25's goals (``instruments.store.sweep_bench``)
   first_run    the same runs of several hosts, one line per host: how long a new user's first
-               sweep took from the browser
+               sweep took from the browser; and, from ``--first`` runs, per host and read
+               interval, a fresh server's first page and first point (``first_summary``)
   speculation  ``scripts/bench_speculate.py``'s runs: per model and prompt, the acceptance and
                the measured speedup per draft length, and how often the prediction was within
                15% of it
@@ -23,7 +24,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from instruments.store.readme_blocks import Run, host, machine, md_table, newest, rel, table
-from instruments.store.sweep_bench import TIMING_KIND, by_folder, report
+from instruments.store.sweep_bench import (
+    FIRST_GOALS,
+    FIRST_KIND,
+    TIMING_KIND,
+    by_folder,
+    first_summary,
+    report,
+)
 
 KINDS = ("c_attn", "attn.c_proj", "c_fc", "mlp.c_proj", "lm_head")
 
@@ -172,12 +180,18 @@ def peers_history(runs: list[Run], root: Path) -> str:
 
 
 def first_run(runs: list[Run], root: Path) -> str:
-    """Per host: the default sweep from the browser, seconds to its first point and to the end."""
+    """Per host: the default sweep from the browser, seconds to its first point and to the end;
+    then, where ``--first`` runs are committed, per host and read interval: a fresh server's
+    first page and the first point, from a settled page and from the first paint."""
     folders: dict[str, list[Run]] = {}
     for r in runs:
         folders.setdefault(_top(r, root), []).append(r)
-    rows = []
+    rows, firsts = [], []
     for folder, got in folders.items():
+        timed = [r for r in got if r.get("kind") == FIRST_KIND]
+        if timed:
+            firsts += [[host(timed[0]), str(timed[0]["created_utc"])[:10], *row,
+                        f"`{folder}/`"] for row in first_summary(timed)]
         per = by_folder(got)
         timings = [k[TIMING_KIND]["tables"]["timing"][0] for n, k in sorted(per.items())
                    if n.startswith("browser-") and TIMING_KIND in k]
@@ -189,11 +203,25 @@ def first_run(runs: list[Run], root: Path) -> str:
         rows.append([host(sweep), str(sweep["created_utc"])[:10], len(timings),
                      f"{min(first):.1f}–{max(first):.1f}", f"{min(total):.0f}–{max(total):.0f}",
                      f"`{folder}/`"])
-    if not rows:
+    if not rows and not firsts:
         return "_No browser run of `scripts/bench_sweep.py` is committed yet._"
     rows.sort(key=lambda r: r[1])
-    return "\n".join(md_table(["host (device, platform)", "date", "runs", "first point (s)",
-                               "whole sweep (s)", "runs in docs/runs/"], rows))
+    out = md_table(["host (device, platform)", "date", "runs", "first point (s)",
+                    "whole sweep (s)", "runs in docs/runs/"], rows) if rows else []
+    if firsts:
+        g = FIRST_GOALS
+        out += [*([""] if out else []),
+                "The first minutes on a fresh server (`scripts/bench_sweep.py --first`): the "
+                "Overview's first page, seconds from the server's start to its title and to the "
+                "page settled; the default sweep's first point, Run pressed on a settled page "
+                "and Run pressed the moment it appears (from the page's first paint); goals "
+                f"≤ {g['page_s']:g} s, ≤ {g['settled_point_s']:g} s and ≤ {g['paint_point_s']:g} "
+                "s:", "",
+                *md_table(["host (device, platform)", "date", "page read every", "runs",
+                           "first page: title / settled (s)", "first point, settled page (s)",
+                           "first point from first paint (s)", "goals met",
+                           "runs in docs/runs/"], sorted(firsts, key=lambda r: (r[1], r[2])))]
+    return "\n".join(out)
 
 
 GOAL = 0.15  # scripts/bench_speculate.py's: the prediction within 15% of the measured speedup

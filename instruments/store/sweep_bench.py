@@ -7,6 +7,15 @@ read off the page once a second), and the same sweep from the CLI in ``cli/`` an
 (loaded recursively, each with its ``path``) into the Markdown table: per browser run the two
 times against issue 25's goals (``GOALS``), what its Sampler did with flagged samples, and its
 medians of modes 1 and 3 against the first CLI run, context by context.
+
+``scripts/bench_sweep.py --first`` keeps instead, per run and read interval, a
+``sweep_first_timing`` run (``FIRST_KIND``) beside the stopped sweeps its servers saved: a fresh
+server's first page (seconds from the server's start to the Overview's title, to the page
+settled, to the probe's facts and the model in), and the first point of the default sweep with
+Run pressed on a settled Latency sweep page, and with Run pressed the moment it appears (timed
+from the page's first paint), the page read every ``read_every_s``. ``first_report(runs)`` is
+their table, one row per run, against ``FIRST_GOALS``; ``first_summary(runs)`` one row per read
+interval (the README's).
 """
 
 from __future__ import annotations
@@ -18,6 +27,10 @@ from typing import Any
 Run = dict[str, Any]
 GOALS = {"total_s": 90.0, "first_s": 5.0, "median_share": 0.10}  # issue 25
 TIMING_KIND = "sweep_browser_timing"
+FIRST_KIND = "sweep_first_timing"
+# the first page (server start -> title, and -> settled), the first point from a settled page
+# and from the first paint: the goals of the issue on the first minutes
+FIRST_GOALS = {"page_s": 2.0, "settled_point_s": 3.0, "paint_point_s": 5.0}
 
 
 def by_folder(runs: list[Run]) -> dict[str, dict[str, Run]]:
@@ -73,3 +86,60 @@ def report(runs: list[Run]) -> list[str]:
                      f"{against(again, cli_run, 'uncached')} | "
                      f"{against(again, cli_run, 'concat')} |")
     return lines
+
+
+def first_rows(runs: list[Run]) -> list[dict[str, Any]]:
+    """The timing rows of ``--first`` runs, each with its folder's name, by read interval then
+    folder."""
+    rows = [{**row, "folder": Path(r["path"]).parent.name}
+            for r in runs if r.get("kind") == FIRST_KIND
+            for row in (r.get("tables") or {}).get("timing", [])]
+    return sorted(rows, key=lambda t: (t["read_every_s"], t["folder"]))
+
+
+def first_met(t: dict[str, Any]) -> bool:
+    g = FIRST_GOALS
+    return (max(t["page_title_s"], t["page_settled_s"]) <= g["page_s"]
+            and t["settled_point_s"] <= g["settled_point_s"]
+            and t["paint_point_s"] <= g["paint_point_s"])
+
+
+def _read(every: float) -> str:
+    return f"{every:g} s"
+
+
+def first_report(runs: list[Run]) -> list[str]:
+    """One row per ``--first`` run: the first page and the first point; [] when none."""
+    rows = first_rows(runs)
+    if not rows:
+        return []
+    lines = ["| page read every | run | server up (s) | first page: title / settled (s) | "
+             "probe and model in (s) | first point, Run on a settled page (s) | first point "
+             "from first paint (s; Run pressed at) | goals met (≤ 2 s, ≤ 3 s, ≤ 5 s) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for t in rows:
+        lines.append(f"| {_read(t['read_every_s'])} | {t['folder']} | {t['server_up_s']:.1f} | "
+                     f"{t['page_title_s']:.1f} / {t['page_settled_s']:.1f} | "
+                     f"{t['page_filled_s']:.1f} | {t['settled_point_s']:.1f} | "
+                     f"{t['paint_point_s']:.1f} ({t['paint_run_s']:.1f}) | "
+                     f"{'yes' if first_met(t) else 'no'} |")
+    return lines
+
+
+def _range(values: list[float]) -> str:
+    lo, hi = f"{min(values):.1f}", f"{max(values):.1f}"
+    return lo if lo == hi else f"{lo}–{hi}"
+
+
+def first_summary(runs: list[Run]) -> list[list[str]]:
+    """Per read interval: [read every, runs, first page (title–settled range), first point from
+    a settled page, from first paint, goals met in how many runs]."""
+    by: dict[float, list[dict[str, Any]]] = {}
+    for t in first_rows(runs):
+        by.setdefault(t["read_every_s"], []).append(t)
+    return [[_read(every), str(len(got)),
+             _range([t["page_title_s"] for t in got]) + " / "
+             + _range([t["page_settled_s"] for t in got]),
+             _range([t["settled_point_s"] for t in got]),
+             _range([t["paint_point_s"] for t in got]),
+             f"{sum(first_met(t) for t in got)} of {len(got)}"] for every, got in by.items()]
