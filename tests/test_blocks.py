@@ -247,7 +247,8 @@ def test_every_isa_path_compiles(isa: str, tmp_path: Path) -> None:
         pytest.skip("no C++ compiler")
     incs = [f"-I{p}" for p in include_paths()]
     procs = []
-    for src in ("blocks.cpp",) if isa == "avx-vnni" else ("blocks.cpp", "gemv.cpp", "attend.cpp"):
+    for src in ("blocks.cpp",) if isa == "avx-vnni" else ("blocks.cpp", "gemv.cpp", "attend.cpp",
+                                                           "probe.cpp"):
         cmd = [cxx, "-std=c++20", "-O1", "-fPIC", *ISA_FLAGS[isa], *incs, "-c",
                str(Path(kernels.__file__).with_name(src)), "-o", str(tmp_path / f"{src}.o")]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))

@@ -1,7 +1,7 @@
 """Our CPU kernels for a decode step: ``torch.ops.kvlab.linear``, ``.attend``,
 ``.decode_layers``, the GGUF block products and the Llama step, a small C++ extension built once
-per machine (``gemv.cpp``, ``attend.cpp``, ``layers.cpp``, ``blocks.cpp``, their ``simd.h`` and
-``ops.h``, compiled with ``-O3 -march=native`` for the CPU at hand).
+per machine (``gemv.cpp``, ``attend.cpp``, ``layers.cpp``, ``blocks.cpp``, ``probe.cpp``, their
+``simd.h`` and ``ops.h``, compiled with ``-O3 -march=native`` for the CPU at hand).
 
   build()        compile it now (about 30-60 s on 2 cores; ``make`` does it while installing,
                  ``python -m engine.kernels build`` by hand); returns (ok, why not)
@@ -64,7 +64,7 @@ from pathlib import Path
 from typing import Any
 
 SOURCES = [Path(__file__).with_name(n)
-           for n in ("gemv.cpp", "attend.cpp", "layers.cpp", "blocks.cpp")]
+           for n in ("gemv.cpp", "attend.cpp", "layers.cpp", "blocks.cpp", "probe.cpp")]
 HEADERS = [Path(__file__).with_name(n) for n in ("simd.h", "ops.h")]
 NAME = "kvlab_kernels"  # the native build's; another ISA's is NAME + "_" + its name
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]

@@ -11,8 +11,6 @@
 //             (AVX2 maddubs + madd, or VNNI dpbusd where the build targets it), scaled by
 //             d * dx in fp32 (for Q4_1 plus m * dx * sum(q_x)). true: each block converted to
 //             fp32 in registers and multiplied with fp32 x, d * sum(q x) + m * sum(x).
-//   read_bytes(t) -> int   the sum of t's bytes: a plain read of them, the benchmarks' floor
-//   isa() -> str           the instruction set this library was compiled for (engine.kernels.isa)
 //
 // Error bound (either way, per output; engine/kernels/__init__.py states it for callers):
 //   |y - y_ref| <= sum_j |w~_j| dx_j / 2 + (in / 32 + 40) * 2^-23 * sum_j |w~_j| (|x_j| + dx_j)
@@ -23,9 +21,11 @@
 // Why: a decode step at batch 1 streams every weight once; GGUF's 5 (Q4_1) and 8.5 (Q8_0) bits
 // per weight are 6.4x and 3.8x fewer bytes than fp32, but only if the product reads the blocks
 // themselves. Each thread takes a range of output rows (a contiguous run of bytes: rows are
-// stored back to back) and walks it four rows at a time, the x block shared by the four, the
-// next group's bytes prefetched while these are multiplied (without it the Q4_1 set took ~2.1x
-// a read of its bytes instead of ~1.5x in one noisy run; bench: scripts/bench_blocks.py).
+// stored back to back) and walks it four rows at a time, the next group's bytes prefetched while
+// these are multiplied (without it the Q4_1 set took ~2.1x a read of its bytes instead of ~1.5x
+// in one noisy run; bench: scripts/bench_blocks.py). Each block is unpacked once for up to four
+// rows of x (more rows of x, fewer rows of blocks at a time: the accumulators share the 16
+// vector registers): 4 rows of x cost 2-3x one row in cache, not 4x.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -37,7 +37,6 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
-#include <string>
 #include <vector>
 
 #include "ops.h"
@@ -67,26 +66,31 @@ inline float half_at(const uint8_t* p) {
 #endif
 }
 
-// x once per call, for both paths: per 32-wide block b of each row, ``scale`` holds two floats
-// that the block's fp16 pair (d, m) is multiplied by lane-wise -- (dx, dx * sum(q_x)) for the
-// integer path, (1, sum(x)) for the exact one -- so d * first and m * second come out of one
-// multiply (Q8_0 reads only the first).
+// x once per call. ``dx``: each row's 32-wide block scale, eight copies (a vector the block's
+// d multiplies without a broadcast), integer path only; ``s``: per block, the rows side by side
+// (lane b: row b), dx * sum(q_x) for the integer path, sum(x) for the exact one -- what the
+// block's m multiplies (Q4_1); eight lanes for at most eight rows, one spare block of padding.
+// ``pair``: (dx, s) of each row's block side by side, (1, s) for the exact path -- for one row
+// of x, d * dx and m * s come out of one multiply of the block's converted (d, m).
 struct PreparedX {
-  std::vector<int8_t> q;      // (B, in) x rounded to int8, integer path only
-  std::vector<float> scale;   // (B, in / 32, 2)
+  std::vector<int8_t> q;    // (B, in) x rounded to int8
+  std::vector<float> dx;    // (B, in / 32, 8)
+  std::vector<float> s;     // (in / 32 + 1, 8)
+  std::vector<float> pair;  // (B, in / 32, 2)
 };
 
 void prepare_x(const float* x, int64_t rows, int64_t in, bool exact, PreparedX& p) {
   const int64_t nb = in / kBlock;
-  p.scale.resize(rows * nb * 2);
-  if (!exact) p.q.resize(rows * in);
+  p.s.assign((nb + 1) * 8, 0.f);
+  p.pair.resize(rows * nb * 2);
+  if (!exact) p.q.resize(rows * in), p.dx.resize(rows * nb * 8);
   for (int64_t blk = 0; blk < rows * nb; ++blk) {
     const float* xb = x + blk * kBlock;
+    float& s = p.s[(blk % nb) * 8 + blk / nb];
     if (exact) {
-      float s = 0.f;
+      s = 0.f;
       for (int64_t j = 0; j < kBlock; ++j) s += xb[j];
-      p.scale[2 * blk] = 1.f;
-      p.scale[2 * blk + 1] = s;
+      p.pair[2 * blk] = 1.f, p.pair[2 * blk + 1] = s;
       continue;
     }
     int8_t* qb = p.q.data() + blk * kBlock;
@@ -126,8 +130,9 @@ void prepare_x(const float* x, int64_t rows, int64_t in, bool exact, PreparedX& 
       sum += qb[j];
     }
 #endif
-    p.scale[2 * blk] = dx;
-    p.scale[2 * blk + 1] = dx * static_cast<float>(sum);
+    std::fill_n(p.dx.data() + blk * 8, 8, dx);
+    s = dx * static_cast<float>(sum);
+    p.pair[2 * blk] = dx, p.pair[2 * blk + 1] = s;
   }
 }
 
@@ -151,106 +156,145 @@ inline __m256i dot_us(__m256i u, __m256i s) {
 #endif
 }
 
-// (d, m) of a block times its x block's scale pair: lane 0 d * scale[0], lane 1 m * scale[1]
-inline __m128 scaled_dm(const uint8_t* blk, const float* scale) {
-  int32_t dm;
-  std::memcpy(&dm, blk, 4);  // Q8_0: d and the first two q bytes (lane 1 is never used)
-  const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128(dm));
-  return _mm_mul_ps(f, _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(scale))));
-}
-
-// Dot products of one prepared x row with R rows of blocks, ``rb`` bytes apart, starting at w;
-// ``ahead`` the bytes to prefetch while they are read (the next group's, or null).
-template <Format F, bool Exact, int R>
+// Dot products of NB prepared x rows (``in`` floats / int8 apart; ``dx`` their block scales,
+// ``s`` lane 0 of their per-block sums) with R rows of blocks ``rb`` bytes apart from w:
+// out[i * R + r]. Each block is unpacked, and its d and m converted, once for the NB rows of
+// x. ``ahead``: the bytes to prefetch while these are read, or null.
+template <Format F, bool Exact, int R, int NB>
 void dots(const uint8_t* w, int64_t rb, int64_t nb, const float* x, const int8_t* xq,
-          const float* scale, const uint8_t* ahead, float* out) {
+          const float* dx, const float* s, const float* pair, int64_t in, const uint8_t* ahead,
+          float* out) {
   constexpr int64_t bytes = block_bytes(F);
-  __m256 acc[R];
-  __m128 mins[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), mins[r] = _mm_setzero_ps();
+  __m256 acc[R][NB], mins[R];
+  __m128 mins1[R];  // one row of x: lane 1 sums m * s (one add a block, no broadcast)
+  for (int r = 0; r < R; ++r) {
+    mins[r] = _mm256_setzero_ps(), mins1[r] = _mm_setzero_ps();
+    for (int i = 0; i < NB; ++i) acc[r][i] = _mm256_setzero_ps();
+  }
   for (int64_t b = 0; b < nb; ++b) {
     if (ahead) {  // R rows' worth of the next group per block column: the stream stays ahead
       for (int64_t k = 0; k < R * bytes; k += 64)
         _mm_prefetch(reinterpret_cast<const char*>(ahead + b * R * bytes + k), _MM_HINT_T0);
     }
-    const float* sc = scale + 2 * b;
-    __m256i xv;
-    __m256 x0, x1, x2, x3;
-    if constexpr (Exact) {
-      x0 = _mm256_loadu_ps(x + b * kBlock), x1 = _mm256_loadu_ps(x + b * kBlock + 8);
-      x2 = _mm256_loadu_ps(x + b * kBlock + 16), x3 = _mm256_loadu_ps(x + b * kBlock + 24);
-    } else {
-      xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * kBlock));
-    }
     for (int r = 0; r < R; ++r) {
       const uint8_t* blk = w + r * rb + b * bytes;
-      const __m128 dm = scaled_dm(blk, sc);
-      __m256 sum;
+      int32_t raw;
+      std::memcpy(&raw, blk, 4);  // d, m (Q8_0: d and two q bytes, lane 1 never used)
+      const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(raw));
+      __m256 d;  // NB = 1: d * dx (or d), else d, times each row's dx below
+      if constexpr (NB == 1) {
+        const __m128 sdm = _mm_mul_ps(dm, _mm_castpd_ps(_mm_load_sd(
+            reinterpret_cast<const double*>(pair + 2 * b))));
+        d = _mm256_broadcastss_ps(sdm);
+        if constexpr (F == kQ4_1) mins1[r] = _mm_add_ps(mins1[r], sdm);
+      } else {
+        d = _mm256_broadcastss_ps(dm);
+        if constexpr (F == kQ4_1)  // m * (the rows' x sums), lane i for x row i
+          mins[r] = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dm)),
+                                    _mm256_loadu_ps(s + 8 * b), mins[r]);
+      }
+      __m256i q;     // the integer way: 32 bytes (Q8_0 as stored, Q4_1's nibbles spread)
+      __m256 wf[4];  // the exact way: the 32 q in fp32
       if constexpr (F == kQ8_0 && !Exact) {
-        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
-        // |q| unsigned times x carrying q's sign: right for every q, -128 included
-        sum = _mm256_cvtepi32_ps(dot_us(_mm256_abs_epi8(q), _mm256_sign_epi8(xv, q)));
+        q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
       } else if constexpr (F == kQ4_1 && !Exact) {
         // the 16 bytes in both halves (a load, no shuffle), the upper half shifted by 4
         const __m256i t = _mm256_broadcastsi128_si256(
             _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 4)));
-        const __m256i q = _mm256_and_si256(_mm256_srlv_epi32(t, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)),
-                                           _mm256_set1_epi8(0x0F));
-        sum = _mm256_cvtepi32_ps(dot_us(q, xv));
+        q = _mm256_and_si256(_mm256_srlv_epi32(t, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)),
+                             _mm256_set1_epi8(0x0F));
       } else if constexpr (F == kQ8_0) {
-        auto q8 = [&](int k) {
-          return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+        for (int k = 0; k < 4; ++k)
+          wf[k] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
               _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + 8 * k))));
-        };
-        sum = _mm256_fmadd_ps(q8(3), x3, _mm256_fmadd_ps(q8(2), x2, _mm256_fmadd_ps(
-            q8(1), x1, _mm256_mul_ps(q8(0), x0))));
       } else {
         const __m256i lo = _mm256_cvtepu8_epi32(  // bytes 0..7, widened as they are loaded
             _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 4)));
         const __m256i hi = _mm256_cvtepu8_epi32(  // bytes 8..15
             _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 12)));
         const __m256i m15 = _mm256_set1_epi32(0x0F);
-        sum = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(lo, m15)), x0);
-        sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(hi, m15)), x1, sum);
-        sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(lo, 4)), x2, sum);
-        sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(hi, 4)), x3, sum);
+        wf[0] = _mm256_cvtepi32_ps(_mm256_and_si256(lo, m15));
+        wf[1] = _mm256_cvtepi32_ps(_mm256_and_si256(hi, m15));
+        wf[2] = _mm256_cvtepi32_ps(_mm256_srli_epi32(lo, 4));
+        wf[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(hi, 4));
       }
-      acc[r] = _mm256_fmadd_ps(sum, _mm256_broadcastss_ps(dm), acc[r]);
-      if constexpr (F == kQ4_1) mins[r] = _mm_add_ps(mins[r], dm);  // lane 1: m * scale[1]
+      for (int i = 0; i < NB; ++i) {
+        if constexpr (!Exact) {
+          const __m256i xv = _mm256_loadu_si256(
+              reinterpret_cast<const __m256i*>(xq + i * in + b * kBlock));
+          // Q8_0: |q| unsigned times x carrying q's sign (right for every q, -128 included)
+          const __m256 sum = _mm256_cvtepi32_ps(
+              F == kQ8_0 ? dot_us(_mm256_abs_epi8(q), _mm256_sign_epi8(xv, q)) : dot_us(q, xv));
+          const __m256 dd = NB == 1 ? d : _mm256_mul_ps(d, _mm256_loadu_ps(dx + (i * nb + b) * 8));
+          acc[r][i] = _mm256_fmadd_ps(sum, dd, acc[r][i]);
+        } else {
+          const float* xb = x + i * in + b * kBlock;
+          __m256 sum = _mm256_mul_ps(wf[0], _mm256_loadu_ps(xb));
+          for (int k = 1; k < 4; ++k) sum = _mm256_fmadd_ps(wf[k], _mm256_loadu_ps(xb + 8 * k), sum);
+          acc[r][i] = _mm256_fmadd_ps(sum, d, acc[r][i]);
+        }
+      }
     }
   }
   for (int r = 0; r < R; ++r) {
-    out[r] = hsum(acc[r]);
-    if constexpr (F == kQ4_1) out[r] += _mm_cvtss_f32(_mm_movehdup_ps(mins[r]));
+    alignas(32) float m[8];
+    _mm256_store_ps(m, mins[r]);
+    if (NB == 1) m[0] = _mm_cvtss_f32(_mm_movehdup_ps(mins1[r]));
+    for (int i = 0; i < NB; ++i) out[i * R + r] = hsum(acc[r][i]) + (F == kQ4_1 ? m[i] : 0.f);
   }
 }
 #else
 // The plain loops: the same sums in the same grouping (integer sums per block, then fp32).
-template <Format F, bool Exact, int R>
+template <Format F, bool Exact, int R, int NB>
 void dots(const uint8_t* w, int64_t rb, int64_t nb, const float* x, const int8_t* xq,
-          const float* scale, const uint8_t* /*ahead*/, float* out) {
+          const float* dx, const float* s, const float* /*pair*/, int64_t in,
+          const uint8_t* /*ahead*/, float* out) {
   constexpr int64_t bytes = block_bytes(F);
   for (int r = 0; r < R; ++r) {
-    float acc = 0.f, mins = 0.f;
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* blk = w + r * rb + b * bytes;
-      const uint8_t* q = blk + (F == kQ8_0 ? 2 : 4);
-      float sum = 0.f;
-      int32_t isum = 0;
-      for (int64_t j = 0; j < kBlock; ++j) {
-        const int32_t qj = F == kQ8_0 ? static_cast<int8_t>(q[j])
-                                      : (j < 16 ? q[j] & 0x0F : q[j - 16] >> 4);
-        if (Exact) sum += static_cast<float>(qj) * x[b * kBlock + j];
-        else isum += qj * xq[b * kBlock + j];
+    for (int i = 0; i < NB; ++i) {
+      float acc = 0.f, mins = 0.f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = w + r * rb + b * bytes;
+        const uint8_t* q = blk + (F == kQ8_0 ? 2 : 4);
+        float sum = 0.f;
+        int32_t isum = 0;
+        for (int64_t j = 0; j < kBlock; ++j) {
+          const int32_t qj = F == kQ8_0 ? static_cast<int8_t>(q[j])
+                                        : (j < 16 ? q[j] & 0x0F : q[j - 16] >> 4);
+          if (Exact) sum += static_cast<float>(qj) * x[i * in + b * kBlock + j];
+          else isum += qj * xq[i * in + b * kBlock + j];
+        }
+        if (!Exact) sum = static_cast<float>(isum);
+        acc += sum * (Exact ? half_at(blk) : half_at(blk) * dx[(i * nb + b) * 8]);
+        if (F == kQ4_1) mins += half_at(blk + 2) * s[8 * b + i];
       }
-      if (!Exact) sum = static_cast<float>(isum);
-      acc += sum * (half_at(blk) * scale[2 * b]);
-      if (F == kQ4_1) mins += half_at(blk + 2) * scale[2 * b + 1];
+      out[i * R + r] = acc + mins;
     }
-    out[r] = acc + mins;
   }
 }
 #endif
+
+// One group of kRows rows (n of them real) times NB rows of x: s[i * kRows + r]. One x row
+// takes the rows four at a time; more x rows take fewer at a time (their accumulators share
+// the 16 vector registers), so that each block is unpacked once for all of them.
+template <Format F, bool Exact, int NB>
+void group(const uint8_t* rows, int64_t n, int64_t rb, int64_t nb, const float* x,
+           const int8_t* xq, const float* dx, const float* xs, const float* pair, int64_t in,
+           const uint8_t* ahead, float* s) {
+  constexpr int R = NB == 1 ? 4 : NB == 2 ? 2 : 1;
+  float t[R * NB];
+  for (int64_t r0 = 0; r0 < n; r0 += n == kRows ? R : 1) {
+    if (n == kRows) {
+      dots<F, Exact, R, NB>(rows + r0 * rb, rb, nb, x, xq, dx, xs, pair, in,
+                            ahead ? ahead + r0 * rb : nullptr, t);
+      for (int i = 0; i < NB; ++i)
+        for (int r = 0; r < R; ++r) s[i * kRows + r0 + r] = t[i * R + r];
+    } else {  // the last rows of the matrix, one by one
+      dots<F, Exact, 1, NB>(rows + r0 * rb, rb, nb, x, xq, dx, xs, pair, in, nullptr, t);
+      for (int i = 0; i < NB; ++i) s[i * kRows + r0] = t[i];
+    }
+  }
+}
 
 template <Format F, bool Exact>
 void run(const float* x, const uint8_t* w, const float* bias, float* y, int64_t batch,
@@ -260,22 +304,26 @@ void run(const float* x, const uint8_t* w, const float* bias, float* y, int64_t 
   prepare_x(x, batch, in, Exact, p);
   const int64_t groups = (out + kRows - 1) / kRows;
   at::parallel_for(0, groups, kGrain, [&](int64_t g0, int64_t g1) {
+    float s[4 * kRows];
     for (int64_t g = g0; g < g1; ++g) {
       const int64_t o = g * kRows, n = std::min(kRows, out - o);
       const uint8_t* rows = w + o * rb;
       const uint8_t* ahead = g + 1 < g1 && o + 2 * kRows <= out ? rows + kRows * rb : nullptr;
-      for (int64_t b = 0; b < batch; ++b) {
-        const float* xb = x + b * in;
-        const int8_t* xq = Exact ? nullptr : p.q.data() + b * in;
-        const float* sc = p.scale.data() + b * nb * 2;
-        float s[kRows];
-        if (n == kRows) {
-          dots<F, Exact, kRows>(rows, rb, nb, xb, xq, sc, b == 0 ? ahead : nullptr, s);
-        } else {
+      for (int64_t b0 = 0; b0 < batch; b0 += 4) {  // up to four rows of x per pass over the group
+        const float* xb = x + b0 * in;
+        const int8_t* xq = Exact ? nullptr : p.q.data() + b0 * in;
+        const float* dx = Exact ? nullptr : p.dx.data() + b0 * nb * 8;
+        const float* xs = p.s.data() + b0;
+        const float* pair = p.pair.data() + b0 * nb * 2;
+        const uint8_t* pf = b0 == 0 ? ahead : nullptr;
+        const int64_t k = std::min<int64_t>(4, batch - b0);
+        if (k == 1) group<F, Exact, 1>(rows, n, rb, nb, xb, xq, dx, xs, pair, in, pf, s);
+        else if (k == 2) group<F, Exact, 2>(rows, n, rb, nb, xb, xq, dx, xs, pair, in, pf, s);
+        else if (k == 3) group<F, Exact, 3>(rows, n, rb, nb, xb, xq, dx, xs, pair, in, pf, s);
+        else group<F, Exact, 4>(rows, n, rb, nb, xb, xq, dx, xs, pair, in, pf, s);
+        for (int64_t i = 0; i < k; ++i)
           for (int64_t r = 0; r < n; ++r)
-            dots<F, Exact, 1>(rows + r * rb, rb, nb, xb, xq, sc, nullptr, s + r);
-        }
-        for (int64_t r = 0; r < n; ++r) y[b * out + o + r] = s[r] + (bias ? bias[o + r] : 0.f);
+            y[(b0 + i) * out + o + r] = s[i * kRows + r] + (bias ? bias[o + r] : 0.f);
       }
     }
   });
@@ -318,41 +366,6 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& blocks,
   return y;
 }
 
-int64_t read_bytes(const at::Tensor& t) {
-  TORCH_CHECK(t.is_contiguous() && t.device().is_cpu(), "a contiguous CPU tensor");
-  const uint8_t* p = static_cast<const uint8_t*>(t.data_ptr());
-  const int64_t n = t.numel() * t.element_size(), chunk = 1 << 16;
-  std::vector<int64_t> part(at::get_num_threads() + 1, 0);
-  at::parallel_for(0, (n + chunk - 1) / chunk, 4, [&](int64_t c0, int64_t c1) {
-    int64_t s = 0, i = c0 * chunk;
-    const int64_t end = std::min(n, c1 * chunk);
-#if defined(__AVX2__)
-    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-    for (; i + 128 <= end; i += 128) {
-      _mm_prefetch(reinterpret_cast<const char*>(p + i + 1024), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(p + i + 1088), _MM_HINT_T0);
-      auto ld = [&](int64_t k) {  // the 32 bytes summed into four 64-bit lanes (psadbw)
-        return _mm256_sad_epu8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + k)),
-                               _mm256_setzero_si256());
-      };
-      a0 = _mm256_add_epi64(a0, ld(0)), a1 = _mm256_add_epi64(a1, ld(32));
-      a2 = _mm256_add_epi64(a2, ld(64)), a3 = _mm256_add_epi64(a3, ld(96));
-    }
-    alignas(32) int64_t lanes[4];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes),
-                       _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)));
-    s = lanes[0] + lanes[1] + lanes[2] + lanes[3];
-#endif
-    for (; i < end; ++i) s += p[i];
-    part[at::get_thread_num()] += s;
-  });
-  int64_t total = 0;
-  for (int64_t s : part) total += s;
-  return total;
-}
-
-std::string isa() { return kIsa; }
-
 }  // namespace
 
 namespace kvlab {
@@ -374,6 +387,4 @@ TORCH_LIBRARY_FRAGMENT(kvlab, m) {
         &kvlab::q8_0_linear);
   m.def("q4_1_linear(Tensor x, Tensor blocks, Tensor? bias=None, bool exact=False) -> Tensor",
         &kvlab::q4_1_linear);
-  m.def("read_bytes(Tensor t) -> int", &read_bytes);
-  m.def("isa() -> str", &isa);
 }
