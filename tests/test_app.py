@@ -427,7 +427,7 @@ def test_the_first_page_draws_while_the_probe_and_the_load_run(
     assert at.title[0].value == "KV Cache Lab"
     said = _values(at)
     assert said.count("probing…") >= 2, said  # memory, cores / threads
-    assert "Device facts: probing…" in said, said  # the sidebar, where the answer will land
+    assert "Device facts: probing… (the CPU is ready)" in said, said  # the sidebar's foot
     assert at.selectbox(key="device").options == ["cpu"]  # the CPU at once
     assert at.selectbox(key="dtype").options == ["float32", "bfloat16"]
     params = next(m.value for m in at.metric if m.label == "Parameters")
@@ -452,9 +452,9 @@ def test_the_first_page_draws_while_the_probe_and_the_load_run(
 
 def test_a_gpu_joins_the_device_list_when_the_probe_finds_it(
         results: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where torch could drive a GPU, the sidebar offers the CPU at once and says "probing…"
-    where the GPU may appear; when the probe finds one it joins the list and becomes the choice
-    of a session that has not picked a device itself."""
+    """Where torch could drive a GPU, the sidebar offers the CPU at once and its Device label
+    says "probing…"; when the probe finds one it joins the list and becomes the choice of a
+    session that has not picked a device itself."""
     import threading
 
     from instruments.process import client, probe
@@ -471,13 +471,14 @@ def test_a_gpu_joins_the_device_list_when_the_probe_finds_it(
     at = AppTest.from_file(APP, default_timeout=20)
     at.run()
     no_traceback(at)
-    assert at.selectbox(key="device").options == ["cpu"]
-    assert "GPU: probing… (the CPU is ready)" in [c.value for c in at.sidebar.caption]
+    picker = at.selectbox(key="device")
+    assert picker.options == ["cpu"] and picker.label == "Device (GPU: probing…)"
     gate.set()
     client._PROBE.wait(10)
     at.run()
     no_traceback(at)
     assert at.selectbox(key="device").options == ["cuda", "cpu"]
+    assert at.selectbox(key="device").label == "Device"
     assert at.session_state["choice"].device == "cuda"
     assert not any("probing…" in c.value for c in at.sidebar.caption)
     at.run()  # AppTest gives the sidebar's widgets new ids after its first runs: let it

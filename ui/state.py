@@ -6,8 +6,9 @@ models and the weights each offers come from the family table (``instruments.lin
 preset of every family, its weight choices, where its real weights come from).
 The devices and dtypes offered come from the device probe (``instruments.process.client``: asked
 once per server, in the background; the server never imports torch). While it runs the sidebar
-offers the CPU (and its dtypes) at once and says "probing…" where a GPU may yet appear, pages show
-"probing…" where they need the facts, and a fragment reruns the page when the answer lands. The
+offers the CPU (and its dtypes) at once, its Device label says "probing…" where a GPU may yet
+appear, pages show "probing…" where they need the facts, and a fragment at the sidebar's foot
+reruns the page when the answer lands (nothing moves but what the answer fills in). The
 model itself lives in the device's measuring process, never here. ``results_dir()`` is
 ``$KVLAB_RESULTS_DIR`` or ``results/``.
 With ``KVLAB_TINY=1`` the test shapes ("tiny", "llama-tiny") are offered first: tests and smoke
@@ -140,10 +141,8 @@ def sidebar() -> Choice:
     devices = available_devices()
     pending = more_devices_pending()
     _device_before_picker(devices, pending)
-    device = sb.selectbox("Device", devices, key="device", on_change=_device_chosen)
-    if probing():
-        with sb:
-            _probe_note(pending)
+    device = sb.selectbox("Device (GPU: probing…)" if pending else "Device", devices,
+                          key="device", on_change=_device_chosen)  # the key is its identity
     dtypes = available_dtypes(device)
     _keep_valid("dtype", dtypes, "dtype")
     dtype = sb.selectbox("dtype", dtypes, key="dtype")
@@ -155,6 +154,9 @@ def sidebar() -> Choice:
                + (f" (pid {pid} on {device})" if pid else "")
                + f" with {threads} torch thread{'s' * (threads > 1)}. $KVLAB_THREADS sets how "
                "many (default: every core but one, kept for this page and the browser).")
+    if probing():  # last: nothing below it moves when it goes
+        with sb:
+            _probe_note()
     return choice
 
 
@@ -181,12 +183,12 @@ def _device_before_picker(devices: list[str], pending: bool) -> None:
 
 
 @st.fragment(run_every=PROBE_POLL_S)
-def _probe_note(pending: bool) -> None:
-    """While the device probe runs: "probing…" where a device may still appear (or the facts
-    will), and a rerun of the page the moment the answer lands, so it draws them."""
+def _probe_note() -> None:
+    """While the device probe runs: "probing…" at the sidebar's foot, and a rerun of the page
+    the moment the answer lands, so it draws the facts (and a GPU joins the Device list)."""
     if not probing():
         st.rerun()
-    st.caption("GPU: probing… (the CPU is ready)" if pending else "Device facts: probing…")
+    st.caption("Device facts: probing… (the CPU is ready)")
 
 
 def current_choice() -> Choice:
