@@ -11,7 +11,7 @@ export TIKTOKEN_CACHE_DIR := $(abspath $(SHARED_TOKENIZER))
 endif
 endif
 
-.PHONY: run test lint bench gpu-check
+.PHONY: run test lint bench gpu-check peers
 
 $(VENV)/.installed: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,10 +26,25 @@ $(VENV)/.kernel: $(VENV)/.installed engine/kernels/gemv.cpp engine/kernels/atten
 	$(PY) -m engine.kernels build || echo "the C++ kernel was not built: the fast modes use torch"
 	touch $@
 
+# llama.cpp for the llamacpp_* peers: llama-cpp-python compiles it from source (~10 min on 2
+# cores), once per machine and pin; `make run` never waits for it (the peers are then listed as
+# unavailable, saying `make peers`). The flags skip what the peers never load: the multimodal
+# library (mtmd); llama.cpp's tests, tools and examples are off already in a package build.
+LLAMA_CPP_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF \
+	-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF
+$(VENV)/.peers: $(VENV)/.installed requirements-peers.txt
+	@echo "installing llama-cpp-python: pip compiles llama.cpp (~10 min on 2 cores)"
+	CMAKE_ARGS="$(LLAMA_CPP_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc 2>/dev/null || echo 2) \
+		$(PY) -m pip install -q -r requirements-peers.txt \
+		|| echo "llama.cpp was not built: the llamacpp peers are listed as unavailable"
+	touch $@
+
+peers: $(VENV)/.peers
+
 run: $(VENV)/.kernel
 	$(PY) -m streamlit run app.py
 
-test: $(VENV)/.kernel
+test: $(VENV)/.kernel $(VENV)/.peers
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
 

