@@ -157,11 +157,13 @@ def test_attend_bad_input_says_what_is_allowed(change, message: str) -> None:  #
     (1, 9, 3, 64, 300, 127),   # SmolLM2-135M: 9 query heads over 3 K/V heads of 64
     (2, 9, 3, 64, 40, 0), (3, 4, 2, 16, 33, 17), (1, 6, 1, 64, 200, 150),  # one K/V head: MQA
     (2, 8, 2, 20, 50, 31),  # a head size off the vector width
+    (1, 8, 1, 64, 300, 200), (1, 6, 2, 80, 100, 99),  # groups of 8 (3 + 3 + 2); 10 vectors
 ])
 def test_grouped_query_attend_matches_sdpa(batch: int, nh: int, nkv: int, hs: int, t_max: int,
                                            pos: int) -> None:
     """Query head h reads K/V head h // (nh / n_kv): SDPA with ``enable_gqa`` (which repeats
-    each K/V head for its group), the (B, n_kv, T, hs) cache written at ``pos`` only."""
+    each K/V head for its group), at 1 and 2 threads, the (B, n_kv, T, hs) cache written at
+    ``pos`` only."""
     gen = torch.Generator().manual_seed(nh * 100 + nkv * 10 + pos)
     q = torch.randn(batch, nh, hs, generator=gen)
     k, v = torch.randn(batch, 2, nkv, hs, generator=gen).unbind(1)
@@ -176,9 +178,15 @@ def test_grouped_query_attend_matches_sdpa(batch: int, nh: int, nkv: int, hs: in
         q.unsqueeze(2), kb[:, :, : pos + 1].repeat_interleave(rep, 1),
         vb[:, :, : pos + 1].repeat_interleave(rep, 1)).squeeze(2)
     assert torch.allclose(ref, ref2, rtol=0, atol=1e-6)
-    got = kernels.attend(q, k, v, k_buf, v_buf, pos)
-    assert got.shape == (batch, nh, hs)
-    assert (got - ref).abs().max() <= 2e-6 * ref.abs().max()
+    threads = torch.get_num_threads()
+    try:  # one thread: one run of rows per K/V head; two: the rows split in runs, then merged
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            got = kernels.attend(q, k, v, k_buf, v_buf, pos)
+            assert got.shape == (batch, nh, hs)
+            assert (got - ref).abs().max() <= 2e-6 * ref.abs().max(), n
+    finally:
+        torch.set_num_threads(threads)
     assert torch.equal(k_buf, kb) and torch.equal(v_buf, vb)
     if nkv > 1:  # the tolerance sees heads paired the other way (h % n_kv)
         wrong = F.scaled_dot_product_attention(
