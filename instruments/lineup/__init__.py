@@ -170,6 +170,7 @@ def models(*, tests: bool = False) -> list[str]:
 
 
 preset = families.preset
+installed = families.installed  # (are a preset's real weights installed, how to install them)
 config = families.config
 config_from_dict = families.config_from_dict
 family_of = families.family_of
