@@ -279,10 +279,10 @@ with tab_spec:
     if label.startswith("random"):
         st.warning("**Random weights: acceptance is trivially high.** A random model's greedy "
                    "stream repeats one token, so any draft of that token is right. For real "
-                   "acceptance, load real weights: *pretrained* where you have them, or, with "
-                   "a GPT-2 preset, the sidebar's *local folder* `tests/fixtures/bytes_stdlib`: "
-                   "a small model trained on the Python standard library (it reads text as "
-                   "bytes; its folder sets its shape). The verify curve does not depend on the "
+                   "acceptance, load real weights: **smollm2-135m** (its real weights come "
+                   "with `make`), *pretrained* GPT-2 where you have it, or the sidebar's *local "
+                   "folder* `tests/fixtures/bytes_stdlib` (a byte-level model trained on "
+                   "Python's standard library). The verify curve does not depend on the "
                    "weights.")
     v1, v2, v3 = st.columns([2, 1.2, 1.8])
     vmodes = [m for m in usable if appends(m)]
@@ -298,17 +298,21 @@ with tab_spec:
                         help="Tokens appended in one forward; draft lengths.")
     prompt = st.text_area("Prompt (paste text to continue; empty: a Python snippet)", "",
                           key="floor_spec_prompt", height=110)
-    w1, w2 = st.columns(2)
+    w1, w2, w3 = st.columns(3)
     vnew = int(w1.number_input("New tokens", 2, max(2, block // 2), sdef.new_tokens,
                                key="floor_spec_new"))
     vgram = int(w2.number_input("Longest n-gram looked up", 1, 8, 3, key="floor_spec_ngram"))
+    can_chat = lineup.preset(choice.model).chat
+    vchat = w3.toggle("Chat template", False, key="floor_spec_chat", disabled=not can_chat,
+                      help="The prompt as a user turn in the model's chat template: the drafts "
+                      "meet a chat answer." if can_chat else "This model has no chat template.")
     if st.button("Measure the verify curve and speculate", type="primary",
                  icon=":material/play_arrow:", key="floor_spec_go",
                  disabled=jobs.running(KEY_V) or not vk or not vmodes):
         vctx = _contexts(vtext)
         if vctx:
             _start(KEY_V, "speculate", SpeculateParams(vctx, sorted(vk), vmode, prompt, vnew,
-                                                       ngram=vgram),
+                                                       ngram=vgram, chat=bool(vchat)),
                    f"verify curve and speculative decoding, {choice.model}")
 
     def draw_spec(job: Job) -> None:

@@ -97,6 +97,7 @@ class SpeculateParams:
     repeats: int = 3  # the most samples per point (at least 2, more while they disagree)
     ngram: int = 3  # the longest n-gram prompt lookup matches
     prompt_seed: int = 0  # the random tokens of the verify curve
+    chat: bool = False  # the prompt in the model's chat template: the drafts meet a chat answer
 
     @classmethod
     def defaults(cls, device: str, cfg: ModelConfig) -> SpeculateParams:
@@ -137,6 +138,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "speculative part)")
     p.add_argument("--repeats", type=int, default=3, help="the most samples per point")
     p.add_argument("--ngram", type=int, default=3, help="longest n-gram prompt lookup matches")
+    p.add_argument("--chat", action="store_true",
+                   help="the prompt in the model's chat template (an instruct model's answer)")
 
 
 def from_args(args: argparse.Namespace, cfg: ModelConfig) -> SpeculateParams:
@@ -150,7 +153,8 @@ def from_args(args: argparse.Namespace, cfg: ModelConfig) -> SpeculateParams:
         raise ValueError(f"--k must be whole numbers separated by commas, got {args.k!r}") \
             from None
     return SpeculateParams(parse_contexts(args.contexts, block_size), ks, args.mode,
-                           args.prompt, args.new_tokens, args.repeats, args.ngram, args.seed)
+                           args.prompt, args.new_tokens, args.repeats, args.ngram, args.seed,
+                           args.chat)
 
 
 def summary(run: dict[str, Any]) -> list[str]:
@@ -215,11 +219,12 @@ def _verify(model: GPT, p: SpeculateParams, tr: Tracker) -> bool:
     return False
 
 
-def prompt_ids(model: GPT, text: str, new_tokens: int) -> tuple[torch.Tensor, str]:
-    """(1, T) ids of ``text`` (``DEFAULT_PROMPT`` when empty) in the model's vocabulary, its
-    start cut so that T + new_tokens fits the model; and a note when it was cut or, for the
-    default prompt without the tokenizer files, replaced by random tokens ("" if neither).
-    A text that cannot be read raises a one-line ValueError."""
+def prompt_ids(model: GPT, text: str, new_tokens: int, chat: bool = False
+               ) -> tuple[torch.Tensor, str]:
+    """(1, T) ids of ``text`` (``DEFAULT_PROMPT`` when empty) in the model's vocabulary -- in
+    its chat template when ``chat`` --, its start cut so that T + new_tokens fits the model;
+    and a note when it was cut or, for the default prompt without the tokenizer files, replaced
+    by random tokens ("" if neither). A text that cannot be read raises a one-line ValueError."""
     import torch
 
     from engine.loop import random_prompt
@@ -228,7 +233,9 @@ def prompt_ids(model: GPT, text: str, new_tokens: int) -> tuple[torch.Tensor, st
     cfg = model.config
     room = cfg.block_size - new_tokens
     try:
-        ids = lineup.tokenizer(cfg).encode(text or DEFAULT_PROMPT)
+        tok = lineup.tokenizer(cfg)
+        text = text or DEFAULT_PROMPT
+        ids = tok.encode(tok.chat(text) if chat else text)
     except TokenizerError as exc:
         if text:
             raise ValueError(str(exc).splitlines()[0]) from exc
@@ -349,7 +356,7 @@ def run(loaded: Loaded, params: SpeculateParams, progress: ProgressFn | None = N
     spec_points = len(set(params.ks)) if params.new_tokens else 0
     tr = Tracker(progress, should_stop, points + spec_points)
     if params.new_tokens:  # read the prompt first: a text that cannot be read fails at once
-        prompt, why = prompt_ids(model, params.prompt, params.new_tokens)
+        prompt, why = prompt_ids(model, params.prompt, params.new_tokens, params.chat)
         if why:
             tr.note(why)
     tr.emit(f"{params.mode}: checking its logits against mode 1")
