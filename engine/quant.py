@@ -2,7 +2,10 @@
 
 A cached decode step streams every Linear weight once, so its floor is (bytes per weight x
 weights) / bandwidth; these rungs lower the first factor and leave everything else alone:
-activations, LayerNorms, biases, the position table and the KV cache stay in the model dtype.
+activations, LayerNorms / RMSNorms, biases, the position table and the KV cache stay in the
+model dtype. Both families: GPT-2 (``WeightOnlyGPT``) and the Llama family (``WeightOnlyLlama``:
+q, k, v, o, gate, up, down and the head tied to the embedding; an untied embedding is only
+looked up, never streamed, and stays the model's).
 
   int8_weights  every Linear weight stored int8 with one fp32 scale per output channel
                 (symmetric absmax / 127, ``quantize_rows``). The tied embedding / output
@@ -24,11 +27,13 @@ model's own. The view reads ``config`` from the model. A view is kept in the mod
 (``engine.state.ModelState``) while its weights are unchanged, and dropped with the state.
 
 The decoder (``WeightOnlyDecoder``) is mode 8's over the view: the prefill, seek, rewind and the
-multi-token ``append`` run ``GPT.forward`` over it (preallocated cache, fused attention), and each
-decode step runs ``engine.step.decode_step`` over the view's weights (``step_weights``; on a CPU
-each Linear's stored rows, scale and bias go straight into the C++ kernel, and the whole step is
-one C++ call, ``engine.step.fused_step``), so a step pays for its weights and not for a
-forward's per-module Python.
+multi-token ``append`` run the model's ``forward`` over it (preallocated cache, fused attention),
+and each decode step runs the family's one-token step over the view's weights
+(``engine.step.decode_step`` / ``engine.step_llama.decode_step_llama``; on a CPU each Linear's
+stored rows, scale and bias go straight into the C++ kernel, and the whole step is one C++ call,
+``fused_step`` / ``fused_step_llama``), so a step pays for its weights and not for a forward's
+per-module Python. ``stored_view(model, storage, convert)`` is the same view for any storage
+(``engine.quant_blocks``' GGUF blocks use it): every Linear is a ``StoredLinear``.
 
 The per-token matrix-vector product lives in ONE function per storage, ``int8_linear(x, wq,
 scale)`` and ``bf16_linear(x, w)``; ``kernel(storage, device_type)`` names what each runs, for
@@ -47,6 +52,7 @@ from __future__ import annotations
 
 import copy
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -54,6 +60,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import kernels
+from .llama import Llama
 from .model import GPT
 from .state import ModelState, weights_version
 
@@ -137,7 +144,19 @@ def bf16_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------- the swapped modules
-class Int8Linear(nn.Module):
+class StoredLinear(nn.Module):
+    """A Linear whose weight a rung stores its own way (int8 here, bf16, GGUF blocks in
+    ``engine.quant_blocks``): ``stored_bytes()`` what its weight takes (the bytes a step
+    streams), ``embedding(dtype)`` the embedding tied to it, reading the same stored rows."""
+
+    def stored_bytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self.buffers())
+
+    def embedding(self, dtype: torch.dtype) -> nn.Module:
+        raise NotImplementedError
+
+
+class Int8Linear(StoredLinear):
     """A Linear whose weight is int8 with an fp32 scale per output channel."""
 
     def __init__(self, wq: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> None:
@@ -152,6 +171,9 @@ class Int8Linear(nn.Module):
         y = y.view(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
+    def embedding(self, dtype: torch.dtype) -> nn.Module:
+        return Int8Embedding(self, dtype)
+
 
 class Int8Embedding(nn.Module):
     """The embedding tied to an ``Int8Linear``: reads its int8 rows and their scales."""
@@ -165,7 +187,7 @@ class Int8Embedding(nn.Module):
         return h.wq[idx].to(self.dtype) * h.scale[idx].unsqueeze(-1).to(self.dtype)
 
 
-class Bf16Linear(nn.Module):
+class Bf16Linear(StoredLinear):
     """A Linear whose weight is stored in bfloat16."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
@@ -178,6 +200,9 @@ class Bf16Linear(nn.Module):
         y = y.view(*x.shape[:-1], self.weight.size(0))
         return y if self.bias is None else y + self.bias
 
+    def embedding(self, dtype: torch.dtype) -> nn.Module:
+        return Bf16Embedding(self, dtype)
+
 
 class Bf16Embedding(nn.Module):
     def __init__(self, head: Bf16Linear, dtype: torch.dtype) -> None:
@@ -188,7 +213,7 @@ class Bf16Embedding(nn.Module):
         return F.embedding(idx, self.head[0].weight).to(self.dtype)
 
 
-def _convert_linear(lin: nn.Linear, storage: str) -> nn.Module:
+def _convert_linear(lin: nn.Linear, storage: str) -> StoredLinear:
     bias = None if lin.bias is None else lin.bias.detach()
     if storage == "int8":
         return Int8Linear(*quantize_rows(lin.weight), bias)
@@ -196,27 +221,38 @@ def _convert_linear(lin: nn.Linear, storage: str) -> nn.Module:
 
 
 # ------------------------------------------------------------------------------- the view
-class WeightOnlyGPT(GPT):
-    """A view of a GPT with weight-only Linears (see the module docstring). Never construct it
-    directly: ``weight_only(model, storage)``."""
+class _View:
+    """What a weight-only view of either family adds to the model class it takes (see the
+    module docstring): the model it was made of (weakly), its config, its stored bytes."""
 
     storage: str
     version: tuple[Any, ...]  # the model's weights and module classes when the view was made
 
     @property
-    def base(self) -> GPT:
+    def base(self) -> nn.Module:
         base = self.__dict__["_base"]()  # weak: the cache of views must not keep models alive
         if base is None:
             raise RuntimeError("the model this weight-only view was made of is gone")
         return base
 
     @property
-    def config(self):  # type: ignore[override]  # the model's: one config for both
+    def config(self):  # type: ignore[no-untyped-def]  # the model's: one config for both
         return self.base.config
 
     @config.setter
     def config(self, value: Any) -> None:
         self.base.config = value
+
+    def stored_bytes(self) -> int:
+        """Bytes of the weight-only copies (int8 weights + scales, bf16 weights, GGUF blocks):
+        the weights a decode step streams."""
+        return sum(m.stored_bytes() for m in self.modules()  # type: ignore[attr-defined]
+                   if isinstance(m, StoredLinear))
+
+
+class WeightOnlyGPT(_View, GPT):
+    """A view of a GPT with weight-only Linears (see the module docstring). Never construct it
+    directly: ``weight_only(model, storage)``."""
 
     @property
     def device(self) -> torch.device:
@@ -226,22 +262,45 @@ class WeightOnlyGPT(GPT):
     def dtype(self) -> torch.dtype:  # activations and the KV cache: the model's dtype
         return self.transformer.wpe.weight.dtype
 
-    def stored_bytes(self) -> int:
-        """Bytes of the weight-only copies (int8 weights + scales, or bf16 weights)."""
-        return sum(b.numel() * b.element_size() for m in self.modules()
-                   if isinstance(m, (Int8Linear, Bf16Linear)) for b in m.buffers())
+
+class WeightOnlyLlama(_View, Llama):
+    """A view of a Llama-family model with weight-only Linears (the tied embedding reads the
+    head's stored rows; an untied one stays the model's). ``weight_only(model, storage)``."""
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.norm.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:  # activations and the KV cache: the model's dtype
+        return self.model.norm.weight.dtype
 
 
-def _swap(module: nn.Module, storage: str, tied: dict[int, nn.Module], dtype: torch.dtype
+WeightOnlyModel = WeightOnlyGPT | WeightOnlyLlama
+_VIEW_CLASSES: dict[type, type] = {GPT: WeightOnlyGPT, Llama: WeightOnlyLlama}
+
+
+def _view_class(own: type) -> type:
+    """The view's class: ``WeightOnlyGPT`` / ``WeightOnlyLlama``, or for a model whose own class
+    overrides the family's (a check's silent bug switched on at the top, as the Llama
+    family's ``positions``) a subclass of both, so the override is in the view too."""
+    if own not in _VIEW_CLASSES:
+        family = WeightOnlyGPT if issubclass(own, GPT) else WeightOnlyLlama
+        _VIEW_CLASSES[own] = type(f"WeightOnly{own.__name__}", (family, own), {})
+    return _VIEW_CLASSES[own]
+Convert = Callable[[str, nn.Linear], StoredLinear]  # (qualified name, Linear) -> its stored form
+
+
+def _swap(module: nn.Module, convert: Convert, tied: dict[int, nn.Module], prefix: str = ""
           ) -> nn.Module:
     """``module`` itself when nothing under it changes, else a shallow copy with its swapped
     children. ``tied`` maps a weight's id to the module that now holds it (the head)."""
     if isinstance(module, nn.Linear):
-        new = _convert_linear(module, storage)
+        new = convert(prefix, module)
         tied[id(module.weight)] = new
         return new
-    children = {name: _swap(child, storage, tied, dtype) if child is not None else None
-                for name, child in module._modules.items()}
+    children = {name: _swap(child, convert, tied, f"{prefix}.{name}" if prefix else name)
+                if child is not None else None for name, child in module._modules.items()}
     if all(children[n] is c for n, c in module._modules.items()):
         return module
     out = copy.copy(module)  # shares every tensor; only the child table is its own
@@ -251,47 +310,58 @@ def _swap(module: nn.Module, storage: str, tied: dict[int, nn.Module], dtype: to
     return out
 
 
-def _tie_embeddings(view: nn.Module, base: GPT, tied: dict[int, nn.Module],
+def _tie_embeddings(view: nn.Module, base: nn.Module, tied: dict[int, nn.Module],
                     dtype: torch.dtype) -> None:
     """Every embedding of the base whose weight a swapped Linear holds reads that Linear's
-    copy (GPT-2's ``wte``/``lm_head``): quantized once, used twice."""
+    copy (GPT-2's ``wte``/``lm_head``, a tied Llama's ``embed_tokens``): stored once, used
+    twice."""
     for name, emb in base.named_modules():
         if isinstance(emb, nn.Embedding) and id(emb.weight) in tied:
             head = tied[id(emb.weight)]
-            kind = Int8Embedding if isinstance(head, Int8Linear) else Bf16Embedding
             parent_name, _, attr = name.rpartition(".")
             parent = view.get_submodule(parent_name) if parent_name else view
             original = base.get_submodule(parent_name) if parent_name else base
             if parent is original:
                 raise RuntimeError(f"{parent_name!r} was not copied: the tie cannot be swapped")
-            parent._modules[attr] = kind(head, dtype)  # type: ignore[arg-type]
+            parent._modules[attr] = head.embedding(dtype)  # type: ignore[operator]
 
 
-def weight_only(model: GPT | ModelState, storage: str) -> WeightOnlyGPT:
+def weight_only(model: GPT | Llama | ModelState, storage: str) -> WeightOnlyModel:
     """The view of ``model`` with its Linear weights in ``storage`` ("int8" | "bfloat16"),
     built once per model state while the weights are unchanged."""
     if storage not in STORAGES:
         raise ValueError(f"unknown weight storage {storage!r}; allowed: {', '.join(STORAGES)}")
+    return stored_view(model, storage, lambda name, lin: _convert_linear(lin, storage))
+
+
+def stored_view(model: GPT | Llama | ModelState, storage: str,
+                convert: Callable[[str, nn.Linear], StoredLinear]) -> WeightOnlyModel:
+    """The view of ``model`` in which every ``nn.Linear`` is ``convert(name, linear)`` (its
+    qualified name, e.g. "model.layers.3.self_attn.q_proj" or "lm_head"), kept in the model's
+    state under ("weight_only", ``storage``) while the weights are unchanged
+    (``engine.quant_blocks`` makes its GGUF-block views with it)."""
     state = ModelState.of(model)
     # The weights' version, and the class of every module: a module whose class was swapped
     # (the checks' silent bugs, ``instruments.checks.bugs``) is copied into the view as it is
     # then, so a view made with a bug on is not reused once the bug is off, nor the reverse.
     version = (weights_version(state.model), tuple(type(m) for m in state.model.modules()))
-    return state.cached(("weight_only", storage), lambda: _view(state.model, storage, version),
+    return state.cached(("weight_only", storage),
+                        lambda: _view(state.model, storage, version, convert),
                         keep=lambda v: v.version == version)
 
 
 @torch.no_grad()
-def _view(model: GPT, storage: str, version: tuple[Any, ...]) -> WeightOnlyGPT:
+def _view(model: GPT | Llama, storage: str, version: tuple[Any, ...], convert: Convert
+          ) -> WeightOnlyModel:
     dtype = model.dtype
     # The head and the embedding are converted through the head alone (the tie is restored
     # below): seen from the container, the tied Embedding is not a Linear.
     tied: dict[int, nn.Module] = {}
-    view = _swap(model, storage, tied, dtype)
+    view = _swap(model, convert, tied)
     if view is model:
         raise ValueError("the model has no Linear layers to store in " + storage)
     _tie_embeddings(view, model, tied, dtype)
-    view.__class__ = WeightOnlyGPT
+    view.__class__ = _view_class(type(model))
     view.__dict__["_base"] = weakref.ref(model)
     view.storage = storage
     view.version = version

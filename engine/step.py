@@ -1,4 +1,6 @@
-"""The decode step of modes 6-9, written once: one new token per sequence through every layer.
+"""GPT-2's decode step (modes 6-9, 12-15 on GPT-2), written once: one new token per sequence
+through every layer. The Llama family's is ``engine.step_llama`` (modes 8, 12-15 on a Llama):
+the same ``attend_filled`` cache and ``Product`` kinds, its own blocks.
 
   decode_step(weights, token, pos, attend) -> logits (B, vocab)
       token (B, 1); pos its position: an int, or a (1,) long tensor when the shapes must not
@@ -11,7 +13,8 @@ What differs between the modes is passed in, never re-written:
   attend   ``attend(layer, q, k, v) -> y`` with q, k, v (B, nh, hs) the new token's, y
            (B, nh, [1,] hs); it owns the KV cache:
              ``attend_filled``     writes the new row at int ``pos``, attends over rows 0..pos
-                                   (modes 8, 12, 13: no mask needed; the C++ kernel on a CPU)
+                                   (modes 8, 12-15: no mask needed; the C++ kernel on a CPU,
+                                   grouped-query heads included)
              ``attend_static``     writes it at tensor ``pos``, attends over every slot of the
                                    cache under a mask computed from ``pos`` (mode 6: static)
              ``attend_read_only``  only reads the cache and keeps the new rows for the caller
@@ -27,7 +30,7 @@ computed from the same keys (``tests/test_fast.py`` holds every mode to mode 1's
       (``torch.ops.kvlab.decode_layers``): on a CPU in fp32 with the kernel built, when every
       product of ``weights`` says how (a ``product`` attribute: a ``Product``) and every norm is
       a plain ``F.layer_norm`` partial. Equal to ``decode_step`` with ``attend_filled`` bit for
-      bit, without the ~1 ms of Python and dispatch around a step's ~160 calls (modes 8, 12, 13).
+      bit, without the ~1 ms of Python and dispatch around a step's ~160 calls (modes 8, 12-15).
 """
 
 from __future__ import annotations
@@ -89,7 +92,8 @@ def layer_norm_call(ln: torch.nn.LayerNorm) -> functools.partial[torch.Tensor]:
 
 # How layers.cpp multiplies by one matrix: the C++ kernel over [out, in] rows (fp32, bf16 or int8
 # with a scale), over an interleaved copy, addmm over an [in, out] copy, baddbmm over chunked
-# copies, F.linear over [out, in].
+# copies, F.linear over [out, in]; kinds 5-8 (GGUF Q8_0 / Q4_1 blocks, integer or exact way)
+# are engine.kernels' Q8_0, Q4_1, Q8_0_EXACT, Q4_1_EXACT (engine.quant_blocks uses them).
 KERNEL, INTERLEAVED, PACKED, CHUNKED, LINEAR = range(5)
 
 
@@ -143,7 +147,8 @@ def kernel_attends(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 def attend_filled(k_buf: torch.Tensor, v_buf: torch.Tensor, pos: int) -> Attend:
-    """Write the new K/V row at ``pos`` of the (L, B, nh, T_max, hs) buffers, then attend over
+    """Write the new K/V row at ``pos`` of the (L, B, n_kv, T_max, hs) buffers (n_kv = nh for
+    GPT-2; fewer K/V heads for the Llama family's grouped-query attention), then attend over
     rows 0..pos: one new token sees every key, itself included, so no mask. On a CPU in fp32 the
     C++ kernel does both in one call (SDPA's flash kernel pays a set-up per call meant for many
     queries: 1.3-1.5 ms for 12 layers at 128 tokens against 0.4 ms, measured here); elsewhere
@@ -158,9 +163,12 @@ def attend_filled(k_buf: torch.Tensor, v_buf: torch.Tensor, pos: int) -> Attend:
     def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         k_buf[i, :, :, pos] = k
         v_buf[i, :, :, pos] = v
-        # SDPA's fused kernels need 4-D: (B, nh, 1, hs) against (B, nh, pos + 1, hs)
+        # SDPA's fused kernels need 4-D: (B, nh, 1, hs) against (B, n_kv, pos + 1, hs); fewer
+        # K/V heads than query heads (the Llama family's GQA): query head h reads K/V head
+        # h // (nh / n_kv). Multi-head calls pass no enable_gqa at all, as before.
+        gqa = {"enable_gqa": True} if q.size(1) != k_buf.size(2) else {}
         return F.scaled_dot_product_attention(
-            q.unsqueeze(2), k_buf[i, :, :, : pos + 1], v_buf[i, :, :, : pos + 1])
+            q.unsqueeze(2), k_buf[i, :, :, : pos + 1], v_buf[i, :, :, : pos + 1], **gqa)
 
     return attend
 

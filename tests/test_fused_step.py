@@ -2,7 +2,8 @@
 ``decode_step`` with ``attend_filled``: the same ops in the same order, so the logits and the
 written cache must be equal bit for bit -- for every way a product can be stored (mode 8's four
 ways, chunked copies with padding, the weight-only int8 and bf16 rows), 1 and 3 sequences, at
-the first position and after a filled cache."""
+the first position and after a filled cache. Also GGUF Q8_0 / Q4_1 blocks (rungs 14, 15: kinds
+5 and 6, the integer way). The Llama family's fused step: tests/test_fast_llama.py."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import shutil
 import pytest
 import torch
 
-from engine import kernels, quant
+from engine import kernels, quant, quant_blocks
 from engine.decoders import fast, weight_only
+from engine.decoders.blocks import BlockDecoder
 from engine.step import StepWeights, attend_filled, decode_step, fused_step, layer_norm_call
 
 from .conftest import small_model
@@ -39,6 +41,9 @@ def _weights(model: torch.nn.Module, way: str) -> StepWeights:
     """The model's step weights with every product stored ``way``."""
     if way in ("int8", "bfloat16"):
         return weight_only.step_weights(quant.weight_only(model, way))
+    if way in ("q8_0", "q4_1"):
+        return weight_only.step_weights(quant_blocks.block_view(model, way),
+                                        quant_blocks.BlockStep)
     tr = model.transformer
 
     def lin(m: torch.nn.Linear) -> fast.Linear:
@@ -58,7 +63,8 @@ def _weights(model: torch.nn.Module, way: str) -> StepWeights:
 
 
 # packed3: the 512-row head and 192-wide q|k|v split in three chunks, the head padded to 513
-WAYS = ["packed1", "packed3", "kernel", "interleaved", "linear", "int8", "bfloat16"]
+WAYS = ["packed1", "packed3", "kernel", "interleaved", "linear", "int8", "bfloat16", "q8_0",
+        "q4_1"]
 
 
 @pytest.mark.parametrize("way", WAYS)
@@ -94,7 +100,7 @@ def test_a_part_without_a_fused_form_keeps_the_python_step() -> None:
     assert fused_step(_weights(model.to(torch.bfloat16), "linear")) is None  # not fp32
 
 
-@pytest.mark.parametrize("storage", [None, "int8"])
+@pytest.mark.parametrize("storage", [None, "int8", "q4_1"])
 def test_decoders_step_through_the_fused_call_up_to_its_rows(storage: str | None,
                                                             monkeypatch) -> None:  # noqa: ANN001
     """Modes 8 and 12 step through one ``decode_layers`` call per step (tests/test_fast.py and
@@ -106,8 +112,13 @@ def test_decoders_step_through_the_fused_call_up_to_its_rows(storage: str | None
     monkeypatch.setattr(kernels, "decode_layers", lambda *a: calls.append(1) or real(*a))
     for batch, fused_calls in ((1, 3), (9, 0)):
         calls.clear()
-        dec = (fast.FastDecoder(model, batch_size=batch, capacity=64) if storage is None else
-               weight_only.WeightOnlyDecoder(model, storage=storage, batch_size=batch, capacity=64))
+        if storage is None:
+            dec = fast.FastDecoder(model, batch_size=batch, capacity=64)
+        elif storage in quant_blocks.FORMATS:
+            dec = BlockDecoder(model, storage=storage, batch_size=batch, capacity=64)
+        else:
+            dec = weight_only.WeightOnlyDecoder(model, storage=storage, batch_size=batch,
+                                                capacity=64)
         assert dec.fused is not None
         logits = dec.prefill(torch.randint(0, 512, (batch, 9)))
         with torch.no_grad():

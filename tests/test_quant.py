@@ -138,13 +138,15 @@ def gpt2_logits() -> tuple[GPT, torch.Tensor, torch.Tensor]:
         return model, idx, model(idx, use_cache=False)[0]
 
 
-@pytest.mark.parametrize("name, bound, low", [("int8_weights", 0.05, 1e-3),
-                                               ("bf16_weights", 0.03, 1e-4)])
+@pytest.mark.parametrize("name, bound, low", [("int8_weights", 0.10, 1e-3),
+                                               ("bf16_weights", 0.04, 1e-4)])
 def test_logits_error_on_gpt2_shapes_with_random_weights(
         gpt2_logits: tuple[GPT, torch.Tensor, torch.Tensor], name: str, bound: float,
         low: float) -> None:
     """The stated bound holds at gpt2's shapes, and the error is real (lossy, not a no-op).
-    Measured here on 48 random tokens: int8 3.0e-2, bf16 8.9e-3 of the largest logit."""
+    Measured here on 48 random tokens: int8 3.0e-2, bf16 8.9e-3 of the largest logit. (The
+    bounds are the Llama family's too: SmolLM2 strays by 5.0% in int8 and llama-tiny's large
+    random weights by up to 6.4% -- tests/test_fast_llama.py gates both.)"""
     model, idx, want = gpt2_logits
     with torch.no_grad():
         got, _ = weight_only(model, modes.MODES[name].weight_storage)(idx, use_cache=False)

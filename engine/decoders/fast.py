@@ -2,8 +2,11 @@
 
 Contract: ``FastDecoder(model, batch_size=1, capacity=None, chunks=None)`` is a ``Decoder``
 (``prefill(idx) -> (B, vocab)``, ``step(token) -> (B, vocab)``) that gives mode 1's greedy
-tokens in fp32; its logits match ``GPT.forward`` (and so ``transformers``) to ~1e-5.
-``decoder.extra_bytes`` is the memory of the weight copies it holds besides the model.
+tokens in fp32; its logits match the model's ``forward`` (and so ``transformers``) to ~1e-5.
+``decoder.extra_bytes`` is the memory of the weight copies it holds besides the model. Both
+families: GPT-2 (``FastWeights``, below) and the Llama family (``FastLlamaWeights``: the same
+four ways chosen per role -- q, k, v, o, gate, up, down, head -- and the Llama step of
+``engine.step_llama``, fused into one ``decode_layers_llama`` call on a CPU).
 
 Why it is faster (see the measured notes): at batch 1 a decode step is a chain of
 matrix-vector products that must stream all 494 MB of gpt2's Linear weights. The ``[out, in]``
@@ -36,12 +39,14 @@ ModelState``; an in-place write to a parameter makes them stale, and they are bu
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from .. import kernels
+from .. import kernels, step_llama
+from ..llama import Llama
 from ..model import GPT
 from ..state import ModelState, weights_version
 from ..step import (
@@ -50,6 +55,7 @@ from ..step import (
     KERNEL,
     LINEAR,
     PACKED,
+    Fused,
     Product,
     StepWeights,
     attend_filled,
@@ -58,6 +64,7 @@ from ..step import (
     kernel_attends,
     layer_norm_call,
 )
+from ..step_llama import LlamaStepWeights, decode_step_llama, fused_step_llama
 from .eager import Decoder
 
 MAX_CHUNKS = 8  # beyond this the per-chunk slabs get too thin to stream well
@@ -274,33 +281,78 @@ class FastWeights:
         return self.head.nbytes() + sum(p.nbytes() for layer in self.linears for p in layer)
 
 
+class FastLlamaWeights:
+    """Mode 8's weights for a Llama-family model: per role of matrix (q, k, v, o, gate, up,
+    down, the head tied to the embedding: ``engine.step_llama.ROLES``) the fastest of the same
+    four ways as GPT-2's (``_choose``: packed [in, out] copies, ``F.linear`` or the C++ kernel
+    over the model's own weights, the kernel over an interleaved copy), measured here when the
+    weights load; RMSNorm weights and the embedding are the model's own."""
+
+    def __init__(self, model: Llama, chunks: int) -> None:
+        self.chunks = chunks
+        self.version = weights_version(model)
+        t0 = time.perf_counter()
+        self.choice: dict[str, str] = {}
+        self.tuned_ms: dict[str, dict[str, float]] = {}
+        own = step_llama.role_modules(model)
+        self.linears: dict[str, list[Linear]] = {}
+        for role in step_llama.ROLES:
+            packed = [PackedLinear.from_out_in(m.weight, None, chunks) for m in own[role]]
+            self.linears[role], self.choice[role], ms = _choose(packed, own[role], model.device,
+                                                                model.dtype)
+            del packed  # a role's copies not chosen are dropped here
+            if ms:
+                self.tuned_ms[role] = ms
+        self.tune_s = time.perf_counter() - t0
+        self.step = step_llama.step_weights(model, self.linears)
+
+    @property
+    def extra_bytes(self) -> int:
+        """Memory of the copies (weights transposed/split or interleaved, padding)."""
+        return sum(p.nbytes() for fns in self.linears.values() for p in fns)
+
+
 @torch.no_grad()
-def fast_weights(model: GPT | ModelState, chunks: int | None = None) -> FastWeights:
+def fast_weights(model: GPT | Llama | ModelState, chunks: int | None = None
+                 ) -> FastWeights | FastLlamaWeights:
     """Packed copies of the model's weights, kept in its state while they are current (one
     packing per model at a time: each is as big as the weights)."""
     state = ModelState.of(model)
     n = default_chunks(state.model.device) if chunks is None else max(1, int(chunks))
-    return state.cached(("packed",), lambda: FastWeights(state.model, n),
-                        keep=lambda w: w.chunks == n
+    kind = FastLlamaWeights if isinstance(state.model, Llama) else FastWeights
+    return state.cached(("packed",), lambda: kind(state.model, n),  # type: ignore[arg-type]
+                        keep=lambda w: w.chunks == n and isinstance(w, kind)
                         and w.version == weights_version(state.model))
 
 
+PythonStep = Callable[..., torch.Tensor]
+
+
+def steps_of(weights: StepWeights | LlamaStepWeights) -> tuple[PythonStep, Fused | None]:
+    """The family's one-token step over ``weights`` (``decode_step`` / ``decode_step_llama``)
+    and its one-call C++ form (``fused_step`` / ``fused_step_llama``; None where it does not
+    apply)."""
+    if isinstance(weights, LlamaStepWeights):
+        return decode_step_llama, fused_step_llama(weights)
+    return decode_step, fused_step(weights)
+
+
 class FastDecoder(Decoder):
-    """Prefill through ``GPT.forward`` into a preallocated cache, then ``decode_step`` over the
-    packed copies."""
+    """Prefill through the model's ``forward`` into a preallocated cache, then the family's
+    one-token step (``decode_step`` / ``decode_step_llama``) over the chosen copies."""
 
     appends = False  # its step is its own, not GPT.forward
 
     def __init__(
-        self, model: GPT | ModelState, *, batch_size: int = 1, capacity: int | None = None,
-        chunks: int | None = None,
+        self, model: GPT | Llama | ModelState, *, batch_size: int = 1,
+        capacity: int | None = None, chunks: int | None = None,
     ) -> None:
         super().__init__(model, batch_size=batch_size, capacity=capacity,
                          cache_kind="prealloc", mask="none", logits="last")
         self.weights = fast_weights(self.state, chunks)
         self.extra_bytes = self.weights.extra_bytes
-        self.step_weights = self.weights.step  # what decode_step multiplies by
-        self.fused = fused_step(self.step_weights)
+        self.step_weights = self.weights.step  # what the family's step multiplies by
+        self.python_step, self.fused = steps_of(self.step_weights)
         model = self.state.model
         attention = "kernel" if kernel_attends(model.device, model.dtype) else "sdpa"
         self.kernel = "; ".join([*(f"{role} {how}" for role, how in self.weights.choice.items()),
@@ -319,8 +371,8 @@ class FastDecoder(Decoder):
         if self.fused is not None and token.size(0) <= kernels.MAX_ROWS:
             logits = self.fused(token, pos, cache.k_buf, cache.v_buf)
         else:
-            logits = decode_step(self.step_weights, token, pos,
-                                 attend_filled(cache.k_buf, cache.v_buf, pos))
+            logits = self.python_step(self.step_weights, token, pos,
+                                      attend_filled(cache.k_buf, cache.v_buf, pos))
         cache.advance(1)
         self._push(token)
         return logits

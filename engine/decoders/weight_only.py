@@ -1,26 +1,30 @@
 """Rungs 12 and 13's decoder: mode 8's over ``engine.quant``'s weight-only view of the model.
 
+Both families: GPT-2's step (``engine.step``) or the Llama family's (``engine.step_llama``).
 Shares with ``engine.decoders.fast`` (which it subclasses) the decode step over one-call
 products and the fused C++ step; with ``engine.decoders.eager`` the prefill, seek, rewind and
-the multi-token ``append`` through ``GPT.forward`` over the view (preallocated cache, fused
-attention). What the view stores and how one product runs (int8 rows times their scale, bf16
+the multi-token ``append`` through the model's ``forward`` over the view (preallocated cache,
+fused attention). What the view stores and how one product runs (int8 rows times their scale, bf16
 rows widened in registers) is ``engine.quant``'s: this file only steps.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn as nn
 
-from .. import kernels
+from .. import kernels, step_llama
+from ..llama import Llama
 from ..model import GPT
-from ..quant import Int8Linear, WeightOnlyGPT, kernel, kernel_takes, weight_only
+from ..quant import Int8Linear, WeightOnlyModel, kernel, kernel_takes, weight_only
 from ..state import ModelState
-from ..step import KERNEL, Product, StepWeights, fused_step, layer_norm_call
+from ..step import KERNEL, Product, StepWeights, layer_norm_call
+from ..step_llama import LlamaStepWeights
 from .eager import Decoder
-from .fast import FastDecoder
+from .fast import FastDecoder, steps_of
 
 
 class _Rows:
@@ -61,37 +65,52 @@ class _KernelStep:
         return Product(KERNEL, self.rows, self.scale, self.bias, self.rows.size(0))
 
 
-def step_weights(view: WeightOnlyGPT) -> StepWeights:
-    """The view's modules as ``engine.step.decode_step``'s weights: mode 8's step, multiplying
-    by the weight-only Linears (through ``_KernelStep`` where the C++ kernel is built and the
-    view is fp32 on a CPU; LayerNorms as plain ``F.layer_norm`` calls)."""
+def _direct(view: WeightOnlyModel) -> bool:
+    """Does a decode step of this view multiply through ``engine.kernels`` directly (fp32 on a
+    CPU, the kernel built)?"""
+    return view.device.type == "cpu" and view.dtype == torch.float32 and kernels.available()[0]
+
+
+def step_weights(view: WeightOnlyModel, wrap: Callable[[nn.Module], Any] | None = None
+                 ) -> StepWeights | LlamaStepWeights:
+    """The view's modules as its family's one-token step's weights (``engine.step.decode_step``
+    or ``engine.step_llama.decode_step_llama``): mode 8's step, multiplying by the weight-only
+    Linears (each through ``wrap``: by default ``_KernelStep`` where the C++ kernel is built and
+    the view is fp32 on a CPU, else the module itself; norms as plain calls / weights)."""
+    if wrap is None:
+        wrap = _KernelStep if _direct(view) else (lambda m: m)
+    if isinstance(view, Llama):
+        products = {role: [wrap(m) for m in mods]
+                    for role, mods in step_llama.role_modules(view).items()}
+        embed = _Rows(view.model.embed_tokens, view.config.n_embd)
+        return step_llama.step_weights(view, products, embed)
     tr = view.transformer
-    direct = (view.device.type == "cpu" and view.dtype == torch.float32
-              and kernels.available()[0])
-
-    def lin(m: nn.Module) -> Any:
-        return _KernelStep(m) if direct else m
-
-    layers = [(layer_norm_call(b.ln_1), lin(b.attn.c_attn), lin(b.attn.c_proj),
-               layer_norm_call(b.ln_2), lin(b.mlp.c_fc), lin(b.mlp.c_proj)) for b in tr.h]
+    layers = [(layer_norm_call(b.ln_1), wrap(b.attn.c_attn), wrap(b.attn.c_proj),
+               layer_norm_call(b.ln_2), wrap(b.mlp.c_fc), wrap(b.mlp.c_proj)) for b in tr.h]
     return StepWeights(_Rows(tr.wte, view.config.n_embd), tr.wpe.weight.detach(), layers,
-                       layer_norm_call(tr.ln_f), lin(view.lm_head), view.config.n_head)
+                       layer_norm_call(tr.ln_f), wrap(view.lm_head), view.config.n_head)
 
 
 class WeightOnlyDecoder(FastDecoder):
-    """Mode 8's decoder over ``weight_only``: the prefill and multi-token appends through
-    ``GPT.forward`` into a preallocated cache (fused attention), each decode step through
-    ``engine.step.decode_step`` (no per-module Python of a forward)."""
+    """Mode 8's decoder over ``weight_only``: the prefill and multi-token appends through the
+    model's ``forward`` into a preallocated cache (fused attention), each decode step through
+    its family's one-token step (no per-module Python of a forward), one C++ call on a CPU."""
 
-    appends = True  # GPT.forward over the view takes several tokens at once
+    appends = True  # the model's forward over the view takes several tokens at once
 
-    def __init__(self, model: GPT | ModelState, *, storage: str, batch_size: int = 1,
+    def __init__(self, model: GPT | Llama | ModelState, *, storage: str, batch_size: int = 1,
                  capacity: int | None = None) -> None:
         view = weight_only(model, storage)
-        Decoder.__init__(self, view, batch_size=batch_size, capacity=capacity,
-                         cache_kind="prealloc", mask="none", logits="last")
-        self.step_weights = step_weights(view)
-        self.fused = fused_step(self.step_weights)
+        self._start(view, step_weights(view), batch_size, capacity)
         self.storage = storage
         self.kernel = kernel(storage, view.device.type)
+
+    def _start(self, view: WeightOnlyModel, weights: StepWeights | LlamaStepWeights,
+               batch_size: int, capacity: int | None) -> None:
+        """Prefill over ``view``, steps over ``weights`` (what a rung over another storage --
+        ``engine.decoders.blocks`` -- shares with this one)."""
+        Decoder.__init__(self, view, batch_size=batch_size, capacity=capacity,
+                         cache_kind="prealloc", mask="none", logits="last")
+        self.step_weights = weights
+        self.python_step, self.fused = steps_of(weights)
         self.extra_bytes = view.stored_bytes()  # held besides the model's own weights

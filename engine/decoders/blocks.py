@@ -1,0 +1,36 @@
+"""Rungs 14 and 15's decoder: mode 8's step over GGUF blocks (``engine.quant_blocks``).
+
+``BlockDecoder(model, storage="q8_0" | "q4_1")``: the prefill, seek, rewind and multi-token
+``append`` through the model's ``forward`` over the block view (preallocated cache, fused
+attention; a prefill's rows dequantize a chunk of block rows at a time), each decode step
+through the family's one-token step (``engine.step.decode_step`` for GPT-2,
+``engine.step_llama.decode_step_llama`` for the Llama family) with every product
+``kernels.q8_0_linear`` / ``q4_1_linear`` over the blocks as stored, and on a CPU in fp32 with
+the kernel built the whole step in ONE C++ call (``decode_layers`` / ``decode_layers_llama``,
+product kinds Q8_0 / Q4_1). Where the blocks come from, which kernel way and why, and the bytes:
+``engine.quant_blocks``. ``decoder.sources`` counts the tensors taken from the model's GGUF file
+byte for byte and those quantized here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import quant_blocks
+from ..state import ModelState
+from .weight_only import WeightOnlyDecoder, _direct, step_weights
+
+
+class BlockDecoder(WeightOnlyDecoder):
+    """Mode 12's decoder over ``quant_blocks.block_view`` instead of an int8 / bf16 view."""
+
+    def __init__(self, model: Any | ModelState, *, storage: str, batch_size: int = 1,
+                 capacity: int | None = None) -> None:
+        view = quant_blocks.block_view(model, storage)
+        wrap = quant_blocks.BlockStep if _direct(view) else (lambda m: m)
+        self._start(view, step_weights(view, wrap), batch_size, capacity)
+        self.storage = storage
+        self.sources = dict(view.sources)
+        self.kernel = quant_blocks.kernel(storage, view.device.type) + "; " + ", ".join(
+            f"{n} tensors {how}" for how, n in sorted(self.sources.items())) + "; " + (
+            "one C++ call per step" if self.fused else "step in Python")
