@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 
 def weight_storage(spec: Any) -> str:
     """Bytes per weight a mode or peer streams, as ``costs.linear_weight_bytes`` names them: a
-    weight-only rung's storage, a peer's own precision where the cost model knows it ("int8",
-    "bfloat16"), else "" (the model's dtype)."""
+    weight-only rung's or a GGUF peer's storage, a peer's own precision where the cost model
+    knows it ("int8", "bfloat16"), else "" (the model's dtype)."""
     own = getattr(spec, "weight_storage", "") or getattr(spec, "dtype", "") or ""
     return own if own in costs.WEIGHT_STORAGES else ""
 

