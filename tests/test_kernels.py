@@ -333,18 +333,40 @@ def test_fused_llama_step_other_shapes(nh: int, nkv: int, c: int, ffn: int) -> N
     assert (got.double() - want).abs().max() <= 1e-5 * want.abs().max()
 
 
-def test_fused_llama_step_would_show_a_wrong_rotation() -> None:
-    """The 1e-5 tolerance sees RoPE's pairs taken the GPT-J way (neighbouring channels)."""
+def test_fused_llama_step_pairs_neighbours_for_gguf_rows() -> None:
+    """``neox=False``: RoPE's pairs as neighbouring channels (2i, 2i + 1), the layout of q and k
+    rows in a GGUF llama file -- the same logits as rotate_half over the rows un-permuted as
+    llama.cpp's converter permutes them; and the 1e-5 tolerance tells the two layouts apart."""
     case = _llama_case(1, 9)
-    got = kernels.decode_layers_llama(
-        case["x"], case["norms"], case["mats"], [None] * 15, [None] * 15, [0] * 15,
-        [m.size(0) for m in case["mats"]], case["k_buf"].clone(), case["v_buf"].clone(),
-        case["cos"], case["sin"], 9, 4, 2, 1e-5)
-    want = _llama_reference(case["x"].double(), [n.double() for n in case["norms"]],
-                            [m.double() for m in case["mats"]], case["k_buf"].double(),
+    n = len(case["mats"])
+
+    def fused(mats: list, neox: bool, k_buf: torch.Tensor = case["k_buf"]) -> torch.Tensor:
+        return kernels.decode_layers_llama(
+            case["x"], case["norms"], mats, [None] * n, [None] * n, [0] * n,
+            [m.size(0) for m in mats], k_buf.clone(), case["v_buf"].clone(),
+            case["cos"], case["sin"], 9, 4, 2, 1e-5, neox)
+
+    def gguf_rows(w: torch.Tensor, heads: int) -> torch.Tensor:  # convert_hf_to_gguf's permute
+        return w.reshape(heads, 2, w.size(0) // heads // 2, -1).swapaxes(1, 2).reshape(w.shape)
+
+    hs = case["k_buf"].size(-1)  # the past keys in the permuted channel order as well
+    k_gguf = case["k_buf"].reshape(*case["k_buf"].shape[:-1], 2, hs // 2).swapaxes(-1, -2)
+
+    hf = case["mats"]
+    gguf = [gguf_rows(m, 4) if i % 7 == 0 and i < n - 1 else gguf_rows(m, 2)
+            if i % 7 == 1 and i < n - 1 else m for i, m in enumerate(hf)]
+    want = _llama_reference(case["x"].double(), [t.double() for t in case["norms"]],
+                            [m.double() for m in hf], case["k_buf"].double(),
+                            case["v_buf"].double(), case["cos"], case["sin"], 9, 4, 2, 1e-5)
+    got = fused(gguf, False, k_gguf.reshape(case["k_buf"].shape).contiguous())
+    assert (got.double() - want).abs().max() <= 1e-5 * want.abs().max()
+    assert (fused(hf, False).double() - want).abs().max() > 1e-3 * want.abs().max()
+    gptj = _llama_reference(case["x"].double(), [t.double() for t in case["norms"]],
+                            [m.double() for m in hf], case["k_buf"].double(),
                             case["v_buf"].double(), case["cos"], case["sin"], 9, 4, 2, 1e-5,
                             gptj=True)
-    assert (got.double() - want).abs().max() > 1e-3 * want.abs().max()
+    assert (fused(hf, False).double() - gptj).abs().max() <= 1e-5 * gptj.abs().max()
+    assert (fused(hf, True).double() - gptj).abs().max() > 1e-3 * gptj.abs().max()
 
 
 def test_fused_llama_step_bad_input_says_what_is_allowed() -> None:

@@ -285,16 +285,19 @@ Q8_0, Q4_1, Q8_0_EXACT, Q4_1_EXACT = 5, 6, 7, 8
 
 def decode_layers_llama(x: Any, norm_w: Any, w: Any, scale: Any, bias: Any, kind: Any, out: Any,
                         k_buf: Any, v_buf: Any, cos: Any, sin: Any, pos: int, n_head: int,
-                        n_kv_head: int, eps: float) -> Any:
+                        n_kv_head: int, eps: float, neox: bool = True) -> Any:
     """``torch.ops.kvlab.decode_layers_llama``: a Llama-family decode step after the embedding
     in one call (``layers.cpp`` says what each argument holds): x (B, C); 2L + 1 RMSNorm
     weights; 7L + 1 products (q, k, v, o, gate, up, down, ..., head) or 4L + 1 (q|k|v, o,
     gate|up, down, ..., head), each with its kind (0-8) and width; the (L, B, n_kv, T, hs)
-    caches; the rotary cos / sin tables (T, hs/2) or (T, hs); returns logits (B, vocab)."""
+    caches; the rotary cos / sin tables (T, hs/2) or (T, hs); returns logits (B, vocab).
+    ``neox``: RoPE pairs channel i with i + hs/2 (HF's rotate_half); False: 2i with 2i + 1, the
+    layout of q and k rows in a GGUF llama file (llama.cpp's converter permutes them)."""
     import torch
 
     return torch.ops.kvlab.decode_layers_llama(x, norm_w, w, scale, bias, kind, out, k_buf,
-                                               v_buf, cos, sin, pos, n_head, n_kv_head, eps)
+                                               v_buf, cos, sin, pos, n_head, n_kv_head, eps,
+                                               neox)
 
 
 def main(argv: list[str] | None = None) -> int:

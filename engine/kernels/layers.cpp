@@ -22,7 +22,7 @@
 //     k_buf, v_buf  (L, B, nh, T, hs), the new rows written at ``pos`` (kvlab::attend)
 //
 //   decode_layers_llama(x, norm_w, w, scale, bias, kind, out, k_buf, v_buf, cos, sin, pos,
-//                       n_head, n_kv_head, eps) -> logits (B, vocab)            (Llama family)
+//                       n_head, n_kv_head, eps, neox=True) -> logits (B, vocab) (Llama family)
 //     x        (B, C) fp32, the new tokens' embeddings
 //     norm_w   2L + 1 RMSNorm weights (C,): before attention and before the MLP of each block,
 //              then the final one; y = x / sqrt(mean(x^2) + eps) * w
@@ -33,7 +33,9 @@
 //     k_buf, v_buf  (L, B, n_kv_head, T, hs): hs is the head size
 //     cos, sin (T', hs / 2) or (T', hs) fp32 (then the first hs / 2 columns are read), T' > pos:
 //              the rotary table; RoPE in the NEOX / rotate_half layout -- channel i of a head
-//              pairs with channel i + hs / 2: (a, b) -> (a cos_i - b sin_i, b cos_i + a sin_i)
+//              pairs with channel i + hs / 2: (a, b) -> (a cos_i - b sin_i, b cos_i + a sin_i) --
+//              or, with neox=False, channel 2i with 2i + 1 (llama.cpp's layout for the llama
+//              architecture: its converter permutes the q and k rows of HF's weights for it)
 //     per block: RMSNorm, q k v, RoPE on q and k at ``pos``, grouped-query attention (query head
 //     h reads K/V head h / (n_head / n_kv_head)), o, residual; RMSNorm, gate and up,
 //     SiLU(gate) * up, down, residual; then the final RMSNorm and the head.
@@ -141,17 +143,20 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
 }
 
 // RoPE in place on ``heads`` heads of hs channels per row of t (rows ``t.stride(0)`` apart):
-// channel i pairs with i + hs / 2 (NEOX / rotate_half)
-void rope(at::Tensor t, int64_t heads, int64_t hs, const float* cos, const float* sin) {
-  const int64_t half = hs / 2;
+// channel i pairs with i + hs / 2 (NEOX / rotate_half), or with its neighbour (2i with 2i + 1:
+// llama.cpp's "norm" layout, the q and k rows of a GGUF llama file)
+void rope(at::Tensor t, int64_t heads, int64_t hs, const float* cos, const float* sin,
+          bool neox) {
+  const int64_t half = hs / 2, step = neox ? 1 : 2, other = neox ? half : 1;
   float* p = t.data_ptr<float>();
   for (int64_t b = 0; b < t.size(0); ++b) {
     for (int64_t h = 0; h < heads; ++h) {
       float* v = p + b * t.stride(0) + h * hs;
       for (int64_t i = 0; i < half; ++i) {
-        const float a = v[i], c = v[i + half];
-        v[i] = a * cos[i] - c * sin[i];
-        v[i + half] = c * cos[i] + a * sin[i];
+        float* x = v + i * step;
+        const float a = x[0], c = x[other];
+        x[0] = a * cos[i] - c * sin[i];
+        x[other] = c * cos[i] + a * sin[i];
       }
     }
   }
@@ -195,7 +200,7 @@ at::Tensor decode_layers_llama(const at::Tensor& x_in, at::TensorList norm_w,
                                at::IntArrayRef kind, at::IntArrayRef out, const at::Tensor& k_buf,
                                const at::Tensor& v_buf, const at::Tensor& cos,
                                const at::Tensor& sin, int64_t pos, int64_t n_head,
-                               int64_t n_kv_head, double eps) {
+                               int64_t n_kv_head, double eps, bool neox) {
   TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat && x_in.device().is_cpu(),
               "x must be fp32 (B, C) on the CPU");
   TORCH_CHECK(k_buf.dim() == 5 && v_buf.sizes() == k_buf.sizes(),
@@ -245,8 +250,8 @@ at::Tensor decode_layers_llama(const at::Tensor& x_in, at::TensorList norm_w,
       at::Tensor qkv = mul(h, j, qw + 2 * kw);
       q = qkv.narrow(1, 0, qw), k = qkv.narrow(1, qw, kw), v = qkv.narrow(1, qw + kw, kw);
     }
-    rope(q, n_head, hs, cp, sp);
-    rope(k, n_kv_head, hs, cp, sp);
+    rope(q, n_head, hs, cp, sp, neox);
+    rope(k, n_kv_head, hs, cp, sp, neox);
     at::Tensor y = kvlab::attend(q.view({batch, n_head, hs}), k.view({batch, n_kv_head, hs}),
                                  v.view({batch, n_kv_head, hs}), k_buf.select(0, i),
                                  v_buf.select(0, i), pos);  // (B, n_head, hs)
@@ -274,6 +279,6 @@ TORCH_LIBRARY_FRAGMENT(kvlab, m) {
         &decode_layers);
   m.def("decode_layers_llama(Tensor x, Tensor[] norm_w, Tensor?[] w, Tensor?[] scale, "
         "Tensor?[] bias, int[] kind, int[] out, Tensor(a!) k_buf, Tensor(b!) v_buf, Tensor cos, "
-        "Tensor sin, int pos, int n_head, int n_kv_head, float eps) -> Tensor",
+        "Tensor sin, int pos, int n_head, int n_kv_head, float eps, bool neox=True) -> Tensor",
         &decode_layers_llama);
 }
