@@ -32,6 +32,7 @@ from typing import Any
 from engine.config import GPTConfig, ModelConfig
 from instruments import lineup
 from instruments.experiments.inputs import contexts_within, modes_usable, parse_contexts, whole
+from instruments.experiments.utilization import weight_storage
 from instruments.lineup import PEERS, PeerUnavailable
 from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, no_grad, record
 
@@ -144,8 +145,8 @@ def verdict(rows: list[dict[str, Any]]) -> list[str]:
 def markdown(rows: list[dict[str, Any]]) -> str:
     """The README's table: one line per engine and context, then the peers that did not run."""
     head = ("| engine | precision | context | median (ms) | p90 (ms) | × read floor | "
-            "× our fastest exact | logits max abs diff | weights (MB) | version |\n"
-            "|---|---|---|---|---|---|---|---|---|---|")
+            "× its own floor | × our fastest exact | logits max abs diff | weights (MB) | "
+            "version |\n|---|---|---|---|---|---|---|---|---|---|---|")
     lines = [head]
 
     def num(v: Any, spec: str) -> str:
@@ -155,13 +156,14 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {r['engine']} | {r['precision']} | {r['context_len']} | "
             f"{r['latency_ms']:.2f} | {num(r.get('p90_ms'), '.2f')} | "
-            f"{num(r.get('x_floor'), '.2f')} | {num(r.get('x_fastest_exact'), '.2f')} | "
+            f"{num(r.get('x_floor'), '.2f')} | {num(r.get('x_own_floor'), '.2f')} | "
+            f"{num(r.get('x_fastest_exact'), '.2f')} | "
             f"{num(r.get('logits_max_abs_diff'), '.2g')} | "
             f"{num((r.get('weight_bytes') or 0) / 1e6 or None, '.0f')} | {r.get('version', '')} |")
     for r in rows:
         if r.get("latency_ms") is None:
             lines.append(f"| {r['engine']} | {r.get('precision', '')} | — | not timed: "
-                         f"{r.get('why', '')} | | | | | | |")
+                         f"{r.get('why', '')} | | | | | | | |")
     return "\n".join(lines)
 
 
@@ -178,8 +180,13 @@ class _Engine:
         self.samplers: dict[int, Any] = {}
 
 
-def _row(e: _Engine, t: int, floor_ms: float, threads: int) -> dict[str, Any]:
+def _row(e: _Engine, t: int, floor_ms: float, threads: int, own_share: float
+         ) -> dict[str, Any]:
+    """``floor_ms``: the measured read of the model's fp32 weights; ``own_share``: the engine's
+    own bytes a step (int8, bf16, GGUF blocks) over those, so ``own_floor_ms`` is its bytes
+    divided by the same measured bandwidth."""
     spec = lineup.spec(e.name)
+    own_ms = floor_ms * own_share
     samples = e.samples[t]
     median = statistics.median(e.rounds[t])
     p90 = statistics.quantiles(samples, n=10)[-1] if len(samples) >= P90_MIN else None
@@ -192,6 +199,8 @@ def _row(e: _Engine, t: int, floor_ms: float, threads: int) -> dict[str, Any]:
         "context_len": t, "latency_ms": median, "p90_ms": p90, "min_ms": min(samples),
         "samples_ms": samples, "rounds_ms": e.rounds[t], "floor_ms": floor_ms,
         "x_floor": median / floor_ms if floor_ms > 0 else None, "x_fastest_exact": None,
+        "weight_storage": weight_storage(spec), "own_floor_ms": own_ms,
+        "x_own_floor": median / own_ms if own_ms > 0 else None,
         "kernel": getattr(e.dec, "kernel", None),  # what multiplied (mode 8's per-role choice)
         "logits_max_abs_diff": e.check.get("max_diff"),
         "logits_tolerance": e.check.get("tolerance"), "passed": True, "available": True,
@@ -317,7 +326,10 @@ def _run(loaded: Loaded, p: PeersParams, progress: ProgressFn | None,
         close = getattr(e.dec, "close", None)
         if close is not None:
             close()  # CTranslate2: end its paused generation
-    timed_rows = [_row(e, t, statistics.median(floors[t]), threads)
+    fp32_bytes = costs.linear_weight_bytes(model.config, model.dtype)
+    timed_rows = [_row(e, t, statistics.median(floors[t]), threads,
+                       costs.linear_weight_bytes(model.config, model.dtype,
+                                                 weight_storage(lineup.spec(e.name))) / fp32_bytes)
                   for t in contexts for e in engines if e.rounds.get(t) and floors[t]]
     _relative(timed_rows)
     for r in timed_rows:
