@@ -4,8 +4,8 @@ Device facts come from the probe of this machine (``ui.state.device_facts``) and
 table (``instruments.measure.specs``); the peaks are measured only when asked, in the measuring
 process (the hardware experiment, ``ui.device``), and the model is loaded there too. The page
 never waits for either: until the probe lands its facts read "probing…", and the model card is
-drawn from the preset's config while the model loads (``header.model(wait=False)``); each fills
-in on the rerun that follows.
+drawn from the preset's config while the model loads (``header.model``); each fills in on the
+rerun that follows.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ with dev_col:
 
 with model_col:
     st.subheader("Model")
-    cfg = header.model(choice, quiet=True, wait=False)  # the preset's shapes while it loads
+    cfg = header.model(choice, quiet=True)  # the preset's shapes while it loads
     label = header.weights_label(choice)
     if label is None:
         header.await_model(choice)

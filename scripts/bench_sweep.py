@@ -29,10 +29,11 @@ numbers would lie.
 ``--reads`` (every 0.1 s and once a second) and each of ``--runs`` runs, three fresh servers, each
 with an empty results folder, the browser already open: (1) the Overview, seconds from the
 server's start to its title, to the page settled (its script idle) and to the device probe's
-facts and the model in; (2) the Latency sweep page settled, Run with every default, seconds to
-the first point; (3) the Latency sweep page opened and Run pressed the moment the button
-appears, seconds from the page's first paint (its title) to the first point. Each sweep is
-stopped after its first point (the server saves it). ``--report`` prints their table too.
+facts and the model in; (2) the Latency sweep page settled (idle, its model loaded, the probe
+in), Run with every default, seconds to the first point; (3) the Latency sweep page opened and
+Run pressed the moment the button appears, seconds from the page's first paint (its title) to
+the first point. Each sweep is stopped after its first point (the server saves it).
+``--report`` prints their table too.
 """
 
 from __future__ import annotations
@@ -179,9 +180,14 @@ def first_point(chromium, folder: Path, args: argparse.Namespace, every: float, 
     with server(folder, args) as (url, _):
         page.goto(f"{url}/sweep", wait_until="commit")
         paint = clicked = first = None
-        if not at_once:
+        if not at_once:  # settled: idle, the model in, the probe landed
             page.wait_for_selector('h1:has-text("Latency sweep")', timeout=120_000)
-            settle(page, 300_000)  # the model loads in the measuring process
+            end = time.monotonic() + 300
+            while time.monotonic() < end:
+                settle(page, 300_000)
+                seen = look(page)
+                if not seen["probing"] and not seen["loading"] and seen["run"]:
+                    break
             page.get_by_role("button", name="Run sweep").click()
             clicked = time.perf_counter()
         end = time.perf_counter() + 300

@@ -1,11 +1,13 @@
 """The one page header: the router guard, the title, and what the chosen model is.
 
 ``page(title, caption)`` -> the sidebar's ``Choice``. ``model(choice)`` -> the model's shape
-(``ModelConfig``) after loading it in its device's measuring process when that process is free,
-with a yellow banner for random weights; it shows the error and stops the page when the model
-cannot be loaded. ``model(choice, wait=False)`` does not wait: a preset's shapes come from its
-config (torch-free) while the model loads in the background, and ``await_model(choice)`` reruns
-the page when the load has ended. Nothing here imports torch.
+(``ModelConfig``) without waiting for the model: a preset's shapes come from its config
+(torch-free) while the model loads in its device's measuring process in the background, and
+``await_model(choice)`` says "Loading…" and reruns the page once the load has ended; then a
+yellow banner for random weights, or the error (the page stops) when the model cannot be loaded.
+A page is therefore drawn, and its Run pressable, at once on a fresh server: a run asked for
+meanwhile queues behind the load. ``model(choice, wait=True)`` (and a model without preset shapes,
+a local folder) waits for the load instead. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -53,10 +55,10 @@ def _is_folder(choice: Choice) -> bool:
     return choice.weights not in lineup.preset(choice.model).weights
 
 
-def model(choice: Choice | None = None, quiet: bool = False, wait: bool = True) -> ModelConfig:
-    """The chosen model's shape; loads it in the measuring process if that process is free.
-    ``wait=False``: a preset's shapes at once, the load started in the background (a model that
-    has no preset shapes, a local folder, is still waited for)."""
+def model(choice: Choice | None = None, quiet: bool = False, wait: bool = False) -> ModelConfig:
+    """The chosen model's shape: a preset's at once, its load started in the background (see
+    the top; ``quiet`` leaves the weights' banner and the "Loading…" line to the caller).
+    ``wait=True``, or a model without preset shapes (a local folder): loaded first."""
     choice = choice or current_choice()
     spec = choice.spec()
     info = client.known_info(spec)
@@ -85,8 +87,7 @@ def model(choice: Choice | None = None, quiet: bool = False, wait: bool = True) 
                        "memory are the real ones for these shapes."
                        + fallback_note(reason))
         elif label is None:
-            st.caption("Which weights load is known once the model is loaded (the device is "
-                       "busy now).")
+            await_model(choice)
     return cfg
 
 
