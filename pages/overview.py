@@ -121,7 +121,7 @@ with model_col:
     cfg = header.model(choice, quiet=True)  # the preset's shapes while it loads
     label = header.weights_label(choice)
     if label is None:
-        header.await_model(choice)
+        header.loading_note(choice)
     elif label.startswith("random"):
         why = (client.known_info(choice.spec()) or {}).get("weights_fallback")
         st.warning(f"**Random weights** — {label}. Generated text is gibberish; timings and "

@@ -87,7 +87,7 @@ def model(choice: Choice | None = None, quiet: bool = False, wait: bool = False)
                        "memory are the real ones for these shapes."
                        + fallback_note(reason))
         elif label is None:
-            await_model(choice)
+            loading_note(choice)
     return cfg
 
 
@@ -98,6 +98,17 @@ def _cannot_load(why: str) -> None:
 
 
 LOAD_POLL_S = 0.5  # while the model loads in the background, how often a page looks
+
+
+def loading_note(choice: Choice) -> None:
+    """Where the weights' banner will be: "Loading…", rerun when the load ends
+    (``await_model``); while a measurement holds or waits for the device, a line without the
+    polling (that measurement's panel reruns the page)."""
+    if client.measuring(choice.device):
+        st.caption(f"Which weights {choice.spec().describe()} has is said once it is loaded "
+                   "(the run waits for it).")
+    else:
+        await_model(choice)
 
 
 @st.fragment(run_every=LOAD_POLL_S)

@@ -158,7 +158,9 @@ def sidebar() -> Choice:
                + (f" (pid {pid} on {device})" if pid else "")
                + f" with {threads} torch thread{'s' * (threads > 1)}. $KVLAB_THREADS sets how "
                "many (default: every core but one, kept for this page and the browser).")
-    if probing():  # last: nothing below it moves when it goes
+    if probing() and client.measuring(device):  # its panel reruns the page: no polling
+        sb.caption("Device facts: probing… (the CPU is ready)")
+    elif probing():  # last: nothing below it moves when it goes
         with sb:
             _probe_note()
     return choice

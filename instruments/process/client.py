@@ -251,7 +251,7 @@ def model_info(spec: ModelSpec, timeout_s: float = 300.0) -> dict[str, Any] | No
     with _LOADS_LOCK:
         job = _LOADS.get(spec)
         if job is None or job.finished:
-            if _measuring(spec.device):
+            if measuring(spec.device):
                 return None
             job = _LOADS[spec] = _load(spec)
     end = time.monotonic() + timeout_s
@@ -271,9 +271,11 @@ def _load(spec: ModelSpec) -> Job:
     return submit("load", {}, spec, owner=LOADER, what=f"loading {spec.name}")
 
 
-def _measuring(device: str) -> bool:
+def measuring(device: str) -> bool:
     """Whether a measurement holds ``device`` or waits for it (a load of a model does not
-    count: a page may queue behind it, it takes seconds at most)."""
+    count: a page may queue behind it, it takes seconds at most). Pages poll for the probe or a
+    load only while this is false: a measurement's own panel reruns the page soon enough, and
+    a rerun costs the measurement CPU time."""
     running, waiting = QUEUE.status(device)
     return any(t.owner != LOADER for t in [*([running] if running else []), *waiting])
 
@@ -288,7 +290,7 @@ def load_soon(spec: ModelSpec) -> None:
     with _LOADS_LOCK:
         if spec in _LOADS:
             return  # on its way, done, or failed: model_info asks again when a page waits
-        if not _measuring(spec.device):
+        if not measuring(spec.device):
             _LOADS[spec] = _load(spec)
 
 
