@@ -7,8 +7,8 @@ SmolLM2's real weights with a real prompt. Lossy (12, 13): the gate, within each
 tolerance. The Python step equals the model's forward to float32 rounding (each product a
 different summation order); the fused step equals the Python step to float32 rounding too --
 not bit for bit: its RMSNorm sums squares in double and its RoPE / SiLU are C++ loops, each an
-ulp away from torch's ops here and there (measured below: <= 2e-6 of the largest logit for the
-exact products), while its products and attention are the same kernels.
+ulp away from torch's ops here and there (measured below: <= 1.3e-6 of the largest logit, every
+way of storing the products), while its products and attention are the same kernels.
 """
 
 from __future__ import annotations
@@ -240,10 +240,11 @@ def _stored_weights(state: ModelState, way: str):  # noqa: ANN202
     return step_weights(model, _forced_products(model, how, chunks))
 
 
-# fused vs Python, max |Δ| / largest |logit| measured on these cases: 0-4e-7 for every exact and
-# weight-only way; up to ~1e-3 for the block kinds, whose products round x to 8 bits: an ulp of
-# difference in an RMSNorm output can move one x value across a rounding boundary
-FUSED_TOL = {"q8_0": 1e-2, "q4_1": 1e-2}
+# fused vs Python, max |Δ| / largest |logit| measured on these cases (llama-tiny, norms drawn
+# around 1): 0.8-1.3e-6 for mode 8's ways, 5-9e-7 int8 / bf16, 2-3e-7 Q8_0 / Q4_1 -- never bit for
+# bit. The block kinds round x to 8 bits per 32: an ulp of difference in an RMSNorm output could
+# move one x value across a rounding step (not seen here), so they are allowed 1e-3
+FUSED_TOL = {"q8_0": 1e-3, "q4_1": 1e-3}
 WAYS = ["packed1", "packed3", "kernel", "interleaved", "linear", "int8", "bfloat16", "q8_0",
         "q4_1"]
 
