@@ -61,7 +61,8 @@ class ModeSpec:
     attention: str = "fused"  # ATTENTIONS: how a step attends
     weight_layout: str = "out_in"  # "out_in": nn.Linear's own; "packed": mode 8's chosen copies
     # How the Linear weights are stored ("" = the model dtype; "int8" = int8 with one fp32
-    # scale per output channel; "bfloat16"): the bytes a step streams, so the mode's own floor.
+    # scale per output channel; "bfloat16"; "q8_0" / "q4_1" = GGUF's blocks of 32): the bytes
+    # a step streams, so the mode's own floor (instruments.costmodel.costs counts them).
     weight_storage: str = ""
     kv_storage: str = ""  # "" = the model dtype; "int8" = int8 with a scale per token and head
     logits_all: bool = False  # projects every position onto the vocabulary (mode 1)
@@ -222,7 +223,7 @@ for _spec in (
              "weights -- llama.cpp's own Q8_0 strays alike; a broken step strays by 58-123% on "
              "the test shapes).",
              _BLOCKS, dict(storage="q8_0"), attention="step", weight_storage="q8_0",
-             tolerance=0.15, predicted=_BLOCKS_WHY),
+             tolerance=0.15, predicted=_BLOCKS_WHY, roles=frozenset({"peer_rung"})),
     ModeSpec("q4_1_weights", 15, "15 · GGUF Q4_1 weights (llama.cpp's file, read as stored)",
              "#b5cf6b",
              "Every block matrix kept in GGUF's Q4_1 blocks tensor by tensor (32 4-bit weights "
@@ -240,7 +241,8 @@ for _spec in (
              "shapes), and by 57-61% on llama-tiny's large random weights, which the gate "
              "refuses (as it refuses llama.cpp's own Q4_1 there); a broken step strays by "
              "58-123% on the test shapes.", _BLOCKS, dict(storage="q4_1"), attention="step",
-             weight_storage="q4_1", tolerance=0.40, predicted=_BLOCKS_WHY),
+             weight_storage="q4_1", tolerance=0.40, predicted=_BLOCKS_WHY,
+             roles=frozenset({"peer_rung"})),
 ):
     register(_spec)
 

@@ -159,8 +159,7 @@ class Broken(Decoder):
 def test_a_registered_mode_that_crashes_is_refused(tiny: Loaded,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(MODES, "test_broken", ModeSpec(
-        "test_broken", 99, "99 · broken", "#000000", True, "always fails",
-        "tests.test_sweep:Broken", dict(cache_kind="prealloc")))
+        "test_broken", 99, "99 · broken", "#000000", "always fails", "tests.test_sweep:Broken"))
     run = sweep(tiny, LatencyParams([8], ["test_broken", "concat"], repeats=1))
     assert [r["mode"] for r in run["tables"]["latency"]] == ["concat"]
     assert "boom" in run["meta"]["note"]

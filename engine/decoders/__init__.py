@@ -10,6 +10,8 @@
   fast         ``FastDecoder``: the same step over per-role weight copies, one C++ call on a CPU
                (mode 8)
   weight_only  ``WeightOnlyDecoder``: mode 8's over ``engine.quant``'s int8 / bf16 view (12, 13)
+  blocks       the same over ``engine.quant_blocks``' GGUF Q8_0 / Q4_1 blocks, multiplied as
+               stored (14, 15)
 
 ``make_decoder(model, name, **kw)`` builds the decoder ``engine.modes.MODES[name]`` names
 (``factory``, ``options``; an eager decoder also gets the mode's ``cache`` kind), after checking
