@@ -88,6 +88,8 @@ def model(choice: Choice | None = None, quiet: bool = False, wait: bool = False)
                        + fallback_note(reason))
         elif label is None:
             loading_note(choice)
+        else:  # real weights: say which, so a reader knows the text is the model's own
+            st.caption(f"Weights: {label}.")
     return cfg
 
 
