@@ -22,10 +22,11 @@
 // per weight are 6.4x and 3.8x fewer bytes than fp32, but only if the product reads the blocks
 // themselves. Each thread takes a range of output rows (a contiguous run of bytes: rows are
 // stored back to back) and walks it four rows at a time, the next group's bytes prefetched while
-// these are multiplied (without it the Q4_1 set took ~2.1x a read of its bytes instead of ~1.5x
-// in one noisy run; bench: scripts/bench_blocks.py). Each block is unpacked once for up to four
-// rows of x (more rows of x, fewer rows of blocks at a time: the accumulators share the 16
-// vector registers): 4 rows of x cost 2-3x one row in cache, not 4x.
+// these are multiplied (SmolLM2's Q4_1 set on the quiet EPYC: 2.02x a read of its bytes without,
+// 1.17x with at 1 thread, 1.68x and 1.08x at 2; two or four groups ahead the same within 3%;
+// bench: scripts/bench_blocks.py). Each block is unpacked once for up to four rows of x (more
+// rows of x, fewer rows of blocks at a time: the accumulators share the 16 vector registers):
+// 4 rows of x cost 2-3x one row in cache, not 4x.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
