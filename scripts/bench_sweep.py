@@ -33,7 +33,9 @@ facts and the model in; (2) the Latency sweep page settled (idle, its model load
 in), Run with every default, seconds to the first point; (3) the Latency sweep page opened and
 Run pressed the moment the button appears, seconds from the page's first paint (its title) to
 the first point. Each sweep is stopped after its first point (the server saves it).
-``--report`` prints their table too.
+A call measures what its ``--out`` folder lacks (``--pairs`` at a time: quiet moments on a
+shared host), so it can be called again into the same folder. ``--report`` prints their table
+too.
 """
 
 from __future__ import annotations
@@ -220,30 +222,34 @@ def first_minutes(out: Path, args: argparse.Namespace) -> None:
     run's timing is saved in its folder beside the sweeps its servers saved."""
     from playwright.sync_api import sync_playwright
 
+    todo = [(every, i) for every in args.reads for i in range(1, args.runs + 1)
+            if not any(r.get("kind") == FIRST_KIND
+                       for r in saved(out / f"every-{every:g}s-run-{i}"))]
     with sync_playwright() as pw:
         chromium = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        for every in args.reads:
-            for i in range(1, args.runs + 1):
-                folder = out / f"every-{every:g}s-run-{i}"
-                load_1m = os.getloadavg()[0]
-                timing = {"read_every_s": every, "load_1m": load_1m,
-                          **first_page(chromium, folder / "page", args, every),
-                          **first_point(chromium, folder / "settled", args, every, False),
-                          **first_point(chromium, folder / "paint", args, every, True)}
-                meta = results.collect_meta(
-                    model=args.model, weights="auto", device="cpu", dtype="float32",
-                    threads=args.threads, command="scripts/bench_sweep.py --first (headless "
-                    f"Chromium, fresh servers, every default, the page read every {every:g} s)")
-                sweeps = [r for r in saved(folder) if r.get("kind") == "latency_sweep"]
-                if sweeps:
-                    meta["device_name"] = sweeps[0]["meta"].get("device_name")
-                results.save_run(results.new_run(FIRST_KIND, meta, {"timing": [timing]}),
-                                 folder)
-                print(f"read every {every:g} s, run {i} (load {load_1m:.2f}): first page "
-                      f"{timing['page_title_s']:.1f} s (settled {timing['page_settled_s']:.1f} "
-                      f"s, filled in {timing['page_filled_s']:.1f} s); first point "
-                      f"{timing['settled_point_s']:.1f} s from a settled page, "
-                      f"{timing['paint_point_s']:.1f} s from first paint", flush=True)
+        for every, i in todo[:args.pairs]:
+            folder = out / f"every-{every:g}s-run-{i}"
+            shutil.rmtree(folder, ignore_errors=True)  # an earlier try that did not finish
+            load_1m = os.getloadavg()[0]
+            timing = {"read_every_s": every, "load_1m": load_1m,
+                      **first_page(chromium, folder / "page", args, every),
+                      **first_point(chromium, folder / "settled", args, every, False),
+                      **first_point(chromium, folder / "paint", args, every, True)}
+            meta = results.collect_meta(
+                model=args.model, weights="auto", device="cpu", dtype="float32",
+                threads=args.threads, command="scripts/bench_sweep.py --first (headless "
+                f"Chromium, fresh servers, every default, the page read every {every:g} s)")
+            sweeps = [r for r in saved(folder) if r.get("kind") == "latency_sweep"]
+            if sweeps:
+                meta["device_name"] = sweeps[0]["meta"].get("device_name")
+            timing["load_1m_after"] = os.getloadavg()[0]
+            results.save_run(results.new_run(FIRST_KIND, meta, {"timing": [timing]}),
+                             folder)
+            print(f"read every {every:g} s, run {i} (load {load_1m:.2f}): first page "
+                  f"{timing['page_title_s']:.1f} s (settled {timing['page_settled_s']:.1f} "
+                  f"s, filled in {timing['page_filled_s']:.1f} s); first point "
+                  f"{timing['settled_point_s']:.1f} s from a settled page, "
+                  f"{timing['paint_point_s']:.1f} s from first paint", flush=True)
         chromium.close()
     for log in out.rglob("server.log"):  # the servers' logs are not runs
         log.unlink()
@@ -287,18 +293,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reads", type=lambda text: [float(x) for x in text.split(",")],
                     default=[0.1, 1.0], help="--first: the page read every this many seconds "
                     "(default 0.1,1)")
+    ap.add_argument("--pairs", type=int, default=None,
+                    help="--first: measure at most this many (read interval, run) pairs now; "
+                    "the folder keeps those done, so a later call goes on (quiet moments)")
     args = ap.parse_args(argv)
     if args.report:
         print("\n".join(table(Path(args.report))))
         return 0
     out = Path(args.out)
-    if out.exists() and any(out.iterdir()):
-        raise SystemExit(f"{out} is not empty: move its runs away or pass another --out")
-    if args.first:
+    if args.first:  # goes on where an earlier call into the same folder stopped
         first_minutes(out, args)
         print("\n".join(table(out)))
         print(f"runs kept in {out}")
         return 0
+    if out.exists() and any(out.iterdir()):
+        raise SystemExit(f"{out} is not empty: move its runs away or pass another --out")
     calibration = None
     if args.calibrated:
         cli(out / "calibration", args, "prediction")
