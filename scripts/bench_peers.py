@@ -2,6 +2,8 @@
 """Peers benchmark: every available peer and our exact cached modes, 1 and 2 threads, saved runs.
 
     python scripts/bench_peers.py                      # gpt2 shapes, contexts 128 and 512
+    python scripts/bench_peers.py --model smollm2-135m # SmolLM2's real weights: llama.cpp on
+                                                       # its very file, our GGUF rungs beside
     python scripts/bench_peers.py --tiny               # the tiny test shape: a smoke run
     python scripts/bench_peers.py --threads 2 --rounds 3 --out /tmp/peers
 
@@ -28,12 +30,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from instruments import lineup  # noqa: E402
-from instruments.experiments.peers import markdown, verdict  # noqa: E402
+from instruments.experiments.peers import llamacpp_goals, markdown, verdict  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tiny", action="store_true", help="tiny test shape, one short round")
+    ap.add_argument("--model", default=None, help="default gpt2 (random weights); "
+                    "smollm2-135m runs on its package's real weights")
     ap.add_argument("--threads", default="1,2", help="thread counts, one process each")
     ap.add_argument("--contexts", default=None, help="default 128,512 (tiny: 64,128)")
     ap.add_argument("--rounds", type=int, default=None, help="default 5 (tiny: 1)")
@@ -49,8 +53,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def one(args: argparse.Namespace, threads: int) -> dict:
     """One thread count in its own process; the run it saved."""
-    cmd = [sys.executable, "-m", "instruments", "peers", "--model",
-           "tiny" if args.tiny else "gpt2", "--weights", "random", "--threads", str(threads),
+    model = args.model or ("tiny" if args.tiny else "gpt2")
+    weights = "random" if lineup.family_of(model).name == "gpt2" else \
+        lineup.preset(model).weights[0]
+    cmd = [sys.executable, "-m", "instruments", "peers", "--model", model,
+           "--weights", weights, "--threads", str(threads),
            "--contexts", args.contexts or ("64,128" if args.tiny else "128,512"),
            "--rounds", str(args.rounds or (1 if args.tiny else 5)),
            "--steps", str(args.steps or (2 if args.tiny else 24)), "--modes", args.modes,
@@ -80,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
               f"(`{run['meta'].get('command', '')}`)\n")
         print(markdown(rows))
         print()
-        for line in verdict(rows):
+        for line in [*verdict(rows), *llamacpp_goals(rows)]:
             print(line)
         for note in run["meta"].get("notes") or []:
             print(f"note: {note}")

@@ -108,7 +108,8 @@ def from_args(args: argparse.Namespace, cfg: ModelConfig) -> PeersParams:
 
 
 def summary(run: dict[str, Any]) -> list[str]:
-    return [markdown(run["tables"].get("peers", [])), *verdict(run["tables"].get("peers", []))]
+    rows = run["tables"].get("peers", [])
+    return [markdown(rows), *verdict(rows), *llamacpp_goals(rows)]
 
 
 # ---------------------------------------------------------------------------- reading a run
@@ -139,6 +140,41 @@ def verdict(rows: list[dict[str, Any]]) -> list[str]:
                          f"{group[1]['latency_ms'] / best['latency_ms']:.2f}× its time")
             parts.append(said)
         out.append(f"At {t} tokens, {'; '.join(parts)}.")
+    return out
+
+
+# (our rung, llama.cpp's peer on the same bytes): the goal is ours <= theirs at every context
+# and thread count, the target 0.8x; q4_1 also <= 0.35x the fp32 read floor
+LLAMACPP_PAIRS = (("q4_1_weights", "llamacpp_q4_1"), ("q8_0_weights", "llamacpp_q8_0"),
+                  (None, "llamacpp_f32"))  # None: our fastest exact fp32 mode
+LLAMACPP_GOAL, LLAMACPP_TARGET, Q4_FLOOR_TARGET = 1.0, 0.8, 0.35
+
+
+def llamacpp_goals(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per context and format: our step over llama.cpp's on the same weights, against
+    the goal (<= 1) and the target (<= 0.8), and our q4_1 step over the fp32 read floor."""
+    out = []
+    done = timed(rows)
+    for t in sorted({r["context_len"] for r in done}):
+        here = {r["engine"]: r for r in done if r["context_len"] == t}
+        exact = [r for r in here.values() if r["kind"] == "mode"
+                 and not lineup.spec(r["engine"]).tolerance]
+        for ours, theirs in LLAMACPP_PAIRS:
+            mine = here.get(ours) if ours else min(exact, key=lambda r: r["latency_ms"],
+                                                   default=None)
+            other = here.get(theirs)
+            if mine is None or other is None:
+                continue
+            ratio = mine["latency_ms"] / other["latency_ms"]
+            said = ("target met" if ratio <= LLAMACPP_TARGET else "goal met"
+                    if ratio <= LLAMACPP_GOAL else "MISSED")
+            line = (f"At {t} tokens: {mine['engine']} {mine['latency_ms']:.2f} ms ÷ {theirs} "
+                    f"{other['latency_ms']:.2f} ms = {ratio:.2f} ({said}: goal ≤ 1, target "
+                    f"≤ {LLAMACPP_TARGET})")
+            if ours == "q4_1_weights" and mine.get("x_floor") is not None:
+                line += (f"; {mine['x_floor']:.2f}× the fp32 read floor (target ≤ "
+                         f"{Q4_FLOOR_TARGET})")
+            out.append(line + ".")
     return out
 
 
@@ -193,8 +229,9 @@ def _row(e: _Engine, t: int, floor_ms: float, threads: int, own_share: float
     return {
         "engine": e.name, "engine_label": spec.label, "mode": e.name,
         "kind": "peer" if lineup.is_peer(e.name) else "mode",
-        # a peer's own precision; a weight-only rung's bytes per weight; else the model's dtype
-        "precision": getattr(spec, "dtype", None) or getattr(spec, "weight_storage", "")
+        # what its weights are stored as: a rung's or a GGUF peer's storage (so our q4_1 rung and
+        # llama.cpp's Q4_1 file compare as one precision), a peer's own, else the model's dtype
+        "precision": weight_storage(spec) or getattr(spec, "dtype", None)
         or e.check.get("dtype", "float32"),
         "context_len": t, "latency_ms": median, "p90_ms": p90, "min_ms": min(samples),
         "samples_ms": samples, "rounds_ms": e.rounds[t], "floor_ms": floor_ms,
@@ -214,7 +251,8 @@ def _not_run(name: str, why: str, *, available: bool, check: dict | None = None
     spec = lineup.spec(name)
     return {"engine": name, "engine_label": spec.label, "mode": name,
             "kind": "peer" if lineup.is_peer(name) else "mode",
-            "precision": getattr(spec, "dtype", None), "context_len": None, "latency_ms": None,
+            "precision": weight_storage(spec) or getattr(spec, "dtype", None),
+            "context_len": None, "latency_ms": None,
             "available": available, "passed": False if available else None, "why": why,
             "logits_max_abs_diff": (check or {}).get("max_diff"),
             "logits_tolerance": (check or {}).get("tolerance")}
