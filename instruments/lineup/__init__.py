@@ -146,7 +146,10 @@ def make_decoder(model: Any, name: str, **kwargs: Any) -> Any:
     """A decoder of mode ``name``, or the adapter of peer ``name`` (ValueError / PeerUnavailable
     when it cannot run here)."""
     if is_peer(name):
-        model = getattr(model, "model", model)  # an engine.state.ModelState: its model
+        from engine.state import ModelState
+
+        if isinstance(model, ModelState):  # (a Llama's own ``.model`` is its module dict)
+            model = model.model
         ok, why = peer_available(name, str(model.device), model.config.family)
         if not ok:
             raise PeerUnavailable(f"{name}: {why}")
