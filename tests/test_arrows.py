@@ -1,7 +1,7 @@
 """The layers' arrows point one way, the dashboard's server never imports torch, files stay small.
 
-  engine       imports nothing of instruments, ui, pages, streamlit or plotly; no module of it
-               imports one that imports it back
+  engine       imports nothing of instruments, ui, pages, streamlit or plotly (no module of
+               the project imports one that imports it back: tests/test_registry.py)
   instruments  imports neither streamlit, plotly, ui nor pages; inside it, each part imports only
                the parts below it (``INSTRUMENT_PARTS``, lowest first)
   ui, pages    import no torch -- not directly, and not through anything they import: every page
@@ -96,27 +96,6 @@ def test_each_part_of_instruments_imports_only_the_parts_below_it() -> None:
         if wrong:
             bad[str(path.relative_to(ROOT))] = wrong
     assert not bad
-
-
-def test_no_engine_module_imports_one_that_imports_it_back() -> None:
-    graph = {}
-    for path in sources("engine"):
-        name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
-        graph[name.removesuffix(".__init__")] = {
-            m for m in modules_imported(path, "engine") if m != "engine"}
-    modules = set(graph)
-
-    def reach(start: str) -> set[str]:
-        seen, todo = set(), [start]
-        while todo:
-            for nxt in graph.get(todo.pop(), ()):
-                if nxt in modules and nxt not in seen:
-                    seen.add(nxt)
-                    todo.append(nxt)
-        return seen
-
-    cycles = sorted(m for m in modules if m in reach(m) and m != "engine")
-    assert not cycles
 
 
 def test_the_arrow_check_sees_a_wrong_import(tmp_path: Path) -> None:

@@ -231,8 +231,12 @@ def test_gpu_check_dry_run_on_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
                            "--budget-s", "0"]) == 0
     kinds = sorted(r["kind"] for r in load_runs(tmp_path).runs)
     assert kinds == ["attribution", "bench", "floor_summary", "hardware", "kv_planner",
-                     "latency_sweep", "latency_sweep", "memory", "peers", "speculate", "staircase",
-                     "step_prediction"]  # every stage saves its run
+                     "latency_sweep", "latency_sweep", "latency_sweep", "memory", "peers",
+                     "speculate", "staircase", "step_prediction"]  # every stage saves its run
+    # three sweeps: GPT-2 in fp32 and bf16, then the Llama family
+    families = sorted(r["meta"].get("family", "") for r in load_runs(tmp_path).runs
+                      if r["kind"] == "latency_sweep")
+    assert families.count("llama") == 1, families
     out = capsys.readouterr().out
     assert "bandwidth floor" in out
     ok = {"fits": True, "tensor_bytes": 2048, "formula_bytes": 2048, "tensors": 2,

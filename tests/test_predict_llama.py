@@ -21,7 +21,7 @@ from engine.decoders import make_decoder
 from engine.llama import Llama
 from instruments import lineup
 from instruments.costmodel import predict
-from instruments.measure import calibration
+from instruments.measure import calibration, small_ops
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,7 @@ def test_llama_small_operators_are_rmsnorm_rope_and_silu(model: Llama,
     calls = {"norm": 0, "rope": 0, "silu": 0}
     hooks = [m.register_forward_hook(lambda *_: calls.__setitem__("norm", calls["norm"] + 1))
              for m in model.modules() if type(m).__name__ == "RMSNorm"]
-    real_rope, real_silu = calibration.apply_rope, calibration.F.silu
+    real_rope, real_silu = small_ops.apply_rope, small_ops.F.silu
 
     def rope(*a: Any) -> Any:
         calls["rope"] += 1
@@ -113,8 +113,8 @@ def test_llama_small_operators_are_rmsnorm_rope_and_silu(model: Llama,
         calls["silu"] += 1
         return real_silu(*a, **k)
 
-    monkeypatch.setattr(calibration, "apply_rope", rope)
-    monkeypatch.setattr(calibration.F, "silu", silu)
+    monkeypatch.setattr(small_ops, "apply_rope", rope)
+    monkeypatch.setattr(small_ops.F, "silu", silu)
     try:
         calibration._Parts(model, 1, cold=False).small(3)()
     finally:

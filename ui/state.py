@@ -128,6 +128,10 @@ def sidebar() -> Choice:
     if not there:  # its real weights are missing: offer what loads, and say how to get them
         offered = [w for w in offered if w == "random"] or offered
         sb.warning(f"{model}'s real weights are {install}")
+    if st.session_state.get("_weights_for", model) != model and \
+            st.session_state.get("weights") not in offered:
+        st.session_state.pop("weights")  # another preset's choice: its own default, unsaid
+    st.session_state["_weights_for"] = model
     _keep_valid("weights", offered, f"Weights for {model}")
     preset = lineup.preset(model)
     weights = sb.selectbox(

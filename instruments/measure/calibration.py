@@ -58,7 +58,7 @@ from engine.attention import Attention
 from engine.config import ModelConfig
 from engine.decoders.fast import fast_weights
 from engine.kv_cache import make_cache
-from engine.llama import Llama, apply_rope, rope_angles
+from engine.llama import Llama
 from engine.loop import random_prompt
 from engine.model import GPT
 from engine.quant import STORAGES, weight_only
@@ -67,6 +67,7 @@ from engine.step import attend_filled
 from instruments import lineup
 from instruments.costmodel import predict
 from instruments.measure.sampler import Sampler
+from instruments.measure.small_ops import SMALL_OPS
 
 Tick = Callable[[str], bool]  # (what is being timed) -> True when asked to stop
 HOLLOW_WIDTH, HOLLOW_VOCAB = 4, 8
@@ -163,68 +164,6 @@ def _packed(state: ModelState) -> tuple[list[list[Callable[..., Any]]], Callable
         return [list(b) for b in zip(*(w.linears[r] for r in roles), strict=True)], \
             w.linears["lm_head"][0]
     return [list(b) for b in w.linears], w.head
-
-
-# -- small operators, per family: what a forward runs that is no matmul and no attention -------
-SmallOps = Callable[["_Parts", int], Callable[[], Any]]
-
-
-def _gpt2_small(parts: _Parts, rows: int) -> Callable[[], Any]:
-    """Layer norms, GELU, residual adds, the heads' re-assembly copy, token + position
-    embeddings (``GPT.forward``'s)."""
-    cfg, m = parts.cfg, parts.model
-    d, nh, hs = cfg.n_embd, cfg.n_head, cfg.head_dim
-    x, h4 = parts.randn(1, rows, d), parts.randn(1, rows, 4 * d)
-    heads = parts.randn(1, nh, rows, hs)
-    idx = torch.zeros(1, rows, dtype=torch.long, device=parts.dev)
-    pos = torch.arange(rows, device=parts.dev)
-    tr = m.transformer
-
-    def run() -> None:
-        e = tr.wte(idx) + tr.wpe(pos)
-        for blk in tr.h:
-            a = blk.ln_1(x)
-            y = heads.transpose(1, 2).contiguous().view(1, rows, d)
-            e = x + y
-            a = blk.ln_2(e)
-            F.gelu(h4, approximate="tanh")
-            e = e + a
-        tr.ln_f(e)
-
-    return run
-
-
-def _llama_small(parts: _Parts, rows: int) -> Callable[[], Any]:
-    """RMSNorms (fp32), RoPE's angles (once per forward) and its rotation of q (n_head heads)
-    and k (n_kv_head heads), the heads' re-assembly copy, SiLU(gate) x up, residual adds, the
-    embedding lookup (``Llama.forward``'s)."""
-    cfg, m = parts.cfg, parts.model
-    d, nh, nkv, hs = cfg.n_embd, cfg.n_head, cfg.n_kv_head, cfg.head_dim
-    x = parts.randn(1, rows, d)
-    gate, up = parts.randn(1, rows, cfg.n_hidden), parts.randn(1, rows, cfg.n_hidden)
-    q, k = parts.randn(1, nh, rows, hs), parts.randn(1, nkv, rows, hs)
-    idx = torch.zeros(1, rows, dtype=torch.long, device=parts.dev)
-    pos = torch.arange(rows, device=parts.dev)
-    tr = m.model
-
-    def run() -> None:
-        cos, sin = rope_angles(pos, hs, cfg.rope_theta, parts.dtype)
-        e = tr.embed_tokens(idx)
-        for blk in tr.layers:
-            a = blk.input_layernorm(x)
-            apply_rope(q, cos, sin)
-            apply_rope(k, cos, sin)
-            y = q.transpose(1, 2).contiguous().view(1, rows, nh * hs)
-            e = x + y
-            a = blk.post_attention_layernorm(e)
-            F.silu(gate) * up
-            e = e + a
-        tr.norm(e)
-
-    return run
-
-
-SMALL_OPS: tuple[tuple[type, SmallOps], ...] = ((GPT, _gpt2_small), (Llama, _llama_small))
 
 
 class _Parts:
@@ -354,7 +293,7 @@ class _Parts:
     def small(self, rows: int) -> Callable[[], Any]:
         for cls, build in SMALL_OPS:
             if isinstance(self.model, cls):
-                return build(self, rows)
+                return build(self.model, self.randn, rows)
         raise NotCalibrated(f"small operators of a {type(self.model).__name__} "
                             f"({self.cfg.family} family): none are listed here")
 
