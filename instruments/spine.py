@@ -181,6 +181,16 @@ def no_grad(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 
+def _kernel_isa() -> str | None:
+    """The instruction set our CPU kernel library was built for (None: not built)."""
+    from engine import kernels
+
+    try:
+        return kernels.isa()
+    except (OSError, RuntimeError, ValueError):  # a build that cannot load: torch's kernels ran
+        return None
+
+
 def base_meta(loaded: Loaded, kind: str, params: Any) -> dict[str, Any]:
     """Meta every run of ``kind`` starts with: model, device, versions, and the params."""
     import torch
@@ -196,6 +206,7 @@ def base_meta(loaded: Loaded, kind: str, params: Any) -> dict[str, Any]:
         weights=loaded.info.get("weights_label"),
         device=spec.device, device_name=facts["name"], dtype=spec.dtype,
         config=loaded.model.config.to_dict(), threads=torch.get_num_threads(),
+        kernel_isa=_kernel_isa() if spec.device == "cpu" else None,  # which build multiplied
         tf32=bool(torch.backends.cuda.matmul.allow_tf32) if spec.device.startswith("cuda")
         else None,
         peaks={"listed": facts.get("listed_peaks"), "measured": None})

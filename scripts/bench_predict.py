@@ -65,7 +65,7 @@ def main() -> int:
         wall_s = time.perf_counter() - t0
         load_after = os.getloadavg()[0]
         runs = [r for r in load_runs(folder).runs if r["kind"] == "step_prediction"]
-        run = max(runs, key=lambda r: r["meta"].get("created", ""))
+        run = max(runs, key=lambda r: str(r.get("created_utc")))  # the run just made
     meta = run["meta"]
     timings = meta.get("timings") or {}
     print(f"{args.model} ({meta.get('weights')} weights, {meta.get('dtype')}), "

@@ -3,6 +3,7 @@
 
     python scripts/bench_speculate.py                      # the trained fixture, then gpt2
     python scripts/bench_speculate.py --models fixture --threads 1 --new-tokens 128
+    python scripts/bench_speculate.py --models smollm2-135m   # real weights: code, prose, chat
 
 For each model and prompt, one ``speculate`` run (``instruments.experiments.speculate``: its own
 verify curve at the prompt's contexts, then plain greedy decoding and prompt-lookup speculation
@@ -16,7 +17,9 @@ other work are not worth publishing.
 Models: "fixture" is ``tests/fixtures/bytes_stdlib`` (a small model trained on the Python
 standard library, real and varied acceptance, but host-bound: its forwards are mostly
 dispatch); "gpt2" is the 124M shape, random weights unless --gpt2-weights names a checkpoint
-folder or "pretrained" (random weights repeat one token: acceptance is trivially high).
+folder or "pretrained" (random weights repeat one token: acceptance is trivially high);
+"smollm2-135m" runs on its package's real weights, and adds a chat answer: the prose prompt's
+question in the model's chat template.
 """
 
 from __future__ import annotations
@@ -29,11 +32,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
+from instruments import lineup  # noqa: E402
 from instruments.experiments import speculate  # noqa: E402
 from instruments.spine import ModelSpec, load  # noqa: E402
 from instruments.store import results  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "bytes_stdlib"
+CHAT = "What does a transformer's key-value cache store, and why does it make decoding faster?"
 PROMPTS = {
     "code": speculate.DEFAULT_PROMPT,
     "class": ("class Point:\n    def __init__(self, x, y):\n        self.x = x\n"
@@ -52,7 +57,17 @@ def fmt(value: float | None, spec: str) -> str:
 def spec_for(name: str, args: argparse.Namespace) -> ModelSpec:
     if name == "fixture":
         return ModelSpec("gpt2", str(FIXTURE), args.device, "float32")
-    return ModelSpec("gpt2", args.gpt2_weights, args.device, "float32")
+    if name == "gpt2":
+        return ModelSpec("gpt2", args.gpt2_weights, args.device, "float32")
+    return ModelSpec(name, lineup.preset(name).weights[0], args.device, "float32")
+
+
+def prompts(name: str) -> dict[str, tuple[str, bool]]:
+    """label -> (text, in the chat template): the chat answer where the model has a template."""
+    out = {label: (text, False) for label, text in PROMPTS.items()}
+    if name not in ("fixture", "gpt2") and lineup.preset(name).chat:
+        out["chat"] = (CHAT, True)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,12 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.models.split(","):
         loaded = load(spec_for(name, args))
         block = loaded.model.config.block_size
-        for label, text in PROMPTS.items():
-            ids, _ = speculate.prompt_ids(loaded.model, text, args.new_tokens)
+        for label, (text, chat) in prompts(name).items():
+            ids, _ = speculate.prompt_ids(loaded.model, text, args.new_tokens, chat)
             t0 = ids.size(1)
             contexts = sorted({t0, min(t0 + args.new_tokens, block - max(ks) - 1)})
             params = speculate.SpeculateParams(contexts, ks, args.mode, text, args.new_tokens,
-                                               args.repeats)
+                                               args.repeats, chat=chat)
             run = speculate.run(loaded, params)
             run["meta"].update(command="scripts/bench_speculate.py", bench_prompt=label)
             print(f"saved {results.save_run(run, args.results_dir)}", flush=True)

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from instruments.store import readme_blocks as mk
 from instruments.store import readme_code as code
+from instruments.store import readme_llama as llama
 from instruments.store import readme_speed as speed
 from instruments.store import readme_tables
 from instruments.store.readme_blocks import ReadmeError, Run, rel
@@ -68,27 +69,15 @@ BLOCKS: dict[str, Block] = {
     "sweep-time": Block("sweep", speed.sweep_bench,
                         f"`python scripts/bench_sweep.py --out /tmp/sweep` {_QUIET} (its "
                         "folders: browser-N/, cli/, cli-again/)", recursive=True),
-    "sweep-time-epyc": Block("sweep-epyc", speed.sweep_bench, "`python scripts/bench_sweep.py` "
-                             "on the 2-core AMD EPYC (kept as measured)", recursive=True),
-    "sweep-time-slow-host": Block("sweep-slow-host", speed.sweep_bench, "`python scripts/"
-                                  "bench_sweep.py` on a second, slower host of the Xeon kind "
-                                  "(kept as measured)", recursive=True),
     "engine-speed": Block("engine-speed", speed.kernels,
                           f"`python scripts/bench_kernels.py` {_QUIET}"),
     "peers": Block("peers", speed.peers, f"`python scripts/bench_peers.py` {_QUIET}"),
-    "peers-epyc": Block("peers-epyc", speed.peers_history, "`python scripts/bench_peers.py` on the "
-                        "2-core AMD EPYC, before CTranslate2 had its own OpenMP runtime (kept as "
-                        "measured)"),
     "engine-speed-epyc": Block("engine-speed-epyc", speed.kernels, "`python scripts/"
                                "bench_kernels.py` on the 2-core AMD EPYC (kept as measured)"),
-    "peers-before": Block("peers-before", speed.peers_history, "`python scripts/bench_peers.py` "
-                          "before the kernel went into mode 8 (kept as measured)"),
     "peers-history": Block("peers", speed.peers_history, f"`python scripts/bench_peers.py` "
                            f"{_QUIET}"),
     "speculate": Block("speculate", speed.speculation, "`python scripts/bench_speculate.py` "
                        f"{_QUIET}"),
-    "speculate-epyc": Block("speculate-epyc", speed.speculation, "`python scripts/"
-                            "bench_speculate.py` on the 2-core AMD EPYC (kept as measured)"),
     "first-run": Block("sweep", speed.first_run, "`python scripts/bench_sweep.py`",
                        recursive=True, more=("sweep-slow-host", "sweep-epyc", "sweep-first")),
     "hosts": Block("", mk.hosts, "a script or command named in docs/runs/README.md",
@@ -97,6 +86,24 @@ BLOCKS: dict[str, Block] = {
     "commands": Block(None, code.commands, source="the CLI's parser (instruments/cli.py)"),
     "scripts": Block(None, code.scripts, source="the docstrings of scripts/"),
     "layout": Block(None, code.layout, source="the package tree"),
+    "modes": Block(None, code.modes, source="each mode's ModeSpec (engine/modes.py)"),
+    "llama-checks": Block("smollm2", llama.llama_checks, "`python -m instruments correctness "
+                          "--model smollm2-135m --results-dir docs/runs/smollm2`"),
+    "llama-runs": Block("smollm2", llama.llama_runs, "`python -m instruments sweep --model "
+                        "smollm2-135m --modes uncached,concat,prealloc_fused,fast --contexts "
+                        "16,256,1024` and `memory --model smollm2-135m --memory-contexts 1024`, "
+                        "each `--threads 1 --results-dir docs/runs/smollm2`"),
+    "llamacpp": Block("peers-llamacpp", llama.llamacpp, "`python scripts/bench_peers.py --model "
+                      "smollm2-135m --out docs/runs/peers-llamacpp` (GPT-2's: `python scripts/"
+                      f"bench_peers.py --out docs/runs/peers`) {_QUIET}", more=("peers",)),
+    "llamacpp-summary": Block("peers-llamacpp", llama.llamacpp_summary, "`python scripts/"
+                              "bench_peers.py --model smollm2-135m --out docs/runs/"
+                              f"peers-llamacpp` (and GPT-2's into `peers/`) {_QUIET}",
+                              more=("peers",)),
+    "speculate-smollm2": Block("speculate-smollm2", speed.speculation, "`python scripts/"
+                               "bench_speculate.py --models smollm2-135m --threads 1 "
+                               f"--results-dir docs/runs/speculate-smollm2` {_QUIET}"),
+    "models": Block(None, code.models, source="the family table (engine/families.py)"),
 }
 # A marker is a line of its own (a marker quoted inside a sentence is prose, not a block).
 _BLOCK = re.compile(r"^<!-- generated: (?P<name>\S+) -->\n(?P<body>.*?)^<!-- end: (?P=name) -->$",

@@ -11,6 +11,10 @@ empty):
   layout    every package of the app (``engine``, ``instruments``, ``ui`` and their
             subpackages) with the first sentence of its ``__init__`` docstring and its files;
             ``app.py`` and ``pages/`` besides
+  modes     every decode mode's label, the model families it runs (and why not the others)
+            and its error bound, read off its ``ModeSpec`` through ``instruments.lineup`` in a
+            process of its own (the one description of a mode: docs cannot drift from it)
+  models    every model preset: family, shapes, K/V bytes a token, where its weights come from
 Files are the ones git tracks where ``root`` is a git checkout (work in progress that is not
 committed yet does not change a block), else the ones on disk.
 """
@@ -25,10 +29,11 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from instruments.store.readme_blocks import ReadmeError, Run, md_table, rel
 
-__all__ = ["commands", "first_sentence", "layout", "scripts"]
+__all__ = ["commands", "first_sentence", "layout", "models", "modes", "scripts"]
 
 PACKAGES = ("engine", "instruments", "ui")
 _PARSER = """
@@ -36,6 +41,27 @@ import json
 from instruments.cli import build_parser
 sub = build_parser()._subparsers._group_actions[0]
 print(json.dumps([[a.dest, a.metavar or a.dest, a.help or ""] for a in sub._choices_actions]))
+"""
+_MODES = """
+import json
+from instruments import lineup
+fams = list(lineup.families.FAMILIES)
+out = []
+for name in lineup.mode_names():
+    s = lineup.spec(name)
+    out.append([name, s.label, [f for f in fams if s.runs(f)[0]], s.why_not, s.tolerance,
+                s.needs, len(fams)])
+print(json.dumps(out))
+"""
+_MODELS = """
+import json
+from instruments import lineup
+out = []
+for name in lineup.models():
+    c, p = lineup.config(name), lineup.preset(name)
+    out.append([name, lineup.family_of(name).title, c.n_layer, c.n_head, c.n_kv_head, c.n_embd,
+                c.kv_bytes_per_token(4), p.source or "random weights"])
+print(json.dumps(out))
 """
 _parsed: dict[str, list[list[str]]] = {}
 
@@ -113,21 +139,51 @@ def _fingerprint(root: Path) -> str:
 
 def parser_commands(root: Path) -> list[list[str]]:
     """[name, name with its aliases, help] per subcommand, from the checkout's own parser."""
-    key = _fingerprint(root)
+    return _asked(root, _PARSER, "instruments/cli.py", "build_parser()")
+
+
+def _asked(root: Path, code: str, where: str, what: str) -> list[list[Any]]:
+    """What ``code`` prints as JSON, run in a process of its own over the checkout at ``root``
+    (the store sits below what it describes: it never imports it), once per checkout state."""
+    key = _fingerprint(root) + hashlib.sha1(code.encode()).hexdigest()
     if key not in _parsed:
         env = {**os.environ, "PYTHONPATH": str(root.resolve())}
         try:
-            got = subprocess.run([sys.executable, "-c", _PARSER], cwd=root, env=env,
+            got = subprocess.run([sys.executable, "-c", code], cwd=root, env=env,
                                  capture_output=True, text=True, timeout=120)
         except (OSError, subprocess.SubprocessError) as exc:
-            raise ReadmeError(f"{rel(root / 'instruments' / 'cli.py', root)}: could not run its "
-                              f"parser: {exc}") from exc
+            raise ReadmeError(f"{where}: could not run {what}: {exc}") from exc
         if got.returncode != 0:
             last = (got.stderr.strip().splitlines() or ["no output"])[-1]
-            raise ReadmeError(f"{rel(root / 'instruments' / 'cli.py', root)}: build_parser() "
-                              f"failed: {last}")
+            raise ReadmeError(f"{where}: {what} failed: {last}")
         _parsed[key] = json.loads(got.stdout)
     return _parsed[key]
+
+
+# ------------------------------------------------------------------------- modes and models
+def modes(runs: list[Run], root: Path) -> str:
+    rows, whys = [], []
+    for name, label, fams, why_not, tol, needs, n_fams in _asked(
+            root, _MODES, "engine/modes.py", "the lineup's modes"):
+        rung, _, what = label.partition(" · ")
+        runs_on = "every family" if len(fams) == n_fams else ", ".join(fams) + " only"
+        if why_not:
+            whys += [why_not] if why_not not in whys else []
+            runs_on += "†" * (whys.index(why_not) + 1)
+        rows.append([rung, f"`{name}`", what.replace("|", "\\|"), runs_on
+                     + (f", needs {needs}" if needs else ""), f"{tol:.0%}" if tol else "exact"])
+    notes = ["", *(f"{'†' * (i + 1)} {why}." for i, why in enumerate(whys))] if whys else []
+    return "\n".join([*md_table(["#", "mode", "what changes", "families", "bound"], rows),
+                      *notes])
+
+
+def models(runs: list[Run], root: Path) -> str:
+    rows = [[f"`{name}`", fam, f"{layers} × {heads} heads ({kv} K/V) × {width}",
+             f"{kv_bytes:,}", source.split(" (")[0]]
+            for name, fam, layers, heads, kv, width, kv_bytes, source
+            in _asked(root, _MODELS, "engine/families.py", "the family table")]
+    return "\n".join(md_table(["model", "family", "layers × heads × width",
+                              "KV bytes a token (fp32)", "weights"], rows))
 
 
 def commands(runs: list[Run], root: Path) -> str:

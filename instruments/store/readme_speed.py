@@ -22,6 +22,7 @@ Makers as in ``instruments.store.readme_blocks`` (``make(runs, root) -> str``):
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from instruments.store.readme_blocks import Run, host, machine, md_table, newest, rel, table
 from instruments.store.sweep_bench import (
@@ -140,43 +141,64 @@ def _top(run: Run, root: Path) -> str:
     return Path(rel(run["path"], root)).parts[2]
 
 
-def _history_row(run: Run, root: Path) -> tuple[list, set[str]]:
+def _history_values(run: Run, root: Path) -> tuple[dict[int, list[float | None]], set[str]]:
+    """Per context of one peers run: [read floor ms, fastest exact ÷ CTranslate2 fp32, its ×
+    the floor, int8_weights ÷ CTranslate2 int8] (None where a row is missing); the exact modes
+    that were fastest."""
     got = [r for r in table(run, "peers", root) if r.get("latency_ms") is not None]
-    ctx = sorted({r["context_len"] for r in got})
     at = {(r["engine"], r["context_len"]): r for r in got}
-    exact = {t: next((e for (e, c), r in at.items() if c == t
-                      and r.get("x_fastest_exact") == 1.0), "") for t in ctx}
-    floors = [next((r["floor_ms"] for (_, c), r in at.items() if c == t and r.get("floor_ms")),
-                   None) for t in ctx]
-    ratios, x_floor, int8 = [], [], []
-    for t in ctx:
-        ours, ct2, q, cq = (at.get((exact[t], t)), at.get(("ct2_float32", t)),
+    out, fastest = {}, set()
+    for t in sorted({r["context_len"] for r in got}):
+        exact = next((e for (e, c), r in at.items() if c == t
+                      and r.get("x_fastest_exact") == 1.0), "")
+        fastest |= {exact} - {""}
+        floor = next((r["floor_ms"] for (_, c), r in at.items() if c == t and r.get("floor_ms")),
+                     None)
+        ours, ct2, q, cq = (at.get((exact, t)), at.get(("ct2_float32", t)),
                             at.get(("int8_weights", t)), at.get(("ct2_int8", t)))
-        ratios.append(f"{ours['latency_ms'] / ct2['latency_ms']:.2f}" if ours and ct2 else "–")
-        x_floor.append(f"{ours['x_floor']:.2f}" if ours and ours.get("x_floor") else "–")
-        int8.append(f"{q['latency_ms'] / cq['latency_ms']:.2f}" if q and cq else "–")
-    row = [str(run["created_utc"])[:16], host(run), (run.get("meta") or {}).get("threads"),
-           "/".join("–" if f is None else f"{f:.1f}" for f in floors), "/".join(ratios),
-           "/".join(x_floor), "/".join(int8)]
-    return row, {e for e in exact.values() if e}
+        out[t] = [floor, ours["latency_ms"] / ct2["latency_ms"] if ours and ct2 else None,
+                  ours.get("x_floor") if ours else None,
+                  q["latency_ms"] / cq["latency_ms"] if q and cq else None]
+    return out, fastest
+
+
+def _span(values: list[float | None], spec: str) -> str:
+    got = [v for v in values if v is not None]
+    if not got:
+        return "–"
+    lo, hi = f"{min(got):{spec}}", f"{max(got):{spec}}"
+    return lo if lo == hi else f"{lo}–{hi}"
 
 
 def peers_history(runs: list[Run], root: Path) -> str:
-    """Every peers run of the folder, oldest first: the same-run ratios the peers page is
-    about, one line per run."""
-    made = [_history_row(run, root) for run in sorted(
-        (r for r in runs if r.get("kind") == "peers"), key=lambda r: str(r["created_utc"]))]
-    exact = sorted(set().union(*(e for _, e in made)))
-    ctx = sorted({r["context_len"] for run in runs if run.get("kind") == "peers"
-                  for r in table(run, "peers", root) if r.get("latency_ms") is not None})
-    return "\n".join([f"Our fastest exact step ({', '.join(f'`{e}`' for e in exact) or '–'}) "
-                      "against CTranslate2 fp32 and the read floor, and `int8_weights` against "
-                      "CTranslate2 int8, each inside one run; a cell holds one figure per "
-                      f"context ({'/'.join(str(t) for t in ctx)} tokens):", "",
-                      *md_table(["started (UTC)", "host", "threads",
+    """Every peers run of the folder, per host and thread count (oldest first): how many runs,
+    when, and the span over them of the same-run ratios the peers page is about."""
+    groups: dict[tuple[str, Any], list[dict[int, list[float | None]]]] = {}
+    dates: dict[tuple[str, Any], list[str]] = {}
+    exact: set[str] = set()
+    for run in sorted((r for r in runs if r.get("kind") == "peers"),
+                      key=lambda r: str(r["created_utc"])):
+        key = (host(run), (run.get("meta") or {}).get("threads"))
+        values, fastest = _history_values(run, root)
+        groups.setdefault(key, []).append(values)
+        dates.setdefault(key, []).append(str(run["created_utc"])[:10])
+        exact |= fastest
+    ctx = sorted({t for got in groups.values() for values in got for t in values})
+    rows = []
+    for key, got in groups.items():
+        cells = ["/".join(_span([v.get(t, [None] * 4)[i] for v in got], spec) for t in ctx)
+                 for i, spec in enumerate((".1f", ".2f", ".2f", ".2f"))]
+        when = sorted(set(dates[key]))
+        rows.append([key[0], key[1], len(got), when[0] if len(when) == 1
+                     else f"{when[0]} – {when[-1]}", *cells])
+    return "\n".join([f"Our fastest exact step ({', '.join(f'`{e}`' for e in sorted(exact)) or '–'}"
+                      ") against CTranslate2 fp32 and the read floor, and `int8_weights` against "
+                      "CTranslate2 int8, each inside one run; per host and thread count, the "
+                      "span over its runs, one figure or span per context "
+                      f"({'/'.join(str(t) for t in ctx)} tokens):", "",
+                      *md_table(["host", "threads", "runs", "dates",
                                  "read of the fp32 weights (ms)", "÷ CTranslate2 fp32",
-                                 "× the floor", "`int8_weights` ÷ CTranslate2 int8"],
-                                (row for row, _ in made))])
+                                 "× the floor", "`int8_weights` ÷ CTranslate2 int8"], rows)])
 
 
 def first_run(runs: list[Run], root: Path) -> str:
@@ -231,7 +253,7 @@ def _model(meta: dict) -> str:
     weights = str(meta.get("weights") or "")
     if weights.startswith("local checkpoint (") and weights.endswith(")"):
         return f"`{weights[len('local checkpoint ('):-1]}` (trained fixture)"
-    return f"{meta.get('model')}, {weights} weights"
+    return f"{meta.get('model')}, {weights.split(', ')[0]} weights"  # where from: in the run
 
 
 def speculation(runs: list[Run], root: Path) -> str:

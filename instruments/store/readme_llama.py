@@ -1,0 +1,173 @@
+"""The generated blocks of docs/llama.md: what SmolLM2-135M's committed runs say. Torch-free.
+
+Makers as in ``instruments.store.readme_blocks`` (``make(runs, root) -> str``):
+  llama_checks     the correctness run: every check with no bug (logits against transformers,
+                   cached == uncached with its distinct tokens, the multi-token append), which
+                   check caught each bug, and the first words of the real text
+  llama_runs       the sweep and the memory run: step time per mode at each context; the KV
+                   cache by formula, tensors and allocator, and by formula with a K/V head per
+                   query head (what GQA saves)
+  llamacpp_summary the README's lines: per model, ours over llama.cpp per format over the newest
+                   runs' threads and contexts, q4_1 against the fp32 read, our kernel's ISA
+  llamacpp         the peers runs with llama.cpp: per run (host, threads, model), our step over
+                   llama.cpp's on the same weights at each format and context, and our q4_1
+                   step over the fp32 read floor, against the goal (<= 1) and the target (0.8);
+                   the instruction set our kernel ran (``meta.kernel_isa``)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from instruments.store.readme_blocks import ReadmeError, Run, host, md_table, newest, rel, table
+
+PAIRS = (("q4_1_weights", "llamacpp_q4_1", "Q4_1"), ("q8_0_weights", "llamacpp_q8_0", "Q8_0"),
+         (None, "llamacpp_f32", "F32"))  # None: our fastest exact fp32 mode
+
+
+def _by_kind(runs: list[Run], kind: str, root: Path) -> Run:
+    return newest(runs, kind, root)
+
+
+def llama_checks(runs: list[Run], root: Path) -> str:
+    run = _by_kind(runs, "correctness", root)
+    rows = table(run, "checks", root)
+    base = [r for r in rows if r["bug"] == "no bug"]
+    caught: dict[str, list[str]] = {}
+    for r in rows:
+        if r["bug"] != "no bug" and r["passed"] is False:
+            caught.setdefault(r["bug"], []).append(r["check"].split(" (")[0])
+    bugs = list(dict.fromkeys(r["bug"] for r in rows if r["bug"] != "no bug"))
+    text = next((t.get("text", "") for t in table(run, "tokens", root) if t["bug"] == "no bug"),
+                "")
+    m = run.get("meta") or {}
+    out = [*md_table(["check, no bug", "verdict", "what it measured"],
+                     [[r["check"], {True: "passed", False: "FAILED"}.get(r["passed"], "n/a"),
+                       r["detail"].replace("|", "\\|")] for r in base]), "",
+           *md_table(["bug switched on", "caught by"],
+                     [[b, ", ".join(caught.get(b, [])) or "no check"] for b in bugs]), "",
+           f"The prompt \"{m.get('prompt_text')}\" continued: \"{' '.join(text.split()[:40])}"
+           "…\"", "", f"{host(run)}, {m.get('weights')}, {str(run.get('created_utc'))[:10]}: "
+           f"`{rel(run['path'], root)}`."]
+    return "\n".join(out)
+
+
+def llama_runs(runs: list[Run], root: Path) -> str:
+    sweep = _by_kind(runs, "latency_sweep", root)
+    memory = _by_kind(runs, "memory", root)
+    rows = [r for r in table(sweep, "latency", root) if r.get("phase") != "prefill"]
+    contexts = sorted({int(r["context_len"]) for r in rows})
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    cell = {(r["mode"], int(r["context_len"])): float(r["latency_ms"]) for r in rows}
+    out = md_table(["mode", *(f"{t} tokens (ms)" for t in contexts)],
+                   [[f"`{m}`", *(f"{cell[(m, t)]:,.1f}" if (m, t) in cell else "–"
+                                 for t in contexts)] for m in modes])
+    kv = max(table(memory, "kv_memory", root), key=lambda r: int(r["context_len"]))
+    mha = kv.get("kv_mha_formula_bytes")
+    out += ["", f"KV cache at {int(kv['context_len']):,} tokens: {kv['kv_formula_bytes']:,} B by "
+            f"formula, {kv['kv_tensor_bytes']:,} B in the cache's tensors"
+            + (f", {mha:,} B if every query head kept its own K/V" if mha else "") + "."]
+    out += ["", f"{host(sweep)}, {(sweep.get('meta') or {}).get('threads')} thread(s), "
+            f"{str(sweep.get('created_utc'))[:10]}: `{rel(sweep['path'], root)}`, "
+            f"`{rel(memory['path'], root)}`."]
+    return "\n".join(out)
+
+
+def _pairs(run: Run, root: Path) -> list[dict[str, Any]]:
+    """Per context of a peers run with llama.cpp rows: {context, fmt: (ours ms, theirs ms) or
+    None, "q4_floor": q4_1's × the fp32 read or None}; [] for a run without llama.cpp."""
+    every = table(run, "peers", root)
+    rows = [r for r in every if r.get("latency_ms") is not None]
+    if not any(str(r.get("engine", "")).startswith("llamacpp") for r in rows):
+        return []  # a peers run from before llama.cpp joined, or without it installed
+    untimed = {r["engine"]: r.get("why") or "not timed" for r in every
+               if r.get("latency_ms") is None}
+    out = []
+    for t in sorted({int(r["context_len"]) for r in rows}):
+        here = {r["engine"]: r for r in rows if int(r["context_len"]) == t}
+        exact = [r for r in here.values() if r.get("kind") == "mode"
+                 and r.get("precision") == "float32"]
+        point: dict[str, Any] = {"context": t}
+        for ours, theirs, fmt in PAIRS:
+            mine = here.get(ours) if ours else min(exact, key=lambda r: r["latency_ms"],
+                                                   default=None)
+            other = here.get(theirs)
+            point[fmt] = (None if mine is None or other is None
+                          else (float(mine["latency_ms"]), float(other["latency_ms"])))
+            if theirs in untimed:
+                point[f"{fmt} why"] = untimed[theirs]
+        q4 = here.get("q4_1_weights") or {}
+        point["q4_floor"], point["q4_own"] = q4.get("x_floor"), q4.get("x_own_floor")
+        out.append(point)
+    return out
+
+
+def _goals(run: Run, root: Path) -> list[list[Any]]:
+    m = run.get("meta") or {}
+    out = []
+    for p in _pairs(run, root):
+        cells = ["–" if p[fmt] is None else
+                 f"{p[fmt][0]:.1f} / {p[fmt][1]:.1f} = {p[fmt][0] / p[fmt][1]:.2f}"
+                 for *_, fmt in PAIRS]
+        cells.append("–" if p["q4_floor"] is None else f"{p['q4_floor']:.2f}")
+        out.append([str(run.get("created_utc"))[:16].replace("T", " "), host(run),
+                    m.get("model"), m.get("kernel_isa") or "–", m.get("threads"), p["context"],
+                    *cells])
+    return out
+
+
+def _span(values: list[float], spec: str = ".2f") -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo:{spec}}×" if f"{lo:{spec}}" == f"{hi:{spec}}" else f"{lo:{spec}}–{hi:{spec}}×"
+
+
+def llamacpp_summary(runs: list[Run], root: Path) -> str:
+    """The README's lines: per model, the newest run at each thread count, ours over llama.cpp's
+    step per format (the span over threads and contexts), q4_1 against the fp32 read, and the
+    instruction sets our kernel ran."""
+    newest_of: dict[tuple[str, Any], Run] = {}
+    for run in sorted(runs, key=lambda r: str(r.get("created_utc"))):
+        if run.get("kind") == "peers" and _pairs(run, root):
+            m = run.get("meta") or {}
+            newest_of[(str(m.get("model")), m.get("threads"))] = run
+    if not newest_of:
+        raise ReadmeError("no peers run with llama.cpp is committed")
+    lines, isas, hosts = [], set(), set()
+    for model in sorted({m for m, _ in newest_of}):
+        chosen = [r for (m, _), r in newest_of.items() if m == model]
+        points = [p for r in chosen for p in _pairs(r, root)]
+        threads = sorted({(r.get("meta") or {}).get("threads") for r in chosen})
+        contexts = sorted({p["context"] for p in points})
+        isas |= {(r.get("meta") or {}).get("kernel_isa") or "unrecorded" for r in chosen}
+        hosts |= {host(r) for r in chosen}
+        cells = []
+        for *_, fmt in PAIRS:
+            if any(p[fmt] for p in points):
+                cells.append(f"{fmt} {_span([p[fmt][0] / p[fmt][1] for p in points if p[fmt]])}")
+            elif any(f"{fmt} why" in p for p in points):
+                why = next(p[f"{fmt} why"] for p in points if f"{fmt} why" in p)
+                cells.append(f"{fmt} not compared (llama.cpp's {why.split(';')[0]})")
+        floor = [p["q4_floor"] for p in points if p["q4_floor"] is not None]
+        own = [p["q4_own"] for p in points if p["q4_own"] is not None]
+        lines.append(f"- **{model}** ({', '.join(map(str, threads))} thread(s), "
+                     f"{' and '.join(map(str, contexts))} tokens): ours ÷ llama.cpp's step "
+                     + ", ".join(cells)
+                     + (f"; our q4_1 step {_span(floor)} a read of the fp32 weights"
+                        if floor else "")
+                     + (f", {_span(own)} a read of its own bytes" if own else "") + ".")
+    return "\n".join([f"Newest runs on {', '.join(sorted(hosts))}, our kernel built for "
+                      f"{', '.join(sorted(isas))} (goal ≤ 1, target ≤ 0.8; q4_1's ≤ 0.35× the "
+                      "fp32 read):", "", *lines])
+
+
+def llamacpp(runs: list[Run], root: Path) -> str:
+    rows = [row for run in runs if run.get("kind") == "peers" for row in _goals(run, root)]
+    if not rows:
+        raise ReadmeError(f"{rel(Path(runs[0]['path']).parent, root)}/ holds no peers run")
+    head = ["run (UTC)", "host", "model", "our kernel", "threads", "context",
+            *(f"ours / llama.cpp {fmt} (ms)" for *_, fmt in PAIRS), "q4_1 × fp32 read"]
+    return "\n".join([*md_table(head, rows), "",
+                      "Ours: `q4_1_weights`, `q8_0_weights`, and our fastest exact fp32 mode; "
+                      "goal ≤ 1, target ≤ 0.8; q4_1's target ≤ 0.35× a read of the fp32 "
+                      "weights measured in the same process."])
