@@ -117,5 +117,7 @@ def test_another_presets_weights_choice_is_dropped_unsaid(tmp_path: Path,
     assert at.session_state["choice"].weights == "auto"  # gpt2's default
     at.sidebar.selectbox(key="model").set_value("smollm2-135m").run()
     no_traceback(at)
-    assert at.session_state["choice"].weights in families.preset("smollm2-135m").weights
+    assert at.session_state["choice"].weights == families.preset("smollm2-135m").weights[0]
+    # the Weights box shows the new preset's own choice, not gpt2's
+    assert at.sidebar.selectbox(key="weights:smollm2-135m").value == "package"
     assert not [m for m in messages(at) if "not available here" in m], messages(at)

@@ -46,8 +46,8 @@ def test_the_llamacpp_lines_say_ours_over_theirs_whichever_is_faster(copy: Path)
         "the fp32 weights." in summary
     assert "our kernel built for avx2" in summary and "gpt2" not in summary
     table = (copy / "docs" / "llama.md").read_text()
-    assert "| smollm2-135m | avx2 | 1 | 128 | 10.0 / 12.5 = 0.80 | – | 30.0 / 40.0 = 0.75 | 0.25 |" \
-        in table
+    assert "| smollm2-135m | avx2 | 1 | 128 | 10.0 / 12.5 = 0.80 | – | 30.0 / 40.0 = 0.75 " \
+        "| 0.25 |" in table
 
     # a newer run where llama.cpp wins: the newest run of that thread count is the one said
     _save(folder, "peers", {"peers": _peers(15.0, 12.0)}, "2026-12-01T11:00:00+00:00",

@@ -128,14 +128,15 @@ def sidebar() -> Choice:
     if not there:  # its real weights are missing: offer what loads, and say how to get them
         offered = [w for w in offered if w == "random"] or offered
         sb.warning(f"{model}'s real weights are {install}")
-    if st.session_state.get("_weights_for", model) != model and \
-            st.session_state.get("weights") not in offered:
-        st.session_state.pop("weights")  # another preset's choice: its own default, unsaid
-    st.session_state["_weights_for"] = model
-    _keep_valid("weights", offered, f"Weights for {model}")
+    # one Weights widget per preset: a widget kept across presets would show the last preset's
+    # choice (gpt2's "auto") after the switch, while the run used the new preset's default
+    key = f"weights:{model}"
+    if "weights" in st.session_state:  # a choice asked for by name (a test, a deep link)
+        st.session_state[key] = st.session_state.pop("weights")
+    _keep_valid(key, offered, f"Weights for {model}")
     preset = lineup.preset(model)
     weights = sb.selectbox(
-        "Weights", offered, key="weights",
+        "Weights", offered, key=key,
         help=(f"{preset.weights[0]}: {preset.source}" if preset.source else "")
         + ("; auto: OpenAI's weights when they can be loaded, else seeded random weights of "
            "the same shapes" if "auto" in offered else "")
