@@ -7,8 +7,8 @@ Makers as in ``instruments.store.readme_blocks`` (``make(runs, root) -> str``):
   llama_runs       the sweep and the memory run: step time per mode at each context; the KV
                    cache by formula, tensors and allocator, and by formula with a K/V head per
                    query head (what GQA saves)
-  llamacpp_summary the README's lines: per model, ours over llama.cpp per format over the newest
-                   runs' threads and contexts, q4_1 against the fp32 read, our kernel's ISA
+  llamacpp_summary the README's lines: per model, ours over llama.cpp per format over every
+                   run, thread count and context, q4_1 against the fp32 read, our kernel's ISA
   llamacpp         the peers runs with llama.cpp: per run (host, threads, model), our step over
                    llama.cpp's on the same weights at each format and context, and our q4_1
                    step over the fp32 read floor, against the goal (<= 1) and the target (0.8);
@@ -123,19 +123,17 @@ def _span(values: list[float], spec: str = ".2f") -> str:
 
 
 def llamacpp_summary(runs: list[Run], root: Path) -> str:
-    """The README's lines: per model, the newest run at each thread count, ours over llama.cpp's
-    step per format (the span over threads and contexts), q4_1 against the fp32 read, and the
-    instruction sets our kernel ran."""
-    newest_of: dict[tuple[str, Any], Run] = {}
-    for run in sorted(runs, key=lambda r: str(r.get("created_utc"))):
+    """The README's lines: per model, ours over llama.cpp's step per format (the span over every
+    committed run, thread count and context: misses stay in view), q4_1 against the fp32 read
+    and its own bytes, and the instruction sets our kernel ran."""
+    by_model: dict[str, list[Run]] = {}
+    for run in runs:
         if run.get("kind") == "peers" and _pairs(run, root):
-            m = run.get("meta") or {}
-            newest_of[(str(m.get("model")), m.get("threads"))] = run
-    if not newest_of:
+            by_model.setdefault(str((run.get("meta") or {}).get("model")), []).append(run)
+    if not by_model:
         raise ReadmeError("no peers run with llama.cpp is committed")
     lines, isas, hosts = [], set(), set()
-    for model in sorted({m for m, _ in newest_of}):
-        chosen = [r for (m, _), r in newest_of.items() if m == model]
+    for model, chosen in sorted(by_model.items()):
         points = [p for r in chosen for p in _pairs(r, root)]
         threads = sorted({(r.get("meta") or {}).get("threads") for r in chosen})
         contexts = sorted({p["context"] for p in points})
@@ -150,24 +148,39 @@ def llamacpp_summary(runs: list[Run], root: Path) -> str:
                 cells.append(f"{fmt} not compared (llama.cpp's {why.split(';')[0]})")
         floor = [p["q4_floor"] for p in points if p["q4_floor"] is not None]
         own = [p["q4_own"] for p in points if p["q4_own"] is not None]
-        lines.append(f"- **{model}** ({', '.join(map(str, threads))} thread(s), "
-                     f"{' and '.join(map(str, contexts))} tokens): ours ÷ llama.cpp's step "
-                     + ", ".join(cells)
+        n = len(chosen)
+        lines.append(f"- **{model}** ({n} run{'s' * (n != 1)}; {', '.join(map(str, threads))} "
+                     f"thread(s), {' and '.join(map(str, contexts))} tokens): ours ÷ llama.cpp's "
+                     "step " + ", ".join(cells)
                      + (f"; our q4_1 step {_span(floor)} a read of the fp32 weights"
                         if floor else "")
                      + (f", {_span(own)} a read of its own bytes" if own else "") + ".")
-    return "\n".join([f"Newest runs on {', '.join(sorted(hosts))}, our kernel built for "
+    return "\n".join([f"Every committed run, on {', '.join(sorted(hosts))}, our kernel built for "
                       f"{', '.join(sorted(isas))} (goal ≤ 1, target ≤ 0.8; q4_1's ≤ 0.35× the "
                       "fp32 read):", "", *lines])
 
 
 def llamacpp(runs: list[Run], root: Path) -> str:
-    rows = [row for run in runs if run.get("kind") == "peers" for row in _goals(run, root)]
-    if not rows:
-        raise ReadmeError(f"{rel(Path(runs[0]['path']).parent, root)}/ holds no peers run")
+    """The newest run with llama.cpp per host, model and thread count, a row per context (the
+    README's lines span every run)."""
+    newest_of: dict[tuple[str, str, Any], Run] = {}
+    for run in sorted(runs, key=lambda r: str(r.get("created_utc"))):
+        if run.get("kind") == "peers" and _pairs(run, root):
+            m = run.get("meta") or {}
+            newest_of[(host(run), str(m.get("model")), m.get("threads"))] = run
+    if not newest_of:
+        raise ReadmeError(f"{rel(Path(runs[0]['path']).parent, root)}/ holds no peers run "
+                          "with llama.cpp")
+    rows = [row for run in newest_of.values() for row in _goals(run, root)]
+    hosts = sorted({h for h, _, _ in newest_of})
     head = ["run (UTC)", "host", "model", "our kernel", "threads", "context",
             *(f"ours / llama.cpp {fmt} (ms)" for *_, fmt in PAIRS), "q4_1 × fp32 read"]
-    return "\n".join([*md_table(head, rows), "",
+    if len(hosts) == 1:  # said once, above the table
+        head.pop(1)
+        rows = [row[:1] + row[2:] for row in rows]
+    total = sum(1 for r in runs if r.get("kind") == "peers" and _pairs(r, root))
+    return "\n".join([f"The newest of {total} runs per model and thread count, on "
+                      f"{', '.join(hosts)}:", "", *md_table(head, rows), "",
                       "Ours: `q4_1_weights`, `q8_0_weights`, and our fastest exact fp32 mode; "
                       "goal ≤ 1, target ≤ 0.8; q4_1's target ≤ 0.35× a read of the fp32 "
                       "weights measured in the same process."])
