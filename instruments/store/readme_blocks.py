@@ -82,10 +82,14 @@ def md_table(head: Iterable[str], rows: Iterable[Iterable[Any]]) -> list[str]:
             *("| " + " | ".join(str(c) for c in row) + " |" for row in rows)]
 
 
-def _span(values: list[float], fmt: str) -> str:
-    lo, hi = min(values), max(values)
-    return format(lo, fmt) if format(lo, fmt) == format(hi, fmt) else \
-        f"{format(lo, fmt)}–{format(hi, fmt)}"
+def span(values: list[float | None], fmt: str) -> str:
+    """"lo–hi" in ``fmt`` (one figure where both round alike); None values left out, "–" if
+    none is left."""
+    got = [v for v in values if v is not None]
+    if not got:
+        return "–"
+    lo, hi = format(min(got), fmt), format(max(got), fmt)
+    return lo if lo == hi else f"{lo}–{hi}"
 
 
 def _by_mode(run: Run, root: Path) -> dict[str, dict[int, dict[str, Any]]]:
@@ -119,7 +123,7 @@ def example_sweep(runs: list[Run], root: Path) -> str:
     cached, uncached = by[b], by[a]
     lo, hi = min(cached), max(cached)
     lines += ["", f"Over the run's {len(cached)} contexts ({lo:,}–{hi:,} tokens) the `{b}` step "
-              f"took {_span([r['latency_ms'] for r in cached.values()], '.1f')} ms; the `{a}` "
+              f"took {span([r['latency_ms'] for r in cached.values()], '.1f')} ms; the `{a}` "
               f"step climbed from {uncached[min(uncached)]['latency_ms']:,.0f} ms to "
               f"{uncached[max(uncached)]['latency_ms'] / 1e3:.1f} s."]
     ref_path = root / REFERENCE_PATH.relative_to(REPO_ROOT)
@@ -286,7 +290,7 @@ def _worst(verdicts: list[dict[str, Any]], cached: bool) -> str:
     w = got[0]
     text = f"{w['worst_share']:.1%} (`{w['mode']}` at {w['worst_context']:,} tokens)"
     rest = [v["worst_share"] for v in got[1:]]
-    return text + (f"; others {_span(rest, '.1%')}" if rest else "")
+    return text + (f"; others {span(rest, '.1%')}" if rest else "")
 
 
 # ------------------------------------------------------------------- isolation and the sweep
@@ -315,7 +319,7 @@ def isolation(runs: list[Run], root: Path) -> str:
                         f"`{mode}`", f"{med:,.1f}", f"{max(steps) / med:.2f}×",
                         f"{len(aside)}" + (f" ({max(aside) / med:.1f}×)" if aside else "")
                         + f"; {kept}",
-                        f"{statistics.median(ratios):.3f} ({_span(ratios, '.2f')})"
+                        f"{statistics.median(ratios):.3f} ({span(ratios, '.2f')})"
                         if ratios else "—"])
     lines = [f"The newest run on {machine(sweeps[-1])}.", ""]
     lines += md_table(["run", "from", "retakes", "mode", "median step (ms)", "largest ÷ median",

@@ -20,18 +20,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from instruments.store.readme_blocks import ReadmeError, Run, host, md_table, newest, rel, table
+from instruments.store.readme_blocks import (
+    ReadmeError,
+    Run,
+    host,
+    md_table,
+    newest,
+    rel,
+    span,
+    table,
+)
 
 PAIRS = (("q4_1_weights", "llamacpp_q4_1", "Q4_1"), ("q8_0_weights", "llamacpp_q8_0", "Q8_0"),
          (None, "llamacpp_f32", "F32"))  # None: our fastest exact fp32 mode
 
 
-def _by_kind(runs: list[Run], kind: str, root: Path) -> Run:
-    return newest(runs, kind, root)
-
-
 def llama_checks(runs: list[Run], root: Path) -> str:
-    run = _by_kind(runs, "correctness", root)
+    run = newest(runs, "correctness", root)
     rows = table(run, "checks", root)
     base = [r for r in rows if r["bug"] == "no bug"]
     caught: dict[str, list[str]] = {}
@@ -54,8 +59,8 @@ def llama_checks(runs: list[Run], root: Path) -> str:
 
 
 def llama_runs(runs: list[Run], root: Path) -> str:
-    sweep = _by_kind(runs, "latency_sweep", root)
-    memory = _by_kind(runs, "memory", root)
+    sweep = newest(runs, "latency_sweep", root)
+    memory = newest(runs, "memory", root)
     rows = [r for r in table(sweep, "latency", root) if r.get("phase") != "prefill"]
     contexts = sorted({int(r["context_len"]) for r in rows})
     modes = list(dict.fromkeys(r["mode"] for r in rows))
@@ -117,11 +122,6 @@ def _goals(run: Run, root: Path) -> list[list[Any]]:
     return out
 
 
-def _span(values: list[float], spec: str = ".2f") -> str:
-    lo, hi = min(values), max(values)
-    return f"{lo:{spec}}×" if f"{lo:{spec}}" == f"{hi:{spec}}" else f"{lo:{spec}}–{hi:{spec}}×"
-
-
 def llamacpp_summary(runs: list[Run], root: Path) -> str:
     """The README's lines: per model, ours over llama.cpp's step per format (the span over every
     committed run, thread count and context: misses stay in view), q4_1 against the fp32 read
@@ -141,8 +141,9 @@ def llamacpp_summary(runs: list[Run], root: Path) -> str:
         hosts |= {host(r) for r in chosen}
         cells = []
         for *_, fmt in PAIRS:
-            if any(p[fmt] for p in points):
-                cells.append(f"{fmt} {_span([p[fmt][0] / p[fmt][1] for p in points if p[fmt]])}")
+            ratios = [p[fmt][0] / p[fmt][1] for p in points if p[fmt]]
+            if ratios:
+                cells.append(f"{fmt} {span(ratios, '.2f')}×")
             elif any(f"{fmt} why" in p for p in points):
                 why = next(p[f"{fmt} why"] for p in points if f"{fmt} why" in p)
                 cells.append(f"{fmt} not compared (llama.cpp's {why.split(';')[0]})")
@@ -152,9 +153,9 @@ def llamacpp_summary(runs: list[Run], root: Path) -> str:
         lines.append(f"- **{model}** ({n} run{'s' * (n != 1)}; {', '.join(map(str, threads))} "
                      f"thread(s), {' and '.join(map(str, contexts))} tokens): ours ÷ llama.cpp's "
                      "step " + ", ".join(cells)
-                     + (f"; our q4_1 step {_span(floor)} a read of the fp32 weights"
+                     + (f"; our q4_1 step {span(floor, '.2f')}× a read of the fp32 weights"
                         if floor else "")
-                     + (f", {_span(own)} a read of its own bytes" if own else "") + ".")
+                     + (f", {span(own, '.2f')}× a read of its own bytes" if own else "") + ".")
     return "\n".join([f"Every committed run, on {', '.join(sorted(hosts))}, our kernel built for "
                       f"{', '.join(sorted(isas))} (goal ≤ 1, target ≤ 0.8; q4_1's ≤ 0.35× the "
                       "fp32 read):", "", *lines])

@@ -24,7 +24,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from instruments.store.readme_blocks import Run, host, machine, md_table, newest, rel, table
+from instruments.store.readme_blocks import (
+    Run,
+    host,
+    machine,
+    md_table,
+    newest,
+    rel,
+    span,
+    table,
+)
 from instruments.store.sweep_bench import (
     FIRST_GOALS,
     FIRST_KIND,
@@ -162,14 +171,6 @@ def _history_values(run: Run, root: Path) -> tuple[dict[int, list[float | None]]
     return out, fastest
 
 
-def _span(values: list[float | None], spec: str) -> str:
-    got = [v for v in values if v is not None]
-    if not got:
-        return "–"
-    lo, hi = f"{min(got):{spec}}", f"{max(got):{spec}}"
-    return lo if lo == hi else f"{lo}–{hi}"
-
-
 def peers_history(runs: list[Run], root: Path) -> str:
     """Every peers run of the folder, per host and thread count (oldest first): how many runs,
     when, and the span over them of the same-run ratios the peers page is about."""
@@ -186,7 +187,7 @@ def peers_history(runs: list[Run], root: Path) -> str:
     ctx = sorted({t for got in groups.values() for values in got for t in values})
     rows = []
     for key, got in groups.items():
-        cells = ["/".join(_span([v.get(t, [None] * 4)[i] for v in got], spec) for t in ctx)
+        cells = ["/".join(span([v.get(t, [None] * 4)[i] for v in got], spec) for t in ctx)
                  for i, spec in enumerate((".1f", ".2f", ".2f", ".2f"))]
         when = sorted(set(dates[key]))
         rows.append([key[0], key[1], len(got), when[0] if len(when) == 1
