@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from .attention import FUSED, Attention
 from .config import LlamaConfig
 from .kv_cache import ConcatKVCache, KVCache
-from .model import _embedding
+from .model import _embedding, materialise
 
 
 class RMSNorm(nn.Module):
@@ -146,10 +146,7 @@ class Llama(nn.Module):
         """Parameters allocated but not initialised (no wasted default init on big shapes)."""
         with torch.device("meta"):
             model = cls(cfg)
-        model = model.to_empty(device=device).to(dtype)
-        if cfg.tied:
-            model.lm_head.weight = model.model.embed_tokens.weight  # keep the tie after to_empty
-        return model
+        return materialise(model, device, dtype)  # a tie to lm_head kept
 
     @classmethod
     def random(

@@ -35,7 +35,7 @@ def results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def open_page(page: str) -> AppTest:
     at = AppTest.from_file(APP, default_timeout=60)
     at.run()
-    at.switch_page(f"pages/{page}.py")
+    at.switch_page(f"views/{page}.py")
     at.run()
     assert not at.exception, [e.message for e in at.exception]
     return at
@@ -74,9 +74,9 @@ def test_the_overview_guides_to_every_page() -> None:
     import re
 
     root = Path(APP).parent
-    routed = set(re.findall(r'st\.Page\("(pages/\w+\.py)"', (root / "app.py").read_text()))
-    guided = set(re.findall(r'\("(pages/\w+\.py)", "', (root / "pages/overview.py").read_text()))
-    assert routed - {"pages/overview.py"} == guided
+    routed = set(re.findall(r'st\.Page\("(views/\w+\.py)"', (root / "app.py").read_text()))
+    guided = set(re.findall(r'\("(views/\w+\.py)", "', (root / "views/overview.py").read_text()))
+    assert routed - {"views/overview.py"} == guided
 
 
 def configure_sweep(at: AppTest, contexts: str, repeats: int = 1, e2e: bool = False) -> None:
@@ -114,7 +114,7 @@ def test_tiny_sweep_draws_and_saves(results: Path) -> None:
     at.toggle(key="sweep_logy").set_value(True).run()
     assert at.session_state["sweep_job"] is job and len(list(results.glob("*.json"))) == 1
     # The FLOPs page works from this session's sweep.
-    at.switch_page("pages/flops.py").run()
+    at.switch_page("views/flops.py").run()
     no_traceback(at)
     assert at.selectbox(key="flops_source").value.startswith("this session")
     assert len(charts(at)) >= 2
@@ -359,7 +359,7 @@ def test_floor_lab_predicts_the_step_and_saves(results: Path) -> None:
     assert sum("worst miss" in m.value for m in at.markdown) == 2
     assert [r["kind"] for r in load_runs(results).runs] == ["step_prediction"]
     # A later sweep of a calibrated mode on the same machine draws the prediction over its curve.
-    at.switch_page("pages/sweep.py").run()
+    at.switch_page("views/sweep.py").run()
     configure_sweep(at, "4, 16", repeats=2, e2e=True)
     at.multiselect(key="sweep_modes").set_value(["uncached_last", "prealloc_fused", "concat"])
     at.run()
@@ -385,7 +385,7 @@ def test_floor_lab_predicts_the_step_and_saves(results: Path) -> None:
     assert by_mode["prealloc_fused"] > 0 and by_mode["uncached_last"] > 0
     assert by_mode["concat"] is None or by_mode["concat"] != by_mode["concat"]  # not calibrated
     # The FLOPs page draws the predicted time reduction beside the measured one (Figure 4).
-    at.switch_page("pages/flops.py").run()
+    at.switch_page("views/flops.py").run()
     no_traceback(at)
     names = [t.get("name") for t in json.loads(charts(at)[0].proto.spec)["data"]]
     predicted = [n for n in names if n.endswith("time (predicted)")]

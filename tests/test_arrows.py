@@ -1,13 +1,13 @@
 """The layers' arrows point one way, the dashboard's server never imports torch, files stay small.
 
-  engine       imports nothing of instruments, ui, pages, streamlit or plotly (no module of
+  engine       imports nothing of instruments, ui, views, streamlit or plotly (no module of
                the project imports one that imports it back: tests/test_registry.py)
-  instruments  imports neither streamlit, plotly, ui nor pages; inside it, each part imports only
+  instruments  imports neither streamlit, plotly, ui nor views; inside it, each part imports only
                the parts below it (``INSTRUMENT_PARTS``, lowest first)
-  ui, pages    import no torch -- not directly, and not through anything they import: every page
+  ui, views    import no torch -- not directly, and not through anything they import: every page
                is rendered in a fresh interpreter and torch must not be in sys.modules after;
-               ui never imports pages
-  scripts      never import tests or pages (a script stands on the library, not on test code)
+               ui never imports views
+  scripts      never import tests or views (a script stands on the library, not on test code)
 A measuring experiment runs in a process of its own; nothing that draws may even load torch.
 """
 
@@ -40,11 +40,11 @@ def imported(path: Path) -> set[str]:
 
 
 @pytest.mark.parametrize("folder, forbidden", [
-    ("engine", {"instruments", "ui", "pages", "streamlit", "plotly"}),
-    ("instruments", {"streamlit", "plotly", "ui", "pages"}),
-    ("ui", {"torch", "pages"}),
-    ("pages", {"torch"}),
-    ("scripts", {"tests", "pages"}),
+    ("engine", {"instruments", "ui", "views", "streamlit", "plotly"}),
+    ("instruments", {"streamlit", "plotly", "ui", "views"}),
+    ("ui", {"torch", "views"}),
+    ("views", {"torch"}),
+    ("scripts", {"tests", "views"}),
 ])
 def test_arrows_point_one_way(folder: str, forbidden: set[str]) -> None:
     bad = {str(p.relative_to(ROOT)): sorted(imported(p) & forbidden) for p in sources(folder)}
@@ -122,7 +122,7 @@ def test_the_part_check_sees_an_upward_import(tmp_path: Path) -> None:
 
 
 def test_no_source_file_over_about_400_lines() -> None:
-    long = {str(p.relative_to(ROOT)): n for p in sources("engine", "instruments", "ui", "pages",
+    long = {str(p.relative_to(ROOT)): n for p in sources("engine", "instruments", "ui", "views",
                                                         "scripts")
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
     assert not long
@@ -137,7 +137,7 @@ for page in ["overview", "generate", "sweep", "peers", "flops", "floor", "memory
              "results"]:
     at = AppTest.from_file("app.py", default_timeout=120)
     at.run()
-    at.switch_page(f"pages/{page}.py")
+    at.switch_page(f"views/{page}.py")
     at.run()
     assert not at.exception, (page, [e.message for e in at.exception])
     assert at.title[0].value, page
@@ -158,7 +158,7 @@ BLOCKED = """
 import sys
 class Block:
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("streamlit", "plotly", "playwright", "ui", "pages"):
+        if name.split(".")[0] in ("streamlit", "plotly", "playwright", "ui", "views"):
             raise ImportError(f"{name} is not installed here")
 sys.meta_path.insert(0, Block())
 import pkgutil, importlib, engine, instruments

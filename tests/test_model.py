@@ -108,7 +108,8 @@ _FROM_CACHE = """
 import sys
 from engine.families import load
 state = load("gpt2", weights="auto", hub_id="kvlab-test/not-cached")
-print(state.provenance.label, "|", state.provenance.fallback, "transformers" in sys.modules)
+print(state.provenance.label, "|", state.provenance.fallback, "transformers" in sys.modules,
+      "huggingface_hub" in sys.modules)
 state = load("gpt2", weights="auto", hub_id="kvlab-test/tiny-gpt2")
 print(state.provenance.label, state.model.config.n_layer, "transformers" in sys.modules)
 """
@@ -117,8 +118,8 @@ print(state.provenance.label, state.model.config.n_layer, "transformers" in sys.
 def test_auto_finds_a_cached_copy_and_skips_transformers_without_one(tmp_path) -> None:
     """"auto" loads pretrained weights from the Hugging Face cache (a tiny model saved into a
     cache of the hub's layout), and with no copy and no network falls back to random weights
-    without importing transformers: asked of a fresh interpreter, whose hub settings are read
-    at import."""
+    without importing transformers or huggingface_hub: asked of a fresh interpreter, whose hub
+    settings are read at import."""
     import os
     import subprocess
     import sys
@@ -138,8 +139,32 @@ def test_auto_finds_a_cached_copy_and_skips_transformers_without_one(tmp_path) -
     assert out.returncode == 0, out.stderr
     missing, found = out.stdout.strip().splitlines()[-2:]
     assert missing == ("random (seed 0) | pretrained weights for 'kvlab-test/not-cached' "
-                       "unavailable (no network and no cached copy) False")
+                       "unavailable (no network and no cached copy) False False")
     assert found == "pretrained (kvlab-test/tiny-gpt2) 2 True"
+
+
+_NO_SYMPY = """
+import sys
+from engine.families import load
+gpt, llama = load("tiny", weights="random").model, load("llama-tiny", weights="random").model
+print(gpt.lm_head.weight is gpt.transformer.wte.weight,
+      llama.lm_head.weight is llama.model.embed_tokens.weight,
+      sorted(m for m in ("sympy", "torch._dynamo", "transformers") if m in sys.modules))
+"""
+
+
+def test_building_a_model_imports_neither_sympy_nor_dynamo() -> None:
+    """A measuring process's first model is on its first point's path: ``to_empty`` imported
+    sympy (0.5 s on a 2-core CPU) and ``normal_`` on the meta device torch._dynamo (1.7 s).
+    Asked of a fresh interpreter; the tied head stays tied in both families."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = subprocess.run([sys.executable, "-c", _NO_SYMPY], capture_output=True, text=True,
+                         timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True", "[]"]
 
 
 def test_random_weights_are_seeded_and_labelled() -> None:

@@ -24,7 +24,7 @@ os.environ["KVLAB_RESULTS_DIR"] = sys.argv[1]
 from streamlit.testing.v1 import AppTest
 at = AppTest.from_file("app.py", default_timeout=120)
 at.run()
-at.switch_page("pages/peers.py")
+at.switch_page("views/peers.py")
 at.run()
 assert not at.exception, [e.message for e in at.exception]
 print("title:", at.title[0].value)

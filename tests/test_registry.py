@@ -183,7 +183,7 @@ def _module(path: Path, root: Path) -> str:
 def import_graph(root: Path) -> dict[str, set[str]]:
     """Every project module -> the project modules it imports anywhere (functions and
     ``if TYPE_CHECKING`` blocks included), relative imports resolved."""
-    files = [p for f in ("engine", "instruments", "ui", "pages", "scripts")
+    files = [p for f in ("engine", "instruments", "ui", "views", "scripts")
              for p in (root / f).rglob("*.py")] + [p for p in [root / "app.py"] if p.exists()]
     mods = {_module(p, root): p for p in files}
     graph: dict[str, set[str]] = {}
@@ -258,7 +258,7 @@ def test_the_circle_check_sees_a_type_only_circle(tmp_path: Path) -> None:
 def test_only_the_lineup_looks_modes_and_families_up_outside_the_engine() -> None:
     registries = {"engine.modes", "engine.families"}
     bad = {}
-    for folder in ("instruments", "ui", "pages", "scripts"):
+    for folder in ("instruments", "ui", "views", "scripts"):
         for path in (ROOT / folder).rglob("*.py"):
             if path.parent.name == "lineup":
                 continue

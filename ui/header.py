@@ -1,4 +1,4 @@
-"""The one page header: the router guard, the title, and what the chosen model is.
+"""The one page header: the title, and what the chosen model is.
 
 ``page(title, caption)`` -> the sidebar's ``Choice``. ``model(choice)`` -> the model's shape
 (``ModelConfig``) without waiting for the model: a preset's shapes come from its config
@@ -17,29 +17,10 @@ import streamlit as st
 from engine.config import ModelConfig
 from instruments import lineup
 from instruments.process import client
-from ui.state import Choice, current_choice, sidebar
-
-
-def ensure_router() -> None:
-    """A page opened first by its own URL on a fresh server runs without ``app.py``: Streamlit
-    has not yet seen ``st.navigation`` and serves the bare ``pages/`` folder (its v1 mode, on
-    while that flag is set). Switch that mode off and run again, this time through the router:
-    same URL, same page, titled navigation and sidebar. Should a page still run without the
-    router later in the session (AppTest resets the flag on every run), it draws the sidebar
-    itself rather than rerun forever."""
-    from streamlit.runtime.pages_manager import PagesManager
-
-    if not PagesManager.uses_pages_directory:
-        return  # the router ran in this script run
-    PagesManager.uses_pages_directory = False
-    if not st.session_state.get("_rerouted"):
-        st.session_state["_rerouted"] = True
-        st.rerun()
-    sidebar()
+from ui.state import Choice, current_choice
 
 
 def page(title: str, caption: str) -> Choice:
-    ensure_router()
     st.title(title)
     st.caption(caption)
     return current_choice()

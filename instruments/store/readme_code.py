@@ -10,7 +10,7 @@ empty):
             (or of its opening comment)
   layout    every package of the app (``engine``, ``instruments``, ``ui`` and their
             subpackages) with the first sentence of its ``__init__`` docstring and its files;
-            ``app.py`` and ``pages/`` besides
+            ``app.py`` and ``views/`` besides
   modes     every decode mode's label, the model families it runs (and why not the others)
             and its error bound, read off its ``ModeSpec`` through ``instruments.lineup`` in a
             process of its own (the one description of a mode: docs cannot drift from it)
@@ -209,8 +209,8 @@ def scripts(runs: list[Run], root: Path) -> str:
 # ------------------------------------------------------------------------------------ layout
 def layout(runs: list[Run], root: Path) -> str:
     rows = [["`app.py`", _docstring(root / "app.py", root), "–"]]
-    pages = [p for p in _files(root, "pages") if p.suffix == ".py"]
-    rows.append(["`pages/`", "One thin page each: inputs, a request to the measuring process, "
+    pages = [p for p in _files(root, "views") if p.suffix == ".py"]
+    rows.append(["`views/`", "One thin page each: inputs, a request to the measuring process, "
                  "figures.", ", ".join(p.stem for p in pages)])
     for pkg in PACKAGES:
         files = [p for p in _files(root, pkg) if p.suffix in (".py", ".cpp", ".h")]

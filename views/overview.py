@@ -23,23 +23,23 @@ from ui import header
 from ui.state import device_facts, machine, probing
 
 GUIDE = [
-    ("pages/generate.py", "Generate side by side",
+    ("views/generate.py", "Generate side by side",
      "One prompt, generated with and without the cache; are the tokens identical?"),
-    ("pages/sweep.py", "Latency sweep",
+    ("views/sweep.py", "Latency sweep",
      "Time per token against context for each decode mode, drawn live (Figures 1–3)."),
-    ("pages/peers.py", "Peers",
+    ("views/peers.py", "Peers",
      "transformers, CTranslate2, ONNX Runtime and OpenVINO on the same weights, beside our step."),
-    ("pages/flops.py", "FLOPs vs time",
+    ("views/flops.py", "FLOPs vs time",
      "1000× fewer FLOPs, a few × less time: achieved TFLOP/s and a roofline (Figures 4–5)."),
-    ("pages/floor.py", "Floor lab",
+    ("views/floor.py", "Floor lab",
      "What sets the cached step's floor, and what gets under it: int8 weights, speculation."),
-    ("pages/memory.py", "Memory",
+    ("views/memory.py", "Memory",
      "Weights, KV cache, masks and workspace; when the cache outgrows the weights (Figure 6)."),
-    ("pages/planner.py", "KV memory planner",
+    ("views/planner.py", "KV memory planner",
      "How many sequences fit here; what paged blocks, int8 KV or fewer KV heads would save."),
-    ("pages/correctness.py", "Correctness lab",
+    ("views/correctness.py", "Correctness lab",
      "Checks against transformers, and the silent bugs each check can or cannot see."),
-    ("pages/results.py", "Results",
+    ("views/results.py", "Results",
      "Every saved run, overlaid across machines, with the write-up's A40 numbers."),
 ]
 LIBRARIES = ("transformers", "streamlit", "plotly", "pandas", "numpy", "tiktoken")
