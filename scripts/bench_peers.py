@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from instruments import lineup  # noqa: E402
-from instruments.experiments.peers import llamacpp_goals, markdown, verdict  # noqa: E402
+from instruments.store.peers_report import llamacpp_goals, markdown, verdict  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -407,14 +407,14 @@ def test_the_first_page_draws_while_the_probe_and_the_load_run(
     import threading
 
     from instruments import lineup
-    from instruments.process import client, probe
+    from instruments.process import client, devices, probe
     from instruments.spine import ModelSpec
 
     gate = threading.Event()
     facts = {"name": "Test CPU", "kind": "cpu", "device": "cpu", "cores": 2, "threads": 2,
              "total_memory_bytes": 8 * 2**30, "capability": "avx2",
              "dtypes": list(probe.CPU_DTYPES)}
-    monkeypatch.setattr(client, "_PROBE", client.DeviceProbe(
+    monkeypatch.setattr(devices, "_PROBE", devices.DeviceProbe(
         lambda: gate.wait(60) and {"torch": "9.9", "devices": {"cpu": facts}}))
     held: dict[ModelSpec, client.Job] = {}  # the load: on its way until the test says
     monkeypatch.setattr(client, "_INFO", {})  # as on a fresh server: nothing loaded yet
@@ -435,7 +435,7 @@ def test_the_first_page_draws_while_the_probe_and_the_load_run(
     assert any("Loading tiny" in s and "in the measuring process…" in s for s in said), said
     (job,) = held.values()  # the load was started, not waited for
     gate.set()  # the probe lands; the model is loaded
-    client._PROBE.wait(10)
+    devices._PROBE.wait(10)
     cfg = lineup.config(job.model.name)
     monkeypatch.setitem(client._INFO, job.model, {
         "weights_label": "random (seed 0, test shape)", "weights_fallback": None,
@@ -457,13 +457,13 @@ def test_a_gpu_joins_the_device_list_when_the_probe_finds_it(
     session that has not picked a device itself."""
     import threading
 
-    from instruments.process import client, probe
+    from instruments.process import client, devices, probe
 
     gate = threading.Event()
     cpu = {"name": "Test CPU", "kind": "cpu", "dtypes": list(probe.CPU_DTYPES)}
     gpu = {"name": "Test GPU", "kind": "cuda", "dtypes": ["float32", "bfloat16", "float16"]}
     monkeypatch.setattr(probe, "gpu_build", lambda: True)
-    monkeypatch.setattr(client, "_PROBE", client.DeviceProbe(
+    monkeypatch.setattr(devices, "_PROBE", devices.DeviceProbe(
         lambda: gate.wait(60) and {"torch": "9.9", "devices": {"cpu": cpu, "cuda": gpu}}))
     monkeypatch.setattr(client, "_INFO", {})
     monkeypatch.setattr(client, "_LOADS", {})
@@ -474,7 +474,7 @@ def test_a_gpu_joins_the_device_list_when_the_probe_finds_it(
     picker = at.selectbox(key="device")
     assert picker.options == ["cpu"] and picker.label == "Device (GPU: probing…)"
     gate.set()
-    client._PROBE.wait(10)
+    devices._PROBE.wait(10)
     at.run()
     no_traceback(at)
     assert at.selectbox(key="device").options == ["cuda", "cpu"]

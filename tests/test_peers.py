@@ -26,6 +26,7 @@ from instruments import cli, lineup
 from instruments.checks.gate import Gate
 from instruments.experiments import peers as peers_exp
 from instruments.lineup import peers
+from instruments.store import peers_report
 from tests.conftest import SMALL, loaded_model, small_model
 
 CPU_PEERS = [n for n, p in peers.PEERS.items() if "cpu" in p.devices]
@@ -161,7 +162,7 @@ def test_the_peers_run_times_every_engine_with_the_floor_and_the_gate(lively: GP
         assert r["logits_max_abs_diff"] < 1e-4 and r["weight_bytes"] > 0 and r["version"]
     assert {c["mode"] for c in run["tables"]["checks"]} == {"concat", *names}
     assert {f["kernel"] for f in run["tables"]["floor"]} == {"sum", "matrix-vector"}
-    assert peers_exp.verdict(run["tables"]["peers"])[0].startswith("At 16 tokens, float32: ")
+    assert peers_report.verdict(run["tables"]["peers"])[0].startswith("At 16 tokens, float32: ")
     few = _run(lively, peers=[], steps=3)  # fewer than 10 samples: no p90
     assert few["tables"]["peers"][0]["p90_ms"] is None
 
@@ -175,11 +176,32 @@ def test_the_verdict_can_say_a_peer_is_faster_than_us() -> None:
              "latency_ms": 10.0, "x_floor": 0.7},
             {"engine": "ort_float32", "available": False, "why": "pip install x",
              "latency_ms": None, "context_len": None}]
-    (line,) = peers_exp.verdict(rows)
+    (line,) = peers_report.verdict(rows)
     assert line == ("At 512 tokens, float32: ct2_float32 is fastest (20.00 ms, 1.50× the read "
                     "floor); our fastest, fast, takes 1.50× its time; int8: ct2_int8 is fastest "
                     "(10.00 ms, 0.70× the read floor).")
-    assert "| ort_float32 |  | — | not timed: pip install x |" in peers_exp.markdown(rows)
+    assert "| ort_float32 |  | — | not timed: pip install x |" in peers_report.markdown(rows)
+
+
+def test_llamacpps_goals_say_a_miss_and_pair_ours_with_its_format() -> None:
+    """Each format against llama.cpp's on the same bytes (F32: our fastest exact fp32 mode),
+    the goal (<= 1) and the target (<= 0.8) said apart, a miss in capitals, q4_1 over the fp32
+    read; a run without llama.cpp gives no line."""
+    def row(engine: str, kind: str, precision: str, ms: float, **more: float) -> dict:
+        return {"engine": engine, "kind": kind, "precision": precision, "context_len": 128,
+                "latency_ms": ms, **more}
+
+    rows = [row("fast", "mode", "float32", 30.0), row("concat", "mode", "float32", 40.0),
+            row("q4_1_weights", "mode", "q4_1", 14.0, x_floor=0.4),
+            row("q8_0_weights", "mode", "q8_0", 18.0), row("llamacpp_q4_1", "peer", "q4_1", 20.0),
+            row("llamacpp_q8_0", "peer", "q8_0", 20.0), row("llamacpp_f32", "peer", "float32",
+                                                               25.0)]
+    q4, q8, f32 = peers_report.llamacpp_goals(rows)
+    assert q4 == ("At 128 tokens: q4_1_weights 14.00 ms ÷ llamacpp_q4_1 20.00 ms = 0.70 (target "
+                  "met: goal ≤ 1, target ≤ 0.8); 0.40× the fp32 read floor (target ≤ 0.35).")
+    assert "= 0.90 (goal met" in q8
+    assert f32.startswith("At 128 tokens: fast 30.00 ms ÷ llamacpp_f32 25.00 ms = 1.20 (MISSED")
+    assert peers_report.llamacpp_goals([r for r in rows if r["kind"] == "mode"]) == []
 
 
 def test_bad_peer_input_is_one_line() -> None:

@@ -3,7 +3,7 @@
 Inputs -> ``PeersParams`` -> the "peers" experiment in the measuring process (``ui.jobs``; every
 engine is gated on mode 1's logits, then timed in interleaved rounds with the read floor) ->
 figures from ``ui.figures_peers`` and the verdict computed from the run
-(``instruments.experiments.peers.verdict``). A peer whose package is missing is listed with its
+(``instruments.store.peers_report.verdict``). A peer whose package is missing is listed with its
 install command, never a traceback.
 """
 
@@ -14,8 +14,9 @@ import streamlit as st
 from instruments import lineup
 from instruments.experiments import to_dict
 from instruments.experiments.inputs import parse_contexts
-from instruments.experiments.peers import PeersParams, verdict
+from instruments.experiments.peers import PeersParams
 from instruments.process.client import Job
+from instruments.store.peers_report import verdict
 from ui import header, jobs
 from ui.figures_peers import not_run, peers_figure, peers_table
 from ui.state import RUN_ICON, mode_label

@@ -17,8 +17,8 @@ its registered bound, its measured error kept), then timed in interleaved rounds
 at each context, the read floor (the best of ``instruments.measure.device.read_kernels`` over
 the bytes of the Linear weights a step streams) and then every engine, ``steps`` samples each
 through the ``Sampler`` (a seek to t - 1 tokens untimed, one timed step), the order reversed
-every other round. ``verdict(rows)`` names the fastest engine at each precision and the
-distance to it; ``markdown(rows)`` is the table the README quotes.
+every other round. Reading a run (the verdict, the table, llama.cpp's goals) is
+``instruments.store.peers_report``'s.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from instruments.experiments.inputs import contexts_within, modes_usable, parse_
 from instruments.experiments.utilization import weight_storage
 from instruments.lineup import PEERS, PeerUnavailable
 from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, no_grad, record
+from instruments.store.peers_report import llamacpp_goals, markdown, verdict
 
 P90_MIN = 10  # fewer samples than this: no p90
 
@@ -110,97 +111,6 @@ def from_args(args: argparse.Namespace, cfg: ModelConfig) -> PeersParams:
 def summary(run: dict[str, Any]) -> list[str]:
     rows = run["tables"].get("peers", [])
     return [markdown(rows), *verdict(rows), *llamacpp_goals(rows)]
-
-
-# ---------------------------------------------------------------------------- reading a run
-def timed(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in rows if r.get("latency_ms") is not None]
-
-
-def verdict(rows: list[dict[str, Any]]) -> list[str]:
-    """At each context: the fastest engine at each precision, and how far the others are."""
-    out = []
-    done = timed(rows)
-    for t in sorted({r["context_len"] for r in done}):
-        here = [r for r in done if r["context_len"] == t]
-        parts = []
-        for precision in sorted({r["precision"] for r in here}, key=lambda p: p != "float32"):
-            group = sorted((r for r in here if r["precision"] == precision),
-                           key=lambda r: r["latency_ms"])
-            best = group[0]
-            said = (f"{precision}: {best['engine']} is fastest ({best['latency_ms']:.2f} ms, "
-                    f"{best['x_floor']:.2f}× the read floor)" if best.get("x_floor") else
-                    f"{precision}: {best['engine']} is fastest ({best['latency_ms']:.2f} ms)")
-            ours = [r for r in group if r["kind"] == "mode"]
-            if ours and ours[0] is not best:
-                said += (f"; our fastest, {ours[0]['engine']}, takes "
-                         f"{ours[0]['latency_ms'] / best['latency_ms']:.2f}× its time")
-            elif ours and len(group) > 1:
-                said += (f"; the next, {group[1]['engine']}, takes "
-                         f"{group[1]['latency_ms'] / best['latency_ms']:.2f}× its time")
-            parts.append(said)
-        out.append(f"At {t} tokens, {'; '.join(parts)}.")
-    return out
-
-
-# (our rung, llama.cpp's peer on the same bytes): the goal is ours <= theirs at every context
-# and thread count, the target 0.8x; q4_1 also <= 0.35x the fp32 read floor
-LLAMACPP_PAIRS = (("q4_1_weights", "llamacpp_q4_1"), ("q8_0_weights", "llamacpp_q8_0"),
-                  (None, "llamacpp_f32"))  # None: our fastest exact fp32 mode
-LLAMACPP_GOAL, LLAMACPP_TARGET, Q4_FLOOR_TARGET = 1.0, 0.8, 0.35
-
-
-def llamacpp_goals(rows: list[dict[str, Any]]) -> list[str]:
-    """One line per context and format: our step over llama.cpp's on the same weights, against
-    the goal (<= 1) and the target (<= 0.8), and our q4_1 step over the fp32 read floor."""
-    out = []
-    done = timed(rows)
-    for t in sorted({r["context_len"] for r in done}):
-        here = {r["engine"]: r for r in done if r["context_len"] == t}
-        exact = [r for r in here.values() if r["kind"] == "mode"
-                 and not lineup.spec(r["engine"]).tolerance]
-        for ours, theirs in LLAMACPP_PAIRS:
-            mine = here.get(ours) if ours else min(exact, key=lambda r: r["latency_ms"],
-                                                   default=None)
-            other = here.get(theirs)
-            if mine is None or other is None:
-                continue
-            ratio = mine["latency_ms"] / other["latency_ms"]
-            said = ("target met" if ratio <= LLAMACPP_TARGET else "goal met"
-                    if ratio <= LLAMACPP_GOAL else "MISSED")
-            line = (f"At {t} tokens: {mine['engine']} {mine['latency_ms']:.2f} ms ÷ {theirs} "
-                    f"{other['latency_ms']:.2f} ms = {ratio:.2f} ({said}: goal ≤ 1, target "
-                    f"≤ {LLAMACPP_TARGET})")
-            if ours == "q4_1_weights" and mine.get("x_floor") is not None:
-                line += (f"; {mine['x_floor']:.2f}× the fp32 read floor (target ≤ "
-                         f"{Q4_FLOOR_TARGET})")
-            out.append(line + ".")
-    return out
-
-
-def markdown(rows: list[dict[str, Any]]) -> str:
-    """The README's table: one line per engine and context, then the peers that did not run."""
-    head = ("| engine | precision | context | median (ms) | p90 (ms) | × read floor | "
-            "× its own floor | × our fastest exact | logits max abs diff | weights (MB) | "
-            "version |\n|---|---|---|---|---|---|---|---|---|---|---|")
-    lines = [head]
-
-    def num(v: Any, spec: str) -> str:
-        return "—" if v is None else format(v, spec)
-
-    for r in sorted(timed(rows), key=lambda r: (r["context_len"], r["latency_ms"])):
-        lines.append(
-            f"| {r['engine']} | {r['precision']} | {r['context_len']} | "
-            f"{r['latency_ms']:.2f} | {num(r.get('p90_ms'), '.2f')} | "
-            f"{num(r.get('x_floor'), '.2f')} | {num(r.get('x_own_floor'), '.2f')} | "
-            f"{num(r.get('x_fastest_exact'), '.2f')} | "
-            f"{num(r.get('logits_max_abs_diff'), '.2g')} | "
-            f"{num((r.get('weight_bytes') or 0) / 1e6 or None, '.0f')} | {r.get('version', '')} |")
-    for r in rows:
-        if r.get("latency_ms") is None:
-            lines.append(f"| {r['engine']} | {r.get('precision', '')} | — | not timed: "
-                         f"{r.get('why', '')} | | | | | | | |")
-    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------- running

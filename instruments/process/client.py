@@ -14,21 +14,15 @@ on the next request (``prestart(device)`` starts one ahead, in the background).
 loaded: weights label, fallback, shapes; ``load_soon(spec)`` starts that load without waiting
 (``loading(spec)``, ``load_error(spec)`` say how it goes), and ``model_info`` waits for a load
 already on its way rather than returning None.
-``start_probe()`` asks, once, in a thread of its own, which devices this machine offers (the
-probe, ``instruments.process.probe``); ``devices_now()`` is its answer or None while it runs,
-``machine_now()`` that answer or the placeholder the pages draw from meanwhile (the CPU, marked
-"probing"), ``devices()`` waits for it. ``$KVLAB_PROBE_DELAY_S`` holds the probe back that many
-seconds (for tests of the pages drawn while it runs).
+``start_probe()``, ``devices_now()``, ``machine_now()`` and ``devices()``: which devices this
+machine offers, asked once in a thread of its own (``instruments.process.devices``).
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import queue
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -37,7 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from instruments import experiments
-from instruments.process import probe
+from instruments.process.devices import (  # noqa: F401 - passed on to the pages
+    devices,
+    devices_now,
+    machine_now,
+    start_probe,
+)
 from instruments.process.processes import (  # noqa: F401 - the server's one door to them
     REPO_ROOT,
     START_TIMEOUT_S,
@@ -306,98 +305,3 @@ def load_error(spec: ModelSpec) -> str | None:
     if job is None or not job.finished or job.state != "failed" or spec in _INFO:
         return None
     return job.error or "the model could not be loaded"
-
-
-# ---------------------------------------------------------------------------------- devices
-class DeviceProbe:
-    """The device probe, run once in a thread of its own (``find`` answers it); ``result()`` is
-    None until it has landed, ``wait()`` waits for it."""
-
-    def __init__(self, find: Callable[[], dict[str, Any]] | None = None) -> None:
-        self._find = find or _find_devices
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._landed = threading.Event()
-        self._result: dict[str, Any] | None = None
-
-    def start(self) -> None:
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="kvlab-probe",
-                                                daemon=True)
-                self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            found = self._find()
-        except Exception as exc:  # noqa: BLE001 - the CPU is there whatever went wrong
-            found = _cpu_only(exc)
-        self._result = found
-        self._landed.set()
-
-    def result(self) -> dict[str, Any] | None:
-        self.start()
-        return self._result
-
-    def wait(self, timeout_s: float | None = None) -> dict[str, Any] | None:
-        self.start()
-        self._landed.wait(timeout_s)
-        return self._result
-
-
-def _cpu_only(exc: BaseException) -> dict[str, Any]:
-    return {"torch": None, "error": f"{type(exc).__name__}: {exc}",
-            "devices": {"cpu": {"name": probe.cpu_name(), "kind": "cpu", "device": "cpu",
-                                "dtypes": list(probe.CPU_DTYPES)}}}
-
-
-def _find_devices() -> dict[str, Any]:
-    """The probe's answer. A torch built without GPU support can drive only the CPU, and the
-    CPU's measuring process (started ahead for the first page) already imported torch and said
-    what the CPU is: its greeting answers, and no second interpreter imports torch beside it on
-    a 2-core machine. Otherwise (or if that process cannot start) a short-lived process asks
-    torch."""
-    delay = os.environ.get("KVLAB_PROBE_DELAY_S", "")
-    if delay.replace(".", "", 1).isdigit():
-        time.sleep(float(delay))
-    if not probe.gpu_build():
-        try:
-            return probe.from_hello(process("cpu").hello)
-        except Exception:  # noqa: BLE001, S110 - the short-lived probe below says what is wrong
-            pass
-    return _probe_process()
-
-
-def _probe_process() -> dict[str, Any]:
-    """``python -m instruments.process.probe`` in a short-lived process."""
-    try:
-        out = subprocess.run([sys.executable, "-m", "instruments.process.probe"], cwd=REPO_ROOT,
-                             capture_output=True, text=True, timeout=START_TIMEOUT_S, check=True)
-        return json.loads(out.stdout.strip().splitlines()[-1])
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
-        return _cpu_only(exc)
-
-
-_PROBE = DeviceProbe()
-
-
-def start_probe() -> None:
-    """Start the device probe in the background (once per server; later calls do nothing)."""
-    _PROBE.start()
-
-
-def devices_now() -> dict[str, Any] | None:
-    """The probe's answer, or None while it runs (it is started if it was not)."""
-    return _PROBE.result()
-
-
-def machine_now() -> dict[str, Any]:
-    """The probe's answer, or until it lands what can be said without it (``probe.placeholder``:
-    the CPU, marked ``"probing": True``)."""
-    return _PROBE.result() or probe.placeholder()
-
-
-def devices() -> dict[str, Any]:
-    """What this machine offers, waiting for the probe: {"torch": version, "devices": {"cpu":
-    facts + dtypes, "cuda": ...}} (the server imports no torch)."""
-    return _PROBE.wait() or probe.placeholder()

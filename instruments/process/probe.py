@@ -3,7 +3,7 @@
     python -m instruments.process.probe
 
 The dashboard's server imports no torch; it asks this once at start-up, in the background
-(``instruments.process.client.start_probe``), which devices exist, their names, memory and the
+(``instruments.process.devices.start_probe``), which devices exist, their names, memory and the
 dtypes each supports. Until the answer lands the pages draw from ``placeholder()``: the CPU (its
 name read from /proc/cpuinfo, its dtypes), marked ``"probing": True``. Where this torch build
 cannot drive a GPU at all (``gpu_build()`` reads torch's version file as text, without importing

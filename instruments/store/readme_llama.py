@@ -20,6 +20,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from instruments.store.peers_report import LLAMACPP_PAIRS as PAIRS
+from instruments.store.peers_report import llamacpp_pairs
 from instruments.store.readme_blocks import (
     ReadmeError,
     Run,
@@ -30,9 +32,6 @@ from instruments.store.readme_blocks import (
     span,
     table,
 )
-
-PAIRS = (("q4_1_weights", "llamacpp_q4_1", "Q4_1"), ("q8_0_weights", "llamacpp_q8_0", "Q8_0"),
-         (None, "llamacpp_f32", "F32"))  # None: our fastest exact fp32 mode
 
 
 def llama_checks(runs: list[Run], root: Path) -> str:
@@ -80,32 +79,11 @@ def llama_runs(runs: list[Run], root: Path) -> str:
 
 
 def _pairs(run: Run, root: Path) -> list[dict[str, Any]]:
-    """Per context of a peers run with llama.cpp rows: {context, fmt: (ours ms, theirs ms) or
-    None, "q4_floor": q4_1's × the fp32 read or None}; [] for a run without llama.cpp."""
-    every = table(run, "peers", root)
-    rows = [r for r in every if r.get("latency_ms") is not None]
-    if not any(str(r.get("engine", "")).startswith("llamacpp") for r in rows):
-        return []  # a peers run from before llama.cpp joined, or without it installed
-    untimed = {r["engine"]: r.get("why") or "not timed" for r in every
-               if r.get("latency_ms") is None}
-    out = []
-    for t in sorted({int(r["context_len"]) for r in rows}):
-        here = {r["engine"]: r for r in rows if int(r["context_len"]) == t}
-        exact = [r for r in here.values() if r.get("kind") == "mode"
-                 and r.get("precision") == "float32"]
-        point: dict[str, Any] = {"context": t}
-        for ours, theirs, fmt in PAIRS:
-            mine = here.get(ours) if ours else min(exact, key=lambda r: r["latency_ms"],
-                                                   default=None)
-            other = here.get(theirs)
-            point[fmt] = (None if mine is None or other is None
-                          else (float(mine["latency_ms"]), float(other["latency_ms"])))
-            if theirs in untimed:
-                point[f"{fmt} why"] = untimed[theirs]
-        q4 = here.get("q4_1_weights") or {}
-        point["q4_floor"], point["q4_own"] = q4.get("x_floor"), q4.get("x_own_floor")
-        out.append(point)
-    return out
+    """``llamacpp_pairs`` of a run, each format's pair as (ours ms, theirs ms)."""
+    return [{**p, **{fmt: None if p[fmt] is None else (float(p[fmt][0]["latency_ms"]),
+                                                       float(p[fmt][1]["latency_ms"]))
+                     for *_, fmt in PAIRS}}
+            for p in llamacpp_pairs(table(run, "peers", root))]
 
 
 def _goals(run: Run, root: Path) -> list[list[Any]]:
