@@ -158,7 +158,7 @@ def llamacpp(runs: list[Run], root: Path) -> str:
         head.pop(1)
         rows = [row[:1] + row[2:] for row in rows]
     total = sum(1 for r in runs if r.get("kind") == "peers" and _pairs(r, root))
-    return "\n".join([f"The newest of {total} runs per model and thread count, on "
+    return "\n".join([f"Per model and thread count the newest of {total} runs, on "
                       f"{', '.join(hosts)}:", "", *md_table(head, rows), "",
                       "Ours: `q4_1_weights`, `q8_0_weights`, and our fastest exact fp32 mode; "
                       "goal ≤ 1, target ≤ 0.8; q4_1's target ≤ 0.35× a read of the fp32 "
