@@ -32,7 +32,8 @@ server's start to its title, to the page settled (its script idle) and to the de
 facts and the model in; (2) the Latency sweep page settled (idle, its model loaded, the probe
 in), Run with every default, seconds to the first point; (3) the Latency sweep page opened and
 Run pressed the moment the button appears, seconds from the page's first paint (its title) to
-the first point. Each sweep is stopped after its first point (the server saves it).
+the first point. Each sweep is stopped after its first point (the server saves it). Before
+them, the floor under (1): a fresh server of a bare Streamlit app that only writes the title.
 A call measures what its ``--out`` folder lacks (``--pairs`` at a time: quiet moments on a
 shared host), so it can be called again into the same folder. ``--report`` prints their table
 too.
@@ -172,6 +173,32 @@ def first_page(chromium, folder: Path, args: argparse.Namespace, every: float  #
             "page_filled_s": filled}
 
 
+BARE_APP = 'import streamlit as st\n\nst.title("KV Cache Lab")\n'
+
+
+def bare_page(chromium, folder: Path, every: float) -> dict[str, float]:  # noqa: ANN001
+    """The floor under the first page: a fresh server of a Streamlit app that only writes the
+    title (none of this project's code), seconds from the server's start to the title."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "bare_app.py").write_text(BARE_APP)
+    page = chromium.new_page(viewport={"width": 1440, "height": 1000})
+    t0 = time.perf_counter()
+    with streamlit_server(folder, poll_s=SERVER_POLL_S, script=str(folder / "bare_app.py")) \
+            as (url, _):
+        up = time.perf_counter() - t0
+        page.goto(url, wait_until="commit")
+        title = None
+        while title is None and time.perf_counter() - t0 < 120:
+            if any("KV Cache Lab" in h for h in look(page)["titles"]):
+                title = time.perf_counter() - t0
+            page.wait_for_timeout(every * 1000)
+    page.close()
+    (folder / "bare_app.py").unlink()
+    if title is None:
+        raise RuntimeError("the bare app's title never appeared")
+    return {"bare_up_s": up, "bare_title_s": title}
+
+
 def first_point(chromium, folder: Path, args: argparse.Namespace, every: float,  # noqa: ANN001
                 at_once: bool) -> dict[str, float]:
     """A fresh server's Latency sweep page, Run with every default: pressed once the page has
@@ -232,6 +259,7 @@ def first_minutes(out: Path, args: argparse.Namespace) -> None:
             shutil.rmtree(folder, ignore_errors=True)  # an earlier try that did not finish
             load_1m = os.getloadavg()[0]
             timing = {"read_every_s": every, "load_1m": load_1m,
+                      **bare_page(chromium, folder / "bare", every),
                       **first_page(chromium, folder / "page", args, every),
                       **first_point(chromium, folder / "settled", args, every, False),
                       **first_point(chromium, folder / "paint", args, every, True)}
@@ -245,7 +273,8 @@ def first_minutes(out: Path, args: argparse.Namespace) -> None:
             timing["load_1m_after"] = os.getloadavg()[0]
             results.save_run(results.new_run(FIRST_KIND, meta, {"timing": [timing]}),
                              folder)
-            print(f"read every {every:g} s, run {i} (load {load_1m:.2f}): first page "
+            print(f"read every {every:g} s, run {i} (load {load_1m:.2f}): a bare Streamlit "
+                  f"app's title {timing['bare_title_s']:.1f} s; first page "
                   f"{timing['page_title_s']:.1f} s (settled {timing['page_settled_s']:.1f} "
                   f"s, filled in {timing['page_filled_s']:.1f} s); first point "
                   f"{timing['settled_point_s']:.1f} s from a settled page, "

@@ -35,15 +35,17 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def streamlit_server(results: Path, tiny: bool = True, env: dict[str, str] | None = None,
-                     poll_s: float = 0.5) -> Iterator[tuple[str, subprocess.Popen]]:
-    """A fresh ``streamlit run app.py``, yielded once it answers (asked every ``poll_s``: a
-    benchmark of the first page asks often); RuntimeError with its log if it never does."""
+                     poll_s: float = 0.5, script: str = "app.py"
+                     ) -> Iterator[tuple[str, subprocess.Popen]]:
+    """A fresh ``streamlit run app.py`` (or ``script``, run from the project's root with its
+    settings), yielded once it answers (asked every ``poll_s``: a benchmark of the first page
+    asks often); RuntimeError with its log if it never does."""
     port = free_port()
     env = {**os.environ, **(env or {}), "KVLAB_RESULTS_DIR": str(results),
            "KVLAB_TINY": "1" if tiny else "0"}
     log = open(results / "server.log", "w")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
+        [sys.executable, "-m", "streamlit", "run", script, "--server.port", str(port),
          "--server.headless", "true", "--server.address", "127.0.0.1"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

@@ -11,7 +11,8 @@ medians of modes 1 and 3 against the first CLI run, context by context.
 ``scripts/bench_sweep.py --first`` keeps instead, per run and read interval, a
 ``sweep_first_timing`` run (``FIRST_KIND``) beside the stopped sweeps its servers saved: a fresh
 server's first page (seconds from the server's start to the Overview's title, to the page
-settled, to the probe's facts and the model in), and the first point of the default sweep with
+settled, to the probe's facts and the model in; before it, to the title of a bare Streamlit app,
+``bare_title_s``: the floor no code of ours adds to), and the first point of the default sweep with
 Run pressed on a settled Latency sweep page, and with Run pressed the moment it appears (timed
 from the page's first paint), the page read every ``read_every_s``. ``first_report(runs)`` is
 their table, one row per run, against ``FIRST_GOALS``; ``first_summary(runs)`` one row per read
@@ -113,12 +114,15 @@ def first_report(runs: list[Run]) -> list[str]:
     rows = first_rows(runs)
     if not rows:
         return []
-    lines = ["| page read every | run | server up (s) | first page: title / settled (s) | "
+    lines = ["| page read every | run | server up (s) | a bare Streamlit app's title (s) | "
+             "first page: title / settled (s) | "
              "probe and model in (s) | first point, Run on a settled page (s) | first point "
              "from first paint (s; Run pressed at) | goals met (≤ 2 s, ≤ 3 s, ≤ 5 s) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|"]
     for t in rows:
+        bare = t.get("bare_title_s")
         lines.append(f"| {_read(t['read_every_s'])} | {t['folder']} | {t['server_up_s']:.1f} | "
+                     f"{'–' if bare is None else format(bare, '.1f')} | "
                      f"{t['page_title_s']:.1f} / {t['page_settled_s']:.1f} | "
                      f"{t['page_filled_s']:.1f} | {t['settled_point_s']:.1f} | "
                      f"{t['paint_point_s']:.1f} ({t['paint_run_s']:.1f}) | "
@@ -132,12 +136,15 @@ def _range(values: list[float]) -> str:
 
 
 def first_summary(runs: list[Run]) -> list[list[str]]:
-    """Per read interval: [read every, runs, first page (title–settled range), first point from
-    a settled page, from first paint, goals met in how many runs]."""
+    """Per read interval: [read every, runs, a bare Streamlit app's title (range, "–" before it
+    was measured), first page (title–settled range), first point from a settled page, from
+    first paint, goals met in how many runs]."""
     by: dict[float, list[dict[str, Any]]] = {}
     for t in first_rows(runs):
         by.setdefault(t["read_every_s"], []).append(t)
     return [[_read(every), str(len(got)),
+             _range(bare) if (bare := [t["bare_title_s"] for t in got if "bare_title_s" in t])
+             else "–",
              _range([t["page_title_s"] for t in got]) + " / "
              + _range([t["page_settled_s"] for t in got]),
              _range([t["settled_point_s"] for t in got]),
