@@ -133,6 +133,9 @@ import os, sys
 os.environ["KVLAB_TINY"] = "1"
 os.environ["KVLAB_RESULTS_DIR"] = sys.argv[1]
 from streamlit.testing.v1 import AppTest
+first = AppTest.from_file("app.py", default_timeout=120)
+first.run()  # the Overview, as a fresh server's first page: no pandas (0.5 s of a 2-core CPU)
+print("pandas after the first page:", "pandas" in sys.modules)
 for page in ["overview", "generate", "sweep", "peers", "flops", "floor", "memory", "correctness",
              "results"]:
     at = AppTest.from_file("app.py", default_timeout=120)
@@ -152,6 +155,7 @@ def test_every_page_renders_without_torch_in_the_server(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=280)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "torch loaded: False" in out.stdout, out.stdout
+    assert "pandas after the first page: False" in out.stdout, out.stdout
 
 
 BLOCKED = """

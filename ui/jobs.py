@@ -24,15 +24,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import streamlit as st
 
 from instruments.process import client
 from instruments.process.client import Job
 from ui.runs import download_buttons
 from ui.state import current_choice, results_dir, session_alive, session_id
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def _period_s(name: str, default: float) -> float:
@@ -67,6 +69,8 @@ def running(key: str) -> bool:
 
 def rows(job: Job, table: str) -> pd.DataFrame:
     """``table`` of the job's run when it has one, else the rows streamed so far."""
+    import pandas as pd  # here: the Overview draws a job section and no table (0.5 s saved)
+
     if job.run is not None:
         return pd.DataFrame((job.run.get("tables") or {}).get(table) or [])
     return pd.DataFrame(list(job.tables.get(table, [])))

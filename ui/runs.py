@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import streamlit as st
 
 from instruments import lineup
@@ -28,6 +27,9 @@ from instruments.store.results import (
     reference_run,
 )
 from ui.state import results_dir
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def run_json(run: dict[str, Any]) -> str:
@@ -54,6 +56,8 @@ def latency_frame(run: dict[str, Any]) -> pd.DataFrame:
     Saved sweeps carry them already; the reference run (published A40 numbers) has only
     latencies, so they are computed from ``instruments.costmodel.costs`` for the run's model shape.
     """
+    import pandas as pd  # here, as in ui.jobs.rows
+
     rows = pd.DataFrame((run.get("tables") or {}).get("latency") or [])
     if rows.empty:
         return rows

@@ -19,7 +19,7 @@ from instruments.costmodel import costs
 from instruments.measure.specs import lookup_peaks
 from instruments.process import client
 from instruments.process.client import Job
-from ui import header
+from ui import device, header, jobs
 from ui.state import device_facts, machine, probing
 
 GUIDE = [
@@ -60,8 +60,6 @@ def _version(name: str) -> str:
 choice = header.page("KV Cache Lab", "A GPT-2 written from scratch, with a KV cache, measured "
                      "live on this machine: where the time and the memory of text generation "
                      "actually go.")
-# After the title: these import pandas, a second of a fresh server's first page on a 2-core CPU
-from ui import device, jobs  # noqa: E402
 
 dev_col, model_col = st.columns(2)
 with dev_col:

@@ -7,9 +7,10 @@ runs from different machines line up. Pure functions over run dicts; no files ar
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+if TYPE_CHECKING:
+    import pandas as pd
 
 # Run-level columns `table_frame` adds to every row, so runs from different machines line up.
 RUN_COLUMNS = (
@@ -41,6 +42,8 @@ def table_frame(runs: list[dict[str, Any]], table: str) -> pd.DataFrame:
     A row's own field wins over the run's (a batch sweep's rows carry their own batch_size);
     the run's value fills it only where the row has none. Empty frame (with RUN_COLUMNS) if none.
     """
+    import pandas as pd  # here, not at import: a first page that only names runs skips it
+
     frames = []
     for run in runs:
         rows = (run.get("tables") or {}).get(table) or []
