@@ -109,7 +109,7 @@ import sys
 from engine.families import load
 state = load("gpt2", weights="auto", hub_id="kvlab-test/not-cached")
 print(state.provenance.label, "|", state.provenance.fallback, "transformers" in sys.modules,
-      "huggingface_hub" in sys.modules)
+      "huggingface_hub.file_download" in sys.modules)
 state = load("gpt2", weights="auto", hub_id="kvlab-test/tiny-gpt2")
 print(state.provenance.label, state.model.config.n_layer, "transformers" in sys.modules)
 """
@@ -118,8 +118,8 @@ print(state.provenance.label, state.model.config.n_layer, "transformers" in sys.
 def test_auto_finds_a_cached_copy_and_skips_transformers_without_one(tmp_path) -> None:
     """"auto" loads pretrained weights from the Hugging Face cache (a tiny model saved into a
     cache of the hub's layout), and with no copy and no network falls back to random weights
-    without importing transformers or huggingface_hub: asked of a fresh interpreter, whose hub
-    settings are read at import."""
+    without importing transformers or the hub's file functions: asked of a fresh interpreter,
+    whose hub settings are read at import."""
     import os
     import subprocess
     import sys

@@ -10,6 +10,7 @@ row, because the write-up's first attempt was skewed by a cuBLAS workspace alloc
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 from collections.abc import Sequence
@@ -32,27 +33,17 @@ def _is_cuda(device: Any) -> bool:
     return torch.device(device).type == "cuda"
 
 
-def _malloc_trim() -> None:
-    """Hand freed heap pages back to the OS (glibc), so RSS deltas track live tensors."""
-    global _LIBC
-    if _LIBC is None:
-        try:
-            _LIBC = ctypes.CDLL("libc.so.6")
-            _LIBC.malloc_trim(0)
-        except (OSError, AttributeError):
-            _LIBC = False
-            return
-    if _LIBC:
-        _LIBC.malloc_trim(0)
-
-
-_LIBC: Any = None
+def malloc_trim() -> None:
+    """Hand freed heap pages back to the OS (glibc's malloc_trim; nothing elsewhere), so RSS
+    deltas track live tensors and a finished experiment leaves no freed heap behind."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _sync_and_collect(device: Any, full: bool = False) -> None:
     if full:  # ~0.2 s with torch loaded; caches hold no reference cycles, so only at baselines
         gc.collect()
-    _malloc_trim()
+    malloc_trim()
     if _is_cuda(device):
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()

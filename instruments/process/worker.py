@@ -15,8 +15,6 @@ stops the run and ends the process.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
 import gc
 import os
 import queue
@@ -164,9 +162,10 @@ def return_freed_heap() -> None:
     malloc_trim), after its run, never inside a timed step. glibc keeps freed memory once its
     dynamic mmap threshold has grown: measured here, 50 MiB of anonymous memory stayed with the
     measuring process after 20 small sweeps that followed other experiments, none of it live."""
+    from instruments.measure.memory import malloc_trim
+
     gc.collect()
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    malloc_trim()
 
 
 def classify(exc: BaseException) -> tuple[str, str]:
