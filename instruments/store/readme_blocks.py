@@ -329,6 +329,12 @@ def isolation(runs: list[Run], root: Path) -> str:
 
 
 # -------------------------------------------------------------------------- what ran where
+def days(stamps: list[str]) -> str:
+    """The day, or the first and last day, of ISO timestamps: "2026-12-03 – 2026-12-04"."""
+    when = sorted({s[:10] for s in stamps})
+    return when[0] if len(when) == 1 else f"{when[0]} – {when[-1]}"
+
+
 def hosts(runs: list[Run], root: Path) -> str:
     """Every host the committed runs name, with how many runs, under which folders, when; and
     how many ran on a GPU."""
@@ -340,10 +346,9 @@ def hosts(runs: list[Run], root: Path) -> str:
     for name, got in sorted(by.items(), key=lambda kv: min(str(r["created_utc"]) for r in
                                                           kv[1])):
         topics = sorted({Path(rel(r["path"], root)).parts[2] for r in got})
-        dates = sorted(str(r["created_utc"])[:10] for r in got)
         rows.append([name, ", ".join(sorted({str(r["meta"].get("device")) for r in got})),
                      len(got), ", ".join(f"`{t}/`" for t in topics),
-                     dates[0] if dates[0] == dates[-1] else f"{dates[0]} – {dates[-1]}"])
+                     days([str(r["created_utc"]) for r in got])])
     gpu = sum(str((r.get("meta") or {}).get("device", "")).startswith("cuda") for r in runs)
     return "\n".join([*md_table(["host (device, platform)", "device", "runs",
                                  "folders under docs/runs/", "dates"], rows), "",

@@ -26,6 +26,7 @@ from typing import Any
 
 from instruments.store.readme_blocks import (
     Run,
+    days,
     host,
     machine,
     md_table,
@@ -182,16 +183,14 @@ def peers_history(runs: list[Run], root: Path) -> str:
         key = (host(run), (run.get("meta") or {}).get("threads"))
         values, fastest = _history_values(run, root)
         groups.setdefault(key, []).append(values)
-        dates.setdefault(key, []).append(str(run["created_utc"])[:10])
+        dates.setdefault(key, []).append(str(run["created_utc"]))
         exact |= fastest
     ctx = sorted({t for got in groups.values() for values in got for t in values})
     rows = []
     for key, got in groups.items():
         cells = ["/".join(span([v.get(t, [None] * 4)[i] for v in got], spec) for t in ctx)
                  for i, spec in enumerate((".1f", ".2f", ".2f", ".2f"))]
-        when = sorted(set(dates[key]))
-        rows.append([key[0], key[1], len(got), when[0] if len(when) == 1
-                     else f"{when[0]} – {when[-1]}", *cells])
+        rows.append([key[0], key[1], len(got), days(dates[key]), *cells])
     return "\n".join([f"Our fastest exact step ({', '.join(f'`{e}`' for e in sorted(exact)) or '–'}"
                       ") against CTranslate2 fp32 and the read floor, and `int8_weights` against "
                       "CTranslate2 int8, each inside one run; per host and thread count, the "
@@ -212,9 +211,10 @@ def first_run(runs: list[Run], root: Path) -> str:
     rows, firsts = [], []
     for folder, got in folders.items():
         timed = [r for r in got if r.get("kind") == FIRST_KIND]
-        if timed:
-            firsts += [[host(timed[0]), str(timed[0]["created_utc"])[:10], *row,
-                        f"`{folder}/`"] for row in first_summary(timed)]
+        for where in sorted({host(r) for r in timed}):  # a host's runs apart from another's
+            mine = [r for r in timed if host(r) == where]
+            firsts += [[where, days([str(r["created_utc"]) for r in mine]), *row,
+                        f"`{folder}/`"] for row in first_summary(mine)]
         per = by_folder(got)
         timings = [k[TIMING_KIND]["tables"]["timing"][0] for n, k in sorted(per.items())
                    if n.startswith("browser-") and TIMING_KIND in k]

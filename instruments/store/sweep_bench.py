@@ -21,6 +21,7 @@ interval (the README's).
 
 from __future__ import annotations
 
+import re
 import statistics
 from pathlib import Path
 from typing import Any
@@ -61,8 +62,8 @@ def against(a: Run, b: Run, mode: str) -> str:
 def report(runs: list[Run]) -> list[str]:
     """The Markdown table of a benchmark's runs; [] when they hold no browser run."""
     folders = by_folder(runs)
-    browsers = sorted(n for n, k in folders.items() if n.startswith("browser-")
-                      and TIMING_KIND in k and "latency_sweep" in k)
+    browsers = sorted((n for n, k in folders.items() if n.startswith("browser-")
+                       and TIMING_KIND in k and "latency_sweep" in k), key=in_order)
     if not browsers:
         return []
     cli_run = folders.get("cli", {}).get("latency_sweep")
@@ -95,7 +96,12 @@ def first_rows(runs: list[Run]) -> list[dict[str, Any]]:
     rows = [{**row, "folder": Path(r["path"]).parent.name}
             for r in runs if r.get("kind") == FIRST_KIND
             for row in (r.get("tables") or {}).get("timing", [])]
-    return sorted(rows, key=lambda t: (t["read_every_s"], t["folder"]))
+    return sorted(rows, key=lambda t: (t["read_every_s"], in_order(t["folder"])))
+
+
+def in_order(folder: str) -> list[Any]:
+    """A folder's name as a sort key that puts run-9 before run-10: its digits as numbers."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", folder)]
 
 
 def first_met(t: dict[str, Any]) -> bool:
