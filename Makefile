@@ -48,7 +48,7 @@ $(VENV)/.peers: $(VENV)/.installed requirements-peers.txt
 peers: $(VENV)/.peers
 
 run: $(VENV)/.kernel
-	$(PY) -m streamlit run app.py
+	$(PY) -m ui.serve
 
 test: $(VENV)/.kernel $(VENV)/.peers
 	$(PY) -m ruff check .

@@ -1,4 +1,5 @@
-"""KV Cache Lab: the Streamlit router. Run with `streamlit run app.py` (or `make run`).
+"""KV Cache Lab: the Streamlit router. Run with `make run` (``ui.serve``: the measuring process
+and the first model start with the server) or `streamlit run app.py`.
 
 It sets the page up, starts the measuring process and the device probe in the background (the
 first page never waits for either), draws the shared sidebar (model, weights, device, dtype)

@@ -37,15 +37,17 @@ def free_port() -> int:
 def streamlit_server(results: Path, tiny: bool = True, env: dict[str, str] | None = None,
                      poll_s: float = 0.5, script: str = "app.py"
                      ) -> Iterator[tuple[str, subprocess.Popen]]:
-    """A fresh ``streamlit run app.py`` (or ``script``, run from the project's root with its
-    settings), yielded once it answers (asked every ``poll_s``: a benchmark of the first page
-    asks often); RuntimeError with its log if it never does."""
+    """A fresh server of app.py as ``make run`` starts it (``python -m ui.serve``), or of another
+    ``script`` (``streamlit run``), run from the project's root with its settings, yielded once it
+    answers (asked every ``poll_s``: a benchmark of the first page asks often); RuntimeError
+    with its log if it never does."""
     port = free_port()
     env = {**os.environ, **(env or {}), "KVLAB_RESULTS_DIR": str(results),
            "KVLAB_TINY": "1" if tiny else "0"}
     log = open(results / "server.log", "w")  # noqa: SIM115 - closed below
+    serve = ["-m", "ui.serve"] if script == "app.py" else ["-m", "streamlit", "run", script]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", script, "--server.port", str(port),
+        [sys.executable, *serve, "--server.port", str(port),
          "--server.headless", "true", "--server.address", "127.0.0.1"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

@@ -533,3 +533,38 @@ def test_run_pressed_while_the_model_loads_times_mode_1_before_any_other_gate(
     assert rows[0][1] == "uncached" and rows[0][0] < min(gate.values()), stream
     for mode, began in gate.items():
         assert began < min(i for i, m in rows if m == mode), stream  # withheld until gated
+
+
+def test_make_run_starts_the_process_and_the_first_model_before_any_page(
+        results: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``python -m ui.serve`` (what ``make run`` runs): before Streamlit's server is handed the
+    app, the measuring process is on its way and the sidebar's first model is loading in it, so
+    the first page finds it loaded rather than starting the load itself."""
+    from streamlit.web import cli as streamlit_cli
+
+    from instruments.process import client
+    from ui import serve
+    from ui.state import first_choice
+
+    monkeypatch.setattr(client, "_INFO", {})  # as on a fresh server: nothing loaded yet
+    monkeypatch.setattr(client, "_LOADS", {})
+    spec = first_choice("cpu").spec()
+    handed: list[list[str]] = []
+
+    def streamlit_main() -> int:  # the server would start here
+        import sys
+
+        handed.append(list(sys.argv))
+        assert client.loading(spec) or client.known_info(spec) is not None
+        return 0
+
+    monkeypatch.setattr(streamlit_cli, "main", streamlit_main)
+    monkeypatch.setattr(client, "likely_device", lambda: "cpu")
+    monkeypatch.setattr("sys.argv", ["serve"])
+    assert serve.main(["--server.port", "1"]) == 0
+    assert handed == [["streamlit", "run", str(serve.APP), "--server.port", "1"]]
+    assert client.model_info(spec, timeout_s=60)["weights_label"].startswith("random")
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.run()
+    no_traceback(at)
+    assert not any("in the measuring process…" in s for s in _values(at))  # no "Loading…"

@@ -4,10 +4,11 @@ first by its own URL on a fresh server has the titled navigation and the sidebar
 process killed mid-sweep is reported, its partial run saved, and the next run completes. The
 Results page compares the sweep with a copy of it whose mode 3 was slowed on purpose.
 
-Starts ``streamlit run app.py`` on a free localhost port (tiny preset, results in a temporary
-folder) and drives it with Playwright using the Debian ``chromium`` binary. Screenshots go to a
-temporary folder and, when ``SCREENSHOT_DIR`` is set, there too (``docs/screenshots`` for the
-README). ``KVLAB_BROWSER_MODEL=gpt2`` takes the screenshots on the real shapes instead of tiny.
+Starts app.py as ``make run`` does (``python -m ui.serve``) on a free localhost port (tiny
+preset, results in a temporary folder) and drives it with Playwright using the Debian
+``chromium`` binary. Screenshots go to a temporary folder and, when ``SCREENSHOT_DIR`` is set,
+there too (``docs/screenshots`` for the README). ``KVLAB_BROWSER_MODEL=gpt2`` takes the
+screenshots on the real shapes instead of tiny.
 Skipped when Chromium or Playwright is missing.
 """
 

@@ -202,10 +202,15 @@ def _probe_note() -> None:
     st.caption("Device facts: probing… (the CPU is ready)")
 
 
-def current_choice() -> Choice:
+def first_choice(device: str) -> Choice:
+    """What the sidebar offers first on ``device``: the first preset, its default weights,
+    float32."""
     model = presets()[0]
-    return st.session_state.get("choice") or Choice(model, weight_choices(model)[0],
-                                                    available_devices()[0], "float32")
+    return Choice(model, weight_choices(model)[0], device, "float32")
+
+
+def current_choice() -> Choice:
+    return st.session_state.get("choice") or first_choice(available_devices()[0])
 
 
 def mode_choices(device: str, family: str | None = None) -> tuple[list[str], dict[str, str]]:
