@@ -1,1 +1,2 @@
-"""The dashboard's shared pieces: sidebar state, the cached model loader, pure figure builders."""
+"""The dashboard's shared pieces: sidebar state, page header, job panels, launcher, pure figure
+builders."""
