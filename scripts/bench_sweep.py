@@ -55,6 +55,7 @@ from instruments.process.client import measuring_threads  # noqa: E402
 from instruments.store import results  # noqa: E402
 from instruments.store.sweep_bench import (  # noqa: E402
     FIRST_KIND,
+    STARTED_WITH,
     TIMING_KIND,
     against,
     first_report,
@@ -258,7 +259,7 @@ def first_minutes(out: Path, args: argparse.Namespace) -> None:
             folder = out / f"every-{every:g}s-run-{i}"
             shutil.rmtree(folder, ignore_errors=True)  # an earlier try that did not finish
             load_1m = os.getloadavg()[0]
-            timing = {"read_every_s": every, "load_1m": load_1m,
+            timing = {"read_every_s": every, "load_1m": load_1m, "started_with": STARTED_WITH,
                       **bare_page(chromium, folder / "bare", every),
                       **first_page(chromium, folder / "page", args, every),
                       **first_point(chromium, folder / "settled", args, every, False),

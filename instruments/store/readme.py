@@ -79,7 +79,8 @@ BLOCKS: dict[str, Block] = {
     "speculate": Block("speculate", speed.speculation, "`python scripts/bench_speculate.py` "
                        f"{_QUIET}"),
     "first-run": Block("sweep", speed.first_run, "`python scripts/bench_sweep.py`",
-                       recursive=True, more=("sweep-slow-host", "sweep-epyc", "sweep-first")),
+                       recursive=True, more=("sweep-slow-host", "sweep-epyc",
+                                                       "sweep-first", "sweep-first-make-run")),
     "hosts": Block("", mk.hosts, "a script or command named in docs/runs/README.md",
                    recursive=True),
     "gpu-check-length": Block(None, mk.gpu_check_length, source="scripts/gpu_check.sh"),

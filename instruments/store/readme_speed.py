@@ -42,6 +42,7 @@ from instruments.store.sweep_bench import (
     by_folder,
     first_summary,
     report,
+    started_with,
 )
 
 KINDS = ("c_attn", "attn.c_proj", "c_fc", "mlp.c_proj", "lm_head")
@@ -211,8 +212,9 @@ def first_run(runs: list[Run], root: Path) -> str:
     rows, firsts = [], []
     for folder, got in folders.items():
         timed = [r for r in got if r.get("kind") == FIRST_KIND]
-        for where in sorted({host(r) for r in timed}):  # a host's runs apart from another's
-            mine = [r for r in timed if host(r) == where]
+        # a host's runs apart from another's, and those of each way of starting the app
+        for where, how in sorted({(host(r), started_with(r)) for r in timed}):
+            mine = [r for r in timed if (host(r), started_with(r)) == (where, how)]
             firsts += [[where, days([str(r["created_utc"]) for r in mine]), *row,
                         f"`{folder}/`"] for row in first_summary(mine)]
         per = by_folder(got)
@@ -241,11 +243,12 @@ def first_run(runs: list[Run], root: Path) -> str:
                 "and Run pressed the moment it appears (from the page's first paint); goals "
                 f"≤ {g['page_s']:g} s, ≤ {g['settled_point_s']:g} s and ≤ {g['paint_point_s']:g} "
                 "s:", "",
-                *md_table(["host (device, platform)", "date", "page read every", "runs",
+                *md_table(["host (device, platform)", "date", "app started with",
+                           "page read every", "runs",
                            "bare Streamlit title (s)", "first page: title / settled (s)",
                            "first point, settled page (s)",
                            "first point from first paint (s)", "goals met",
-                           "runs in docs/runs/"], sorted(firsts, key=lambda r: (r[1], r[2])))]
+                           "runs in docs/runs/"], sorted(firsts, key=lambda r: (r[1], r[2], r[3])))]
     return "\n".join(out)
 
 

@@ -14,9 +14,10 @@ server's first page (seconds from the server's start to the Overview's title, to
 settled, to the probe's facts and the model in; before it, to the title of a bare Streamlit app,
 ``bare_title_s``: the floor no code of ours adds to), and the first point of the default sweep with
 Run pressed on a settled Latency sweep page, and with Run pressed the moment it appears (timed
-from the page's first paint), the page read every ``read_every_s``. ``first_report(runs)`` is
-their table, one row per run, against ``FIRST_GOALS``; ``first_summary(runs)`` one row per read
-interval (the README's).
+from the page's first paint), the page read every ``read_every_s``; ``started_with`` says how
+the app was started (``STARTED_WITH``; runs without it: ``streamlit run app.py``).
+``first_report(runs)`` is their table, one row per run, against ``FIRST_GOALS``;
+``first_summary(runs)`` one row per way of starting and read interval (the README's).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ FIRST_KIND = "sweep_first_timing"
 # the first page (server start -> title, and -> settled), the first point from a settled page
 # and from the first paint: the goals of the issue on the first minutes
 FIRST_GOALS = {"page_s": 2.0, "settled_point_s": 3.0, "paint_point_s": 5.0}
+STARTED_WITH = "make run"  # python -m ui.serve: the measuring process begins with the server
+STARTED_BEFORE = "streamlit run app.py"  # runs of --first before it said how
 
 
 def by_folder(runs: list[Run]) -> dict[str, dict[str, Run]]:
@@ -104,6 +107,12 @@ def in_order(folder: str) -> list[Any]:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", folder)]
 
 
+def started_with(run: Run) -> str:
+    """How a ``--first`` run's servers started the app (``STARTED_WITH`` or ``STARTED_BEFORE``)."""
+    rows = (run.get("tables") or {}).get("timing") or [{}]
+    return str(rows[0].get("started_with", STARTED_BEFORE))
+
+
 def first_met(t: dict[str, Any]) -> bool:
     g = FIRST_GOALS
     return (max(t["page_title_s"], t["page_settled_s"]) <= g["page_s"]
@@ -142,17 +151,17 @@ def _range(values: list[float]) -> str:
 
 
 def first_summary(runs: list[Run]) -> list[list[str]]:
-    """Per read interval: [read every, runs, a bare Streamlit app's title (range, "–" before it
-    was measured), first page (title–settled range), first point from a settled page, from
-    first paint, goals met in how many runs]."""
-    by: dict[float, list[dict[str, Any]]] = {}
+    """Per way of starting the app and read interval: [started with, read every, runs, a bare
+    Streamlit app's title (range, "–" before it was measured), first page (title–settled
+    range), first point from a settled page, from first paint, goals met in how many runs]."""
+    by: dict[tuple[str, float], list[dict[str, Any]]] = {}
     for t in first_rows(runs):
-        by.setdefault(t["read_every_s"], []).append(t)
-    return [[_read(every), str(len(got)),
+        by.setdefault((t.get("started_with", STARTED_BEFORE), t["read_every_s"]), []).append(t)
+    return [[f"`{how}`", _read(every), str(len(got)),
              _range(bare) if (bare := [t["bare_title_s"] for t in got if "bare_title_s" in t])
              else "–",
              _range([t["page_title_s"] for t in got]) + " / "
              + _range([t["page_settled_s"] for t in got]),
              _range([t["settled_point_s"] for t in got]),
              _range([t["paint_point_s"] for t in got]),
-             f"{sum(first_met(t) for t in got)} of {len(got)}"] for every, got in by.items()]
+             f"{sum(first_met(t) for t in got)} of {len(got)}"] for (how, every), got in by.items()]
