@@ -36,6 +36,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .config import MASK_KINDS, ModelConfig
 
@@ -44,12 +45,23 @@ from .config import MASK_KINDS, ModelConfig
 EAGER_POSITIONS = 1024
 
 
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw: object) -> torch.Tensor:
-    """``scaled_dot_product_attention``, told when k/v hold fewer heads than q (GQA); GPT-2's
-    calls are left exactly as they were (no ``enable_gqa`` argument at all)."""
+# SDPA's backends our calls may use on a GPU: every one but cuDNN's. cuDNN's attention (picked
+# first for bf16 on Hopper) builds an execution plan per new sequence length, and a decode step
+# is a new length every time: first light on an H200 measured mode 8's bf16 step at 74-76 ms
+# (8 ms with the math backend alone), mode 5's first sample at a new length at 149 ms.
+GPU_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw: object) -> torch.Tensor:
+    """``scaled_dot_product_attention`` as every attention of the engine calls it: told when
+    k/v hold fewer heads than q (GQA; GPT-2's calls pass no ``enable_gqa`` at all), and on a GPU
+    kept off cuDNN's backend (``GPU_BACKENDS``). q (B, nh, T, hs), k/v (B, n_kv, S, hs)."""
     if k.size(1) != q.size(1):
         kw["enable_gqa"] = True  # query head h reads K/V head h // (nh // n_kv)
-    return F.scaled_dot_product_attention(q, k, v, **kw)  # type: ignore[arg-type]
+    if not q.is_cuda:
+        return F.scaled_dot_product_attention(q, k, v, **kw)  # type: ignore[arg-type]
+    with sdpa_kernel(list(GPU_BACKENDS)):
+        return F.scaled_dot_product_attention(q, k, v, **kw)  # type: ignore[arg-type]
 
 
 class FusedAttention:
@@ -62,11 +74,11 @@ class FusedAttention:
         T, S = q.size(2), k.size(2)
         if T == 1 and offset == S - 1:
             # One new token may see every key, itself included: no mask at all.
-            return _sdpa(q, k, v)
+            return sdpa(q, k, v)
         if T == S or offset == 0:
             # Prefill. (With the write-up's mask-offset bug this is also what a new token
             # wrongly gets: is_causal aligns the triangle to the top-left, an offset of 0.)
-            return _sdpa(q, k, v, is_causal=True)
+            return sdpa(q, k, v, is_causal=True)
         # Several new tokens after a cache: the triangle aligned to the bottom-right.
         if q.device.type == "cpu":
             # What causal_lower_right does on a CPU (no flash or efficient kernel takes it there):
@@ -74,10 +86,10 @@ class FusedAttention:
             # imports torch._dynamo: 1.5 s on a 2-core CPU, in the measuring process of every
             # sweep whose gate appends after a cache (tests/test_model.py holds them equal).
             mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
-            return _sdpa(q, k, v, attn_mask=mask)
+            return sdpa(q, k, v, attn_mask=mask)
         from torch.nn.attention.bias import causal_lower_right
 
-        return _sdpa(q, k, v, attn_mask=causal_lower_right(T, S))
+        return sdpa(q, k, v, attn_mask=causal_lower_right(T, S))
 
     def nbytes(self) -> int:
         return 0
@@ -98,7 +110,7 @@ class SharedBoolMask:
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
                  offset: int) -> torch.Tensor:
         m = self.mask[offset : offset + q.size(2), : k.size(2)]
-        return _sdpa(q, k, v, attn_mask=m)
+        return sdpa(q, k, v, attn_mask=m)
 
     def nbytes(self) -> int:
         return self.mask.numel() * self.mask.element_size()

@@ -253,6 +253,7 @@ class GGUFFile:
         info = self._info(name)
         rows = int(np.prod(info.shape[:-1], dtype=np.int64))  # 1 for a vector
         data = np.frombuffer(self._mm, dtype=np.uint8, count=info.nbytes, offset=info.offset)
+        # host: the file's bytes; whoever multiplies by them moves them to the model's device
         blocks = torch.from_numpy(data.copy()).view(rows, info.nbytes // rows)
         return RawTensor(name, info.ggml_type, info.shape, blocks)
 

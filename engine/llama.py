@@ -48,7 +48,7 @@ class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.weight = nn.Parameter(torch.ones(dim))  # host: module init; materialise places it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # In fp32 whatever the model dtype (as transformers does): a bf16 mean of squares loses

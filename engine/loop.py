@@ -70,9 +70,9 @@ def as_prompt_tensor(prompt_ids: object, model: GPT) -> torch.Tensor:
             rows = [list(map(int, row)) for row in seq]
             if len({len(r) for r in rows}) > 1:
                 raise ValueError("all prompts in a batch must have the same number of tokens")
-            ids = torch.tensor(rows, dtype=torch.long)
+            ids = torch.tensor(rows, dtype=torch.long)  # host: validated here
         else:
-            ids = torch.tensor([list(map(int, seq))], dtype=torch.long)
+            ids = torch.tensor([list(map(int, seq))], dtype=torch.long)  # host: validated here
     if ids.dim() == 1:
         ids = ids.unsqueeze(0)
     if ids.dim() != 2 or ids.size(0) == 0 or ids.size(1) == 0:
@@ -88,7 +88,8 @@ def as_prompt_tensor(prompt_ids: object, model: GPT) -> torch.Tensor:
 def random_prompt(model: GPT, batch: int, length: int, seed: int = 0) -> torch.Tensor:
     """(batch, length) token ids drawn uniformly from the vocabulary, on the model's device."""
     gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, model.config.vocab_size, (batch, length), generator=gen)
+    ids = torch.randint(0, model.config.vocab_size, (batch, length),  # host: same ids anywhere
+                        generator=gen)
     return ids.to(model.device)
 
 
@@ -159,10 +160,12 @@ def decode(
             timer.start()
         logits = decoder.prefill(prompt) if i == 0 else decoder.step(fed)
         step_ms = timer.stop() if timer is not None else None
-        nxt = _pick(logits, temperature, top_k, gen)  # (B, 1)
+        # A peer's logits come back on the CPU: the token is picked, kept and fed back on the
+        # prompt's device, where the model (ours or the peer's) reads its ids.
+        nxt = _pick(logits.to(device), temperature, top_k, gen)  # (B, 1)
         tokens[:, i : i + 1] = nxt
         out.tokens = tokens[:, : i + 1]
-        fed = nxt if feed is None else feed[:, i : i + 1]
+        fed = tokens[:, i : i + 1] if feed is None else feed[:, i : i + 1]
         out.context_len.append(T0 + i)
         if step_ms is not None:
             out.step_ms.append(step_ms)

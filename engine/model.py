@@ -78,7 +78,7 @@ def _embedding(num: int, dim: int) -> nn.Embedding:
     init: ``normal_`` on a meta tensor runs a Python decomposition that imports torch._dynamo,
     1.7 s of every measuring process's start on a 2-core CPU, for values nobody keeps."""
     if torch.get_default_device().type == "meta":
-        return nn.Embedding(num, dim, _weight=torch.empty(num, dim))
+        return nn.Embedding(num, dim, _weight=torch.empty(num, dim, device="meta"))
     return nn.Embedding(num, dim)
 
 

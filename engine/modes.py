@@ -77,6 +77,10 @@ class ModeSpec:
     roles: frozenset[str] = frozenset()  # ROLES it holds
     families: tuple[str, ...] | None = None  # model families it runs (None: every one)
     why_not: str = ""  # why it does not run the other families
+    # Device kinds it has an implementation for (None: every one), and why not the others: a
+    # mode whose products are CPU code is not offered on a GPU, where it would time a fallback.
+    devices: tuple[str, ...] | None = None
+    why_not_devices: str = ""
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTIONS:
@@ -89,6 +93,9 @@ class ModeSpec:
         if self.families is not None and not self.why_not:
             raise ValueError(f"{self.name}: runs only {', '.join(self.families)}; say why not "
                              "the other families (why_not)")
+        if self.devices is not None and not self.why_not_devices:
+            raise ValueError(f"{self.name}: runs only on {', '.join(self.devices)}; say why not "
+                             "the other devices (why_not_devices)")
 
     @property
     def cached(self) -> bool:
@@ -112,6 +119,8 @@ _WEIGHT_ONLY = "engine.decoders.weight_only:WeightOnlyDecoder"
 _BLOCKS = "engine.decoders.blocks:BlockDecoder"
 _BLOCKS_WHY = ("the step predictor has no calibration for GGUF block products yet (its weight "
                "pieces time int8 and bf16 rows only)")
+_BLOCKS_CPU = ("its block products are CPU code (C++ over the GGUF blocks); on a GPU they would "
+               "time a fallback at 44-80 ms a step (measured on an H200), not a GPU kernel")
 _GPT2_STEP = ("gpt2",)
 _GPT2_STEP_WHY = ("its one-token step (engine.step) is written for GPT-2's blocks: LayerNorm, "
                   "one fused q|k|v product, GELU, learned positions")
@@ -223,7 +232,8 @@ for _spec in (
              "weights -- llama.cpp's own Q8_0 strays alike; a broken step strays by 58-123% on "
              "the test shapes).",
              _BLOCKS, dict(storage="q8_0"), attention="step", weight_storage="q8_0",
-             tolerance=0.15, predicted=_BLOCKS_WHY, roles=frozenset({"peer_rung"})),
+             tolerance=0.15, predicted=_BLOCKS_WHY, roles=frozenset({"peer_rung"}),
+             devices=("cpu",), why_not_devices=_BLOCKS_CPU),
     ModeSpec("q4_1_weights", 15, "15 · GGUF Q4_1 weights (llama.cpp's file, read as stored)",
              "#b5cf6b",
              "Every block matrix kept in GGUF's Q4_1 blocks tensor by tensor (32 4-bit weights "
@@ -242,7 +252,7 @@ for _spec in (
              "refuses (as it refuses llama.cpp's own Q4_1 there); a broken step strays by "
              "58-123% on the test shapes.", _BLOCKS, dict(storage="q4_1"), attention="step",
              weight_storage="q4_1", tolerance=0.40, predicted=_BLOCKS_WHY,
-             roles=frozenset({"peer_rung"})),
+             roles=frozenset({"peer_rung"}), devices=("cpu",), why_not_devices=_BLOCKS_CPU),
 ):
     register(_spec)
 
@@ -309,6 +319,8 @@ def available(name: str, device: str, family: str | None = None) -> tuple[bool, 
     kind = str(device).split(":")[0]
     if spec.needs == "cuda" and kind != "cuda":
         return False, "needs a CUDA GPU"
+    if spec.devices is not None and kind not in spec.devices:
+        return False, spec.why_not_devices
     if spec.needs == "compiler":
         if kind == "cuda" and importlib.util.find_spec("triton") is None:
             return False, "torch.compile on a GPU needs triton, which is not installed"

@@ -109,7 +109,7 @@ def keep(draft: list[int], rows: torch.Tensor, history: torch.Tensor, size: int
     while agreed < len(draft) and draft[agreed] == choices[agreed]:
         agreed += 1
     new = [*draft[:agreed], choices[agreed]]
-    history[size : size + len(new)] = torch.tensor(new)
+    history[size : size + len(new)] = torch.tensor(new)  # host: ids searched
     return agreed, len(new)
 
 
@@ -135,7 +135,7 @@ def speculative_decode(
         raise ValueError(f"need n >= 1 new tokens and a draft length k >= 0, got n={n}, k={k}")
     dev = prompt.device
     # The prompt and every token so far, on the CPU: drafting is a search over token ids.
-    history = torch.empty(prompt.size(1) + n, dtype=torch.long)
+    history = torch.empty(prompt.size(1) + n, dtype=torch.long)  # host: see above
     history[: prompt.size(1)] = prompt[0].cpu()
     size = prompt.size(1)
     first = int(decoder.prefill(prompt).argmax(dim=-1)[0])

@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from . import kernels
+from .attention import sdpa
 from .model import GPT
 
 Fn = Callable[[torch.Tensor], torch.Tensor]
@@ -166,9 +167,7 @@ def attend_filled(k_buf: torch.Tensor, v_buf: torch.Tensor, pos: int) -> Attend:
         # SDPA's fused kernels need 4-D: (B, nh, 1, hs) against (B, n_kv, pos + 1, hs); fewer
         # K/V heads than query heads (the Llama family's GQA): query head h reads K/V head
         # h // (nh / n_kv). Multi-head calls pass no enable_gqa at all, as before.
-        gqa = {"enable_gqa": True} if q.size(1) != k_buf.size(2) else {}
-        return F.scaled_dot_product_attention(
-            q.unsqueeze(2), k_buf[i, :, :, : pos + 1], v_buf[i, :, :, : pos + 1], **gqa)
+        return sdpa(q.unsqueeze(2), k_buf[i, :, :, : pos + 1], v_buf[i, :, :, : pos + 1])
 
     return attend
 
@@ -182,8 +181,7 @@ def attend_static(k_buf: torch.Tensor, v_buf: torch.Tensor, pos: torch.Tensor) -
     def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         k_buf[i].index_copy_(2, pos, k.unsqueeze(2))
         v_buf[i].index_copy_(2, pos, v.unsqueeze(2))
-        return F.scaled_dot_product_attention(q.unsqueeze(2), k_buf[i], v_buf[i],
-                                              attn_mask=allowed)
+        return sdpa(q.unsqueeze(2), k_buf[i], v_buf[i], attn_mask=allowed)
 
     return attend
 

@@ -76,3 +76,15 @@ def test_availability_is_decided_without_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert "needs a CUDA GPU" in out and "'fast'" in out and "'compiled'" not in out
+
+
+def test_a_mode_without_a_gpu_implementation_is_not_offered_on_cuda() -> None:
+    """First light: the GGUF block rungs, CPU code, were offered on cuda and timed a fallback
+    (44-80 ms a step). Not offered there now, each saying why; still offered on a CPU."""
+    usable, missing = modes.choices("cuda")
+    for name in ("q8_0_weights", "q4_1_weights"):
+        assert name not in usable and "CPU code" in missing[name]
+        assert modes.available(name, "cpu")[0]
+    assert "prealloc_fused" in usable and "cuda_graph" in usable
+    with pytest.raises(ValueError, match="why_not_devices"):
+        modes.ModeSpec("toy", 99, "toy", "#000000", "", "x:y", devices=("cpu",))

@@ -8,7 +8,9 @@ import gc
 import io
 import weakref
 
-from engine import make_decoder
+import pytest
+
+from engine import make_decoder, modes
 from engine.decoders.compiled import CompiledDecoder
 from engine.state import ModelState
 from instruments.spine import ModelSpec
@@ -75,3 +77,28 @@ def test_what_is_built_with_a_release_is_released_when_dropped_replaced_or_gone(
     gc.collect()
     assert released == ["a1", "a2", "b1"]  # the state itself gone (the measuring process
     # dropped it for another model): what it built is released with it
+
+
+def _decoder(state: ModelState, name: str):  # noqa: ANN202 (any Decoder)
+    if name == "compiled":  # mode 7's shared buffers and ownership, without minutes of compile
+        return CompiledDecoder(state, variant="eager")
+    return make_decoder(state, name)
+
+
+@pytest.mark.parametrize("name", [*modes.defaults("cpu", "gpt2"), "compiled"])
+def test_a_decoder_steps_after_another_of_its_mode_started_a_sequence(name: str) -> None:
+    """First light (H200): the sweep's decoder seeks, the gate's decoder of the same mode has
+    prefilled meanwhile on the same model; mode 7 then refused to step. Every decoder must seek
+    back to its own sequence, whoever used the model's shared buffers since."""
+    state = ModelState(small_model())
+    ids = random_prompt(12)
+    sweep = _decoder(state, name)
+    sweep.seek(ids, 8)
+    gate = _decoder(state, name)
+    gate.prefill(random_prompt(5, seed=3))  # another sequence on the same model
+    sweep.seek(ids, 9)
+    got = sweep.step(ids[:, 9:10])
+    want = state.model(ids[:, :10], use_cache=False, logits="last")[0][:, -1, :]
+    tol = 1e-4 if not modes.spec(name).tolerance else modes.spec(name).tolerance * float(
+        want.abs().max())
+    assert float((got - want).abs().max()) <= tol

@@ -174,6 +174,9 @@ class CompiledDecoder(Decoder):
             # (~494 MB for gpt2 in fp32, measured): an estimate, torch does not report it.
             self.extra_bytes = linear_weight_bytes(self.model)
 
+    def holds_sequence(self) -> bool:
+        return self.runner.owner() is self
+
     @torch.no_grad()
     def prefill(self, idx: torch.Tensor) -> torch.Tensor:
         if idx.size(0) != self.runner.k_buf.size(1):
@@ -191,7 +194,7 @@ class CompiledDecoder(Decoder):
     @torch.no_grad()
     def step(self, token: torch.Tensor) -> torch.Tensor:
         assert self.cache is not None, "prefill first"
-        if self.runner.owner() is not self:
+        if not self.holds_sequence():
             raise RuntimeError("another decoder of this mode and batch size has started a "
                                "sequence on this model; prefill again to continue")
         pos = self.cache.length

@@ -63,6 +63,12 @@ class Decoder:
     def length(self) -> int:
         return 0 if self.seq is None else self.seq.size(1)
 
+    def holds_sequence(self) -> bool:
+        """Whether the cache this decoder filled still holds its sequence. A decoder whose
+        buffers are shared with others of its mode (modes 7, 9) loses them when another one
+        prefills: ``seek`` then starts afresh instead of stepping over someone else's rows."""
+        return True
+
     def _start_seq(self, idx: torch.Tensor) -> None:
         # Tokens live in a buffer sized once, so a step appends without allocating.
         self._tokens = idx.new_empty(idx.size(0), max(self.capacity, idx.size(1)))
@@ -124,7 +130,7 @@ class Decoder:
         if self.cache_kind is None:
             self._start_seq(ids[:, :length])
             return
-        held = self.length
+        held = self.length if self.holds_sequence() else 0
         same = held > 0 and torch.equal(self.seq[:, : min(held, length)],  # type: ignore[index]
                                         ids[:, : min(held, length)])
         if not same:

@@ -227,7 +227,8 @@ def _choose(packed: list[PackedLinear], own: list[torch.nn.Linear], device: torc
     if kernels.available()[0] and own[0].in_features % kernels.STRIP == 0:
         ways["interleaved"] = [InterleavedLinear(m.weight.detach(), kernels.interleave(m.weight),
                                                  b) for m, b in zip(own, bias, strict=True)]
-    x = torch.randn(1, own[0].in_features, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(1, own[0].in_features,  # host: this choice is made on a CPU only
+                    generator=torch.Generator().manual_seed(0))
     ms = {how: float("inf") for how in ways}
     for i in range(4):  # an untimed run each, then three interleaved: a slow moment of the
         for how, fns in ways.items():  # machine hits every way, not one

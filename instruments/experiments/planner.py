@@ -222,7 +222,8 @@ def _storage_rows(model: GPT, p: PlannerParams, free: int | None, budget: int | 
     tokens = random_prompt(model, 1, prompt + steps, p.seed)
     try:
         want, against = _reference(model, tokens, free)
-        want = want[:, prompt - 1:].transpose(0, 1)  # (steps + 1, B, vocab), as decode keeps them
+        # (steps + 1, B, vocab) in fp32 on the CPU, as decode keeps the logits it compares
+        want = want[:, prompt - 1:].transpose(0, 1).float().cpu()
     except MemoryError as exc:
         want, against = None, str(exc)
         tr.note(f"logits errors not measured: {exc}")

@@ -264,7 +264,7 @@ def _drafting_ms(history: Any, forwards: list[Any], k: int, ngram: int, prompt_l
 
     from engine.speculative import draft_feed, keep
 
-    rows = torch.randn(k + 1, vocab, generator=torch.Generator().manual_seed(0))
+    rows = torch.randn(k + 1, vocab, generator=torch.Generator().manual_seed(0))  # host: stand-in
     scratch = history.clone()
     out = []
     for f in forwards:

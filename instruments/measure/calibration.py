@@ -121,7 +121,7 @@ def _flush_buffer() -> torch.Tensor:
     text = _read("/sys/devices/system/cpu/cpu0/cache/index3/size")
     if text and text.rstrip("K").isdigit():
         size = int(text.rstrip("K")) * 1024
-    return torch.zeros(int(size * 1.5) // 4)
+    return torch.zeros(int(size * 1.5) // 4)  # host: flushes the CPU cache
 
 
 def _layer_weight_bytes(model: GPT | Llama) -> int:

@@ -157,7 +157,7 @@ def _logits(storage: Any) -> torch.Tensor:
         return torch.as_tensor(storage, device="cuda").float().cpu().reshape(1, -1)
     import numpy as np
 
-    return torch.from_numpy(np.array(storage, dtype=np.float32)).reshape(1, -1)
+    return torch.from_numpy(np.array(storage, dtype=np.float32)).reshape(1, -1)  # host: peer logits
 
 
 _OPEN: weakref.WeakSet[_Stream] = weakref.WeakSet()  # paused generations not yet ended

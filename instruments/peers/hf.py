@@ -63,6 +63,7 @@ class HFDecoder:
         if start + ids.size(1) > self.capacity and self.kind == "static":
             raise ValueError(f"the static cache holds {self.capacity} tokens; this call needs "
                              f"{start + ids.size(1)}")
+        ids = ids.to(self.hf.device)  # the loop may hand back a token picked on the CPU
         pos = torch.arange(start, start + ids.size(1), device=ids.device)
         out = self.hf(input_ids=ids, past_key_values=self.cache, use_cache=True,
                       cache_position=pos, logits_to_keep=1)

@@ -184,7 +184,8 @@ class LlamaCppDecoder:
     def _logits(self) -> torch.Tensor:
         ptr = self.api.llama_get_logits_ith(self.ctx, -1)
         row = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
-        return torch.from_numpy(row.copy()).reshape(1, -1)  # copied: the next decode reuses it
+        # host: a peer's logits, on the CPU; copied: the next decode reuses the row
+        return torch.from_numpy(row.copy()).reshape(1, -1)
 
     def _trim(self, keep: int) -> None:
         """Hold only the first ``keep`` tokens (the cache's later positions removed)."""

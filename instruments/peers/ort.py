@@ -152,7 +152,7 @@ class ORTDecoder:
             logits = self._run_bound(feed)
         else:
             out = self._infer(feed)
-            logits, self.past = torch.from_numpy(out[0]), out[1:]
+            logits, self.past = torch.from_numpy(out[0]), out[1:]  # host: peer logits
         self.seq = ids if self.seq is None else torch.cat([self.seq, ids], dim=1)
         return logits.float()
 
@@ -178,7 +178,7 @@ class ORTDecoder:
         self.session.run_with_iobinding(binding)
         out = binding.get_outputs()
         self.past = list(out[1:])
-        return torch.from_numpy(out[0].numpy())
+        return torch.from_numpy(out[0].numpy())  # host: peer logits
 
     @torch.no_grad()
     def prefill(self, ids: torch.Tensor) -> torch.Tensor:
