@@ -297,3 +297,25 @@ def test_reference_folder_is_loaded_only_when_asked():
     folder = results.REFERENCE_PATH.parent.parent
     assert all(r["kind"] != "reference" for r in load_runs(folder).runs)
     assert any(r["kind"] == "reference" for r in load_runs(folder, recursive=True).runs)
+
+
+def test_a_copy_inside_another_repository_does_not_take_its_commit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """First light: the tree copied to the GPU machine sat inside another git repository, and
+    every run carried that repository's commit. Such a copy says KVLAB_GIT_REV, or nothing."""
+    import subprocess
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args],
+                       cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    git("commit", "-q", "--allow-empty", "-m", "another project")
+    (tmp_path / "copy").mkdir()
+    monkeypatch.setattr(results, "REPO_ROOT", tmp_path / "copy")
+    monkeypatch.delenv("KVLAB_GIT_REV", raising=False)
+    assert results._git_rev() is None
+    monkeypatch.setenv("KVLAB_GIT_REV", "614c0c5")
+    assert results._git_rev() == "614c0c5"
+    monkeypatch.setattr(results, "REPO_ROOT", tmp_path)  # the repository's own root: its commit
+    assert results._git_rev() not in (None, "614c0c5")

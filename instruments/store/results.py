@@ -61,9 +61,12 @@ class LoadResult:
 
 # ----------------------------------------------------------------------------------- building
 def _git_rev() -> str | None:
+    """The checkout's commit; a copy of the tree without its own ``.git`` (how a GPU machine
+    gets it) says ``KVLAB_GIT_REV`` instead: git there would answer for whatever repository
+    encloses the copy (first light's runs carry another repository's commit)."""
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"],
+            ["git", "rev-parse", "--show-toplevel", "--short=12", "HEAD"],
             cwd=REPO_ROOT,
             capture_output=True,
             text=True,
@@ -71,9 +74,11 @@ def _git_rev() -> str | None:
             check=False,
         )
     except (OSError, subprocess.SubprocessError):
-        return None
-    rev = out.stdout.strip()
-    return rev if out.returncode == 0 and rev else None
+        out = None
+    lines = out.stdout.split() if out is not None and out.returncode == 0 else []
+    if len(lines) == 2 and Path(lines[0]).resolve() == REPO_ROOT.resolve():
+        return lines[1]
+    return os.environ.get("KVLAB_GIT_REV") or None
 
 
 def _package_version(name: str) -> str | None:
