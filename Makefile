@@ -50,7 +50,13 @@ peers: $(VENV)/.peers
 run: $(VENV)/.kernel
 	$(PY) -m ui.serve
 
-test: $(VENV)/.kernel $(VENV)/.peers
+# Triton (~1 GB) for the GPU kernels' CPU tests (its interpreter); only the tests need it.
+$(VENV)/.gpu: $(VENV)/.installed requirements-gpu.txt
+	$(PY) -m pip install -q -r requirements-gpu.txt \
+		|| echo "triton was not installed: the Triton kernels' tests are skipped"
+	touch $@
+
+test: $(VENV)/.kernel $(VENV)/.peers $(VENV)/.gpu
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
 

@@ -156,8 +156,9 @@ for _spec in (
                               "reference_cached", "bench"})),
     ModeSpec("cuda_graph", 6, "6 · CUDA graph of the whole decode step", "#9467bd",
              "The decode step is captured once over the preallocated cache and replayed with "
-             "one launch; positions live in a tensor, attention spans the whole capacity under "
-             "a mask.", "engine.decoders.captured:CudaGraphDecoder", attention="static",
+             "one launch; positions live in a tensor, and attention reads only the filled rows "
+             "(our Triton decode kernel, split over the cache; without Triton, SDPA over the "
+             "whole capacity under a mask).", "engine.decoders.captured:CudaGraphDecoder", attention="static",
              appends=False, predicted=NOT_COMPILED, needs="cuda",
              roles=frozenset({"attribution", "bench"}), families=_GPT2_STEP,
              why_not=_GPT2_STEP_WHY),

@@ -15,8 +15,9 @@ What differs between the modes is passed in, never re-written:
              ``attend_filled``     writes the new row at int ``pos``, attends over rows 0..pos
                                    (modes 8, 12-15: no mask needed; the C++ kernel on a CPU,
                                    grouped-query heads included)
-             ``attend_static``     writes it at tensor ``pos``, attends over every slot of the
-                                   cache under a mask computed from ``pos`` (mode 6: static)
+             ``attend_static``     writes it at tensor ``pos``, attends with fixed shapes (mode
+                                   6): the Triton decode kernel over rows 0..pos, or SDPA
+                                   over every slot under a mask computed from ``pos``
              ``attend_read_only``  only reads the cache and keeps the new rows for the caller
                                    to write (modes 7 and 9: a compiled step that writes the
                                    cache recompiles per position or copies the whole cache)
@@ -172,10 +173,25 @@ def attend_filled(k_buf: torch.Tensor, v_buf: torch.Tensor, pos: int) -> Attend:
     return attend
 
 
-def attend_static(k_buf: torch.Tensor, v_buf: torch.Tensor, pos: torch.Tensor) -> Attend:
-    """Write the new K/V row at ``pos`` (a (1,) tensor) and attend over all T_max slots,
-    masking those after ``pos``: every shape is fixed, whatever the position."""
+def attend_static(k_buf: torch.Tensor, v_buf: torch.Tensor, pos: torch.Tensor,
+                  triton: bool = False) -> Attend:
+    """Write the new K/V row at ``pos`` (a (1,) tensor) and attend with fixed shapes, whatever
+    the position: with ``triton``, the decode kernel (``engine.kernels.gpu.decode_attention``)
+    reads rows 0..pos only, the length taken from ``pos`` on the device; else SDPA over all
+    T_max slots, masking those after ``pos``."""
     t_max = k_buf.size(3)
+    if triton:
+        from .kernels.gpu.decode_attention import decode_attention
+
+        lengths = (pos + 1).to(torch.int32).repeat(k_buf.size(1))  # (B,), on the device
+
+        def attend_kernel(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                          ) -> torch.Tensor:
+            k_buf[i].index_copy_(2, pos, k.unsqueeze(2))
+            v_buf[i].index_copy_(2, pos, v.unsqueeze(2))
+            return decode_attention(q.contiguous(), k_buf[i], v_buf[i], lengths)  # (B, nh, hs)
+
+        return attend_kernel
     allowed = (torch.arange(t_max, device=pos.device) <= pos).view(1, 1, 1, t_max)
 
     def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -24,6 +24,8 @@ if "TIKTOKEN_CACHE_DIR" not in os.environ and _SHARED_TOKENIZER.is_dir():
     os.environ["TIKTOKEN_CACHE_DIR"] = str(_SHARED_TOKENIZER)
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+if not torch.cuda.is_available():  # Triton kernels run in its interpreter (read at import)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 UI_PACKAGES = {"streamlit", "plotly", "playwright", "ui"}
 

@@ -1,6 +1,7 @@
 """What a GPU needs of the engine, checked on a CPU. Every tensor follows the model's device, by
-construction: a check of the class of bug that first light on a GPU found twice (a tensor made on the CPU beside the model's on cuda: the
-planner's logits, transformers' token ids), run on a CPU where the two devices are one.
+construction: a check of the class of bug that first light on a GPU found twice (a tensor made
+on the CPU beside the model's on cuda: the planner's logits, transformers' token ids), run on a
+CPU where the two devices are one.
 
 In ``engine/`` and ``instruments/`` each call of a torch factory (``torch.zeros``, ``arange``,
 ``tensor``, ``from_numpy``, ...) says where its tensor lives: a ``device=`` argument, a

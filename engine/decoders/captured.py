@@ -6,7 +6,10 @@ never inside a timed step. It runs ``engine.step.decode_step`` over the model's 
 (``graph_step``) with a position
 that is a tensor: ``attend_static`` writes the new K/V row into the preallocated buffers with
 ``index_copy_`` and attends over the whole capacity under a mask computed from the position, so
-every shape is fixed whatever the position.
+every shape is fixed whatever the position. Where Triton compiles for the GPU, the attention is
+its decode kernel over rows 0..pos only (``engine.kernels.gpu.decode_attention``: first light
+measured SDPA over the whole 1,024-slot cache at 74% of the step); without Triton, SDPA over
+every slot under a mask.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ..kernels.gpu import triton_usable
 from ..kv_cache import make_cache
 from ..model import GPT
 from ..state import ModelState
@@ -25,10 +29,12 @@ from .eager import Decoder
 
 
 def graph_step(model: GPT, k_buf: torch.Tensor, v_buf: torch.Tensor, token: torch.Tensor,
-               pos: torch.Tensor) -> torch.Tensor:
+               pos: torch.Tensor, triton: bool = False) -> torch.Tensor:
     """Mode 6's step: logits (B, vocab) for ``token`` (B, 1) at ``pos`` (a (1,) long tensor),
-    its K/V rows written into ``k_buf``/``v_buf`` (L, B, nh, T_max, hs); every shape fixed."""
-    return decode_step(model_weights(model), token, pos, attend_static(k_buf, v_buf, pos))
+    its K/V rows written into ``k_buf``/``v_buf`` (L, B, nh, T_max, hs); every shape fixed.
+    ``triton``: attention by the decode kernel over rows 0..pos (else SDPA, masked)."""
+    return decode_step(model_weights(model), token, pos,
+                       attend_static(k_buf, v_buf, pos, triton))
 
 
 def capture_and_upload(graph: Any, step: Callable[[], torch.Tensor],
@@ -54,16 +60,21 @@ class CudaGraphDecoder(Decoder):
     appends = False  # its step is its own, not GPT.forward
 
     def attended_keys(self, length: int) -> int:
-        return self.capacity  # every slot of the cache, masked: the shapes never change
+        # The decode kernel reads the filled rows; SDPA every slot, masked (shapes never change).
+        return length if self.triton else self.capacity
 
     def __init__(self, model: GPT | ModelState, *, batch_size: int = 1,
-                 capacity: int | None = None, capture: bool = True) -> None:
+                 capacity: int | None = None, capture: bool = True,
+                 triton: bool | None = None) -> None:
         super().__init__(model, batch_size=batch_size, capacity=capacity,
                          cache_kind="prealloc", mask="none", logits="last")
         dev = self.model.device
         self.capture = capture and dev.type == "cuda"
         if capture and not self.capture:
             raise ValueError("CUDA graphs need a CUDA GPU; the model is on " + str(dev))
+        # The Triton decode attention wherever Triton can compile it; a test passes True to run
+        # it on a CPU in Triton's interpreter.
+        self.triton = triton_usable(dev) if triton is None else triton
         self.cache = make_cache("prealloc", self.model, batch_size, self.capacity)
         self.static_token = torch.zeros(batch_size, 1, dtype=torch.long, device=dev)
         self.static_pos = torch.zeros(1, dtype=torch.long, device=dev)
@@ -75,7 +86,8 @@ class CudaGraphDecoder(Decoder):
     def _capture(self) -> None:
         start = time.perf_counter()
         cache = self.cache
-        args = (self.model, cache.k_buf, cache.v_buf, self.static_token, self.static_pos)
+        args = (self.model, cache.k_buf, cache.v_buf, self.static_token, self.static_pos,
+                self.triton)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up off the default stream, as capture requires
@@ -112,7 +124,7 @@ class CudaGraphDecoder(Decoder):
             logits = self.static_logits.clone()  # the next replay overwrites static_logits
         else:
             logits = graph_step(self.model, self.cache.k_buf, self.cache.v_buf,
-                                self.static_token, self.static_pos)
+                                self.static_token, self.static_pos, self.triton)
         self.cache.advance(1)
         self._push(token)
         return logits
