@@ -77,10 +77,9 @@ class ModeSpec:
     roles: frozenset[str] = frozenset()  # ROLES it holds
     families: tuple[str, ...] | None = None  # model families it runs (None: every one)
     why_not: str = ""  # why it does not run the other families
-    # Device kinds it has an implementation for (None: every one), and why not the others: a
-    # mode whose products are CPU code is not offered on a GPU, where it would time a fallback.
-    devices: tuple[str, ...] | None = None
-    why_not_devices: str = ""
+    # How it runs on a GPU: "torch" (its torch code, as on a CPU) or "triton" (our Triton
+    # kernels, engine.kernels.gpu: not offered on a GPU without triton installed)
+    gpu_path: str = "torch"
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTIONS:
@@ -93,9 +92,9 @@ class ModeSpec:
         if self.families is not None and not self.why_not:
             raise ValueError(f"{self.name}: runs only {', '.join(self.families)}; say why not "
                              "the other families (why_not)")
-        if self.devices is not None and not self.why_not_devices:
-            raise ValueError(f"{self.name}: runs only on {', '.join(self.devices)}; say why not "
-                             "the other devices (why_not_devices)")
+        if self.gpu_path not in ("torch", "triton"):
+            raise ValueError(f"{self.name}: unknown gpu_path {self.gpu_path!r}; allowed: torch, "
+                             "triton")
 
     @property
     def cached(self) -> bool:
@@ -116,11 +115,10 @@ class ModeSpec:
 
 _EAGER = "engine.decoders.eager:Decoder"
 _WEIGHT_ONLY = "engine.decoders.weight_only:WeightOnlyDecoder"
-_BLOCKS = "engine.decoders.blocks:BlockDecoder"
+_BLOCKS = "engine.decoders.blocks:block_decoder"  # on a GPU: the Triton step over the blocks
 _BLOCKS_WHY = ("the step predictor has no calibration for GGUF block products yet (its weight "
                "pieces time int8 and bf16 rows only)")
-_BLOCKS_CPU = ("its block products are CPU code (C++ over the GGUF blocks); on a GPU they would "
-               "time a fallback at 44-80 ms a step (measured on an H200), not a GPU kernel")
+_TRITON = "engine.decoders.triton_step:TritonDecoder"
 _GPT2_STEP = ("gpt2",)
 _GPT2_STEP_WHY = ("its one-token step (engine.step) is written for GPT-2's blocks: LayerNorm, "
                   "one fused q|k|v product, GELU, learned positions")
@@ -158,7 +156,8 @@ for _spec in (
              "The decode step is captured once over the preallocated cache and replayed with "
              "one launch; positions live in a tensor, and attention reads only the filled rows "
              "(our Triton decode kernel, split over the cache; without Triton, SDPA over the "
-             "whole capacity under a mask).", "engine.decoders.captured:CudaGraphDecoder", attention="static",
+             "whole capacity under a mask).", "engine.decoders.captured:CudaGraphDecoder",
+             attention="static",
              appends=False, predicted=NOT_COMPILED, needs="cuda",
              roles=frozenset({"attribution", "bench"}), families=_GPT2_STEP,
              why_not=_GPT2_STEP_WHY),
@@ -234,7 +233,7 @@ for _spec in (
              "the test shapes).",
              _BLOCKS, dict(storage="q8_0"), attention="step", weight_storage="q8_0",
              tolerance=0.15, predicted=_BLOCKS_WHY, roles=frozenset({"peer_rung"}),
-             devices=("cpu",), why_not_devices=_BLOCKS_CPU),
+             gpu_path="triton"),
     ModeSpec("q4_1_weights", 15, "15 · GGUF Q4_1 weights (llama.cpp's file, read as stored)",
              "#b5cf6b",
              "Every block matrix kept in GGUF's Q4_1 blocks tensor by tensor (32 4-bit weights "
@@ -253,7 +252,16 @@ for _spec in (
              "refuses (as it refuses llama.cpp's own Q4_1 there); a broken step strays by "
              "58-123% on the test shapes.", _BLOCKS, dict(storage="q4_1"), attention="step",
              weight_storage="q4_1", tolerance=0.40, predicted=_BLOCKS_WHY,
-             roles=frozenset({"peer_rung"}), devices=("cpu",), why_not_devices=_BLOCKS_CPU),
+             roles=frozenset({"peer_rung"}), gpu_path="triton"),
+    ModeSpec("triton", 16, "16 · Triton step: five kernels a block, one CUDA graph", "#e7969c",
+             "Our Triton kernels, the whole step captured in one CUDA graph: per block q|k|v "
+             "with the norm, bias, RoPE and the cache write folded in; attention over the "
+             "filled rows, split over the cache; the output projection merging the splits, with "
+             "the residual; the MLP's up (GELU, or SwiGLU's gate and up) with its norm; its down "
+             "with the residual. Weights as the model stores them (fp32, bf16); rungs 14-15 run "
+             "the same step over their GGUF blocks on a GPU. Exact (fp32 rounding).",
+             _TRITON, attention="step", appends=False, predicted=NOT_COMPILED, needs="cuda",
+             gpu_path="triton", roles=frozenset({"attribution", "bench"})),
 ):
     register(_spec)
 
@@ -320,8 +328,9 @@ def available(name: str, device: str, family: str | None = None) -> tuple[bool, 
     kind = str(device).split(":")[0]
     if spec.needs == "cuda" and kind != "cuda":
         return False, "needs a CUDA GPU"
-    if spec.devices is not None and kind not in spec.devices:
-        return False, spec.why_not_devices
+    if kind == "cuda" and spec.gpu_path == "triton" and importlib.util.find_spec("triton") is None:
+        return False, ("its GPU step is our Triton kernels, and triton is not installed "
+                       "(pip install -r requirements-gpu.txt)")
     if spec.needs == "compiler":
         if kind == "cuda" and importlib.util.find_spec("triton") is None:
             return False, "torch.compile on a GPU needs triton, which is not installed"

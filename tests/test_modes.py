@@ -78,13 +78,21 @@ def test_availability_is_decided_without_torch() -> None:
     assert "needs a CUDA GPU" in out and "'fast'" in out and "'compiled'" not in out
 
 
-def test_a_mode_without_a_gpu_implementation_is_not_offered_on_cuda() -> None:
+def test_a_mode_without_its_gpu_implementation_is_not_offered_on_cuda(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """First light: the GGUF block rungs, CPU code, were offered on cuda and timed a fallback
-    (44-80 ms a step). Not offered there now, each saying why; still offered on a CPU."""
+    (44-80 ms a step). On a GPU they run our Triton step: without triton they are not offered
+    there, saying why, nor is rung 16; on a CPU the block rungs still are."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "triton" else real(name, *a))
     usable, missing = modes.choices("cuda")
-    for name in ("q8_0_weights", "q4_1_weights"):
-        assert name not in usable and "CPU code" in missing[name]
-        assert modes.available(name, "cpu")[0]
+    for name in ("q8_0_weights", "q4_1_weights", "triton"):
+        assert name not in usable and "triton is not installed" in missing[name]
+    assert modes.available("q8_0_weights", "cpu")[0] and modes.available("q4_1_weights", "cpu")[0]
     assert "prealloc_fused" in usable and "cuda_graph" in usable
-    with pytest.raises(ValueError, match="why_not_devices"):
-        modes.ModeSpec("toy", 99, "toy", "#000000", "", "x:y", devices=("cpu",))
+    assert modes.spec("q8_0_weights").factory.endswith(":block_decoder")
+    with pytest.raises(ValueError, match="unknown gpu_path"):
+        modes.ModeSpec("toy", 99, "toy", "#000000", "", "x:y", gpu_path="cpu")

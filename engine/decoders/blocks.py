@@ -10,6 +10,10 @@ the kernel built the whole step in ONE C++ call (``decode_layers`` / ``decode_la
 product kinds Q8_0 / Q4_1). Where the blocks come from, which kernel way and why, and the bytes:
 ``engine.quant_blocks``. ``decoder.sources`` counts the tensors taken from the model's GGUF file
 byte for byte and those quantized here.
+
+``block_decoder(model, storage=...)`` is the rungs' factory: this decoder on a CPU, and on a GPU
+the Triton step over the same blocks (``engine.decoders.triton_step``; first light measured the
+CPU code's fallback there at 44-80 ms a step).
 """
 
 from __future__ import annotations
@@ -19,6 +23,17 @@ from typing import Any
 from .. import quant_blocks
 from ..state import ModelState
 from .weight_only import WeightOnlyDecoder, _direct, step_weights
+
+
+def block_decoder(model: Any | ModelState, *, storage: str, batch_size: int = 1,
+                  capacity: int | None = None) -> WeightOnlyDecoder | Any:
+    """Rung 14 or 15's decoder for ``model``: the Triton step on a GPU, ``BlockDecoder`` else."""
+    bare = model.model if isinstance(model, ModelState) else model
+    if bare.device.type == "cuda":
+        from .triton_step import TritonDecoder
+
+        return TritonDecoder(model, storage=storage, batch_size=batch_size, capacity=capacity)
+    return BlockDecoder(model, storage=storage, batch_size=batch_size, capacity=capacity)
 
 
 class BlockDecoder(WeightOnlyDecoder):

@@ -6,7 +6,8 @@ KV cache, split over the cache (flash-decoding), grouped-query heads reading the
       reads K/V head h // (nh / n_kv)); lengths (B,) an integer tensor on the same device:
       sequence b attends over rows [0, lengths[b]), and never reads a row past them.
   split_attention(...) / merge(...)   its two stages, for a caller that folds the merge into
-      what follows it (the fused rungs merge inside the output projection's product)
+      what follows it (the fused rungs merge inside the output projection's product);
+      ``split_buffers`` makes the first stage's outputs once, for a captured step
   splits_for(t_max, n_seq_heads)      how many splits a cache of T_max rows is cut into
 
 Two kernels. ``_split_kernel`` (grid: B * n_kv programs x n_splits) attends one K/V head's group
@@ -109,8 +110,10 @@ def _merge_kernel(o_ptr, lse_ptr, y_ptr, n_splits, so_b, so_h, so_s, sl_b, sl_h,
 
 
 def split_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stage one: (partial outputs (B, nh, n_splits, hs) fp32, log-sum-exps (B, nh, n_splits))."""
+                    lengths: torch.Tensor, part: torch.Tensor | None = None,
+                    lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stage one: (partial outputs (B, nh, n_splits, hs) fp32, log-sum-exps (B, nh, n_splits)),
+    into ``part`` and ``lse`` when given (``split_buffers``: a captured step's own)."""
     B, nh, hs = q.shape
     n_kv, t_max = k_cache.size(1), k_cache.size(2)
     if nh % n_kv or k_cache.shape != v_cache.shape or k_cache.size(0) != B \
@@ -122,8 +125,8 @@ def split_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if k_cache.stride(3) != 1 or v_cache.stride(3) != 1 or q.stride(2) != 1:
         raise ValueError("q, k and v need their last dimension contiguous")
     split_t, n_splits = splits_for(t_max, B * n_kv)
-    part = torch.empty(B, nh, n_splits, hs, device=q.device, dtype=torch.float32)
-    lse = torch.empty(B, nh, n_splits, device=q.device, dtype=torch.float32)
+    if part is None or lse is None:
+        part, lse = split_buffers(q, t_max, n_kv)
     group = nh // n_kv
     _split_kernel[(B * n_kv, n_splits)](
         q, k_cache, v_cache, lengths, part, lse,
@@ -134,6 +137,15 @@ def split_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         N_KV=n_kv, GROUP=group, GROUP_P=triton.next_power_of_2(group),
         HS=hs, HS_P=triton.next_power_of_2(hs), BLOCK=BLOCK_T)
     return part, lse
+
+
+def split_buffers(q: torch.Tensor, t_max: int, n_kv: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Empty (partial outputs, log-sum-exps) for queries like ``q`` over a cache of ``t_max``
+    rows and ``n_kv`` K/V heads, fp32 on q's device."""
+    B, nh, hs = q.shape
+    n_splits = splits_for(t_max, B * n_kv)[1]
+    return (torch.empty(B, nh, n_splits, hs, device=q.device, dtype=torch.float32),
+            torch.empty(B, nh, n_splits, device=q.device, dtype=torch.float32))
 
 
 def merge(part: torch.Tensor, lse: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

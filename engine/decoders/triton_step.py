@@ -1,0 +1,189 @@
+"""Rung 16, and rungs 14-15 on a GPU: the whole decode step as our Triton kernels, captured in one
+CUDA graph. Five kernels a block, for both families:
+
+  q|k|v     the block's norm folded in (LayerNorm / RMSNorm), bias, RoPE (Llama), the new K/V
+            row written into the cache at the position read on the device
+  attention ``engine.kernels.gpu.decode_attention``'s split stage over the filled rows
+  out proj  the splits merged as its input is loaded, bias and the residual add folded in
+  MLP up    the second norm folded in; GELU (GPT-2) or SwiGLU's gate and up in one pass (Llama)
+  MLP down  bias and the residual add folded in
+
+plus the embedding (and GPT-2's learned position) and the final norm with the output projection:
+62 kernels for gpt2's 12 blocks, 152 for SmolLM2's 30, against 150-210 launches of an eager step
+(first light on an H200). Weights as the model stores them (fp32 or bf16 rows), or GGUF Q8_0 /
+Q4_1 blocks read as stored (``storage``: the view of ``engine.quant_blocks``, the same blocks
+rungs 14-15 multiply on a CPU), dequantized in registers.
+
+``TritonDecoder(model, batch_size=1, capacity=None, storage=None, capture=None)`` is a
+``Decoder``: the prefill (and seek, rewind) through the model's ``forward`` into a preallocated
+cache; each step the token and position are written into the graph's static buffers, the graph
+replays, and the logits are copied out. ``capture=False`` launches the same kernels one by one
+(a CPU under ``TRITON_INTERPRET=1``: how the tests check it).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .. import quant_blocks
+from ..kv_cache import make_cache
+from ..llama import Llama
+from ..state import ModelState
+from .captured import capture_and_upload
+from .eager import Decoder
+
+
+def _norm(module: torch.nn.Module) -> tuple:
+    """A norm module as the kernels take it: ("layer", weight, bias, eps) or ("rms", ...)."""
+    if isinstance(module, torch.nn.LayerNorm):
+        return ("layer", module.weight.detach(), module.bias.detach(), module.eps)
+    return ("rms", module.weight.detach(), module.eps)
+
+
+class TritonStep:
+    """One model's decode step as a list of kernel launches over static buffers (``run()``)."""
+
+    def __init__(self, model: Any, batch_size: int, k_buf: torch.Tensor,
+                 v_buf: torch.Tensor) -> None:
+        from ..kernels.gpu import decode_attention as da
+        from ..kernels.gpu.linear import Weight
+
+        cfg, dev, dtype = model.config, model.device, model.dtype
+        B, C, nh, hs = batch_size, cfg.n_embd, cfg.n_head, cfg.head_dim
+        self.da = da
+        self.k_buf, self.v_buf = k_buf, v_buf
+        self.token = torch.zeros(B, dtype=torch.long, device=dev)
+        self.pos = torch.zeros(1, dtype=torch.long, device=dev)
+        self.lengths = torch.ones(B, dtype=torch.int32, device=dev)
+        self.x = torch.zeros(B, C, dtype=dtype, device=dev)  # the residual stream
+        self.q = torch.zeros(B, nh, hs, dtype=dtype, device=dev)
+        self.part, self.lse = da.split_buffers(self.q, k_buf.size(3), k_buf.size(2))
+        self.head = Weight.of(model.lm_head)
+        self.logits = torch.zeros(B, self.head.out, dtype=dtype, device=dev)
+        self.llama = isinstance(model, Llama)
+        if self.llama:
+            from ..step_llama import rope_table
+
+            inner = model.model
+            self.table = self.head if cfg.tied else Weight.of(inner.embed_tokens)
+            self.positions = None
+            self.rope: tuple | None = rope_table(model)
+            self.final = _norm(inner.norm)
+            self.blocks = [(_norm(b.input_layernorm), Weight.of(b.self_attn.q_proj),
+                            Weight.of(b.self_attn.k_proj), Weight.of(b.self_attn.v_proj),
+                            Weight.of(b.self_attn.o_proj), _norm(b.post_attention_layernorm),
+                            Weight.of(b.mlp.gate_proj), Weight.of(b.mlp.up_proj),
+                            Weight.of(b.mlp.down_proj)) for b in inner.layers]
+            width = cfg.n_hidden
+        else:
+            tr = model.transformer
+            self.table = self.head  # GPT-2 ties its embedding to the output projection
+            self.positions = tr.wpe.weight.detach()
+            self.rope = None
+            self.final = _norm(tr.ln_f)
+            self.blocks = []
+            for b in tr.h:
+                qkv = Weight.of(b.attn.c_attn)
+                self.blocks.append((_norm(b.ln_1), qkv.rows(0, C), qkv.rows(C, 2 * C),
+                                    qkv.rows(2 * C, 3 * C), Weight.of(b.attn.c_proj),
+                                    _norm(b.ln_2), Weight.of(b.mlp.c_fc), None,
+                                    Weight.of(b.mlp.c_proj)))
+            width = 4 * C
+        self.h = torch.zeros(B, width, dtype=dtype, device=dev)
+        self.kernels = 2 + 5 * len(self.blocks)
+
+    def run(self) -> torch.Tensor:
+        """The step over the static buffers (token, pos, lengths set): logits (B, vocab)."""
+        from ..kernels.gpu.linear import embed, linear, qkv
+
+        x, h = self.x, self.h
+        embed(self.token, self.table, x, self.positions, self.pos)
+        for i, (n1, wq, wk, wv, wo, n2, up, up2, down) in enumerate(self.blocks):
+            qkv(x, wq, wk, wv, n1, self.q, self.k_buf[i], self.v_buf[i], self.pos, self.rope)
+            self.da.split_attention(self.q, self.k_buf[i], self.v_buf[i], self.lengths,
+                                    self.part, self.lse)
+            linear(None, wo, x, residual=x, merge=(self.part, self.lse))
+            if up2 is None:  # GPT-2: GELU(ln_2(x) @ c_fc) ; Llama: silu(gate) * up
+                linear(x, up, h, norm=n2, act="gelu")
+            else:
+                linear(x, up, h, norm=n2, act="swiglu", w2=up2)
+            linear(h, down, x, residual=x)
+        return linear(x, self.head, self.logits, norm=self.final)
+
+
+class TritonDecoder(Decoder):
+    """Rung 16 (weights as stored by the model) and rungs 14-15 on a GPU (``storage``)."""
+
+    appends = False  # its step is its own: one token per sequence
+
+    def __init__(self, model: Any | ModelState, *, batch_size: int = 1,
+                 capacity: int | None = None, storage: str | None = None,
+                 capture: bool | None = None) -> None:
+        state = ModelState.of(model)
+        source = quant_blocks.block_view(state, storage) if storage else state
+        super().__init__(source, batch_size=batch_size, capacity=capacity,
+                         cache_kind="prealloc", mask="none", logits="last")
+        self.storage = storage
+        dev = self.model.device
+        self.capture = dev.type == "cuda" if capture is None else capture
+        if self.capture and dev.type != "cuda":
+            raise ValueError("CUDA graphs need a CUDA GPU; the model is on " + str(dev))
+        self.cache = make_cache("prealloc", self.model, batch_size, self.capacity)
+        self.kernel_step = TritonStep(self.model, batch_size, self.cache.k_buf, self.cache.v_buf)
+        if storage:
+            self.extra_bytes = self.model.stored_bytes()  # the blocks, besides the model
+        self.replay: Callable[[], torch.Tensor] = self.kernel_step.run
+        if self.capture:
+            self._capture()
+
+    @torch.no_grad()
+    def _capture(self) -> None:
+        start = time.perf_counter()
+        run = self.kernel_step.run
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # compiles every kernel before the capture
+            for _ in range(2):
+                run()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        logits = capture_and_upload(graph, run, torch.cuda.graph)
+
+        def replay() -> torch.Tensor:
+            graph.replay()
+            return logits
+
+        self.graph = graph
+        self.replay = replay
+        torch.cuda.synchronize()
+        self.compile_s = time.perf_counter() - start  # rows written here are overwritten later
+
+    @torch.no_grad()
+    def prefill(self, idx: torch.Tensor) -> torch.Tensor:
+        if idx.size(0) != self.kernel_step.token.size(0):
+            raise ValueError(f"this decoder was built for batch size "
+                             f"{self.kernel_step.token.size(0)}, got {idx.size(0)} sequences")
+        self._start_seq(idx)
+        self.cache.crop(0)  # the captured buffers are reused: prefill overwrites rows 0..T-1
+        out, _ = self.model(idx, self.cache, logits="last")
+        return out[:, -1, :]
+
+    @torch.no_grad()
+    def step(self, token: torch.Tensor) -> torch.Tensor:
+        assert self.seq is not None, "prefill first"
+        pos = self.cache.length
+        if pos + 1 > self.cache.capacity:
+            raise ValueError(f"KV cache holds at most {self.cache.capacity} tokens; "
+                             f"this step would need {pos + 1}")
+        ks = self.kernel_step
+        ks.token.copy_(token[:, 0])
+        ks.pos.fill_(pos)
+        ks.lengths.fill_(pos + 1)
+        logits = self.replay().clone()  # the next replay overwrites the graph's logits
+        self.cache.advance(1)
+        self._push(token)
+        return logits
