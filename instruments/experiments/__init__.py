@@ -100,6 +100,8 @@ for _e in (
     Experiment("peers", "peers", "peers on the same weights", device_shares=(("peers", 0.10),)),
     Experiment("speculate", "speculate", "verify curve and speculative decoding",
                device_shares=(("speculate", 0.05),)),
+    Experiment("batch_curve", "batch_curve", "step time against the batch",
+               device_shares=(("batch curve", 0.08),)),
 ):
     register(_e)
 
