@@ -9,6 +9,7 @@ imported: the dashboard's server reads this module). The adapters themselves liv
 measuring process by ``instruments.lineup.make_decoder``.
 
   hf_dynamic / hf_static    transformers' GPT2LMHeadModel, DynamicCache / StaticCache (peers.hf)
+  hf_compiled               the same with StaticCache + torch.compile, its docs' fast path (CUDA)
   ct2_float32 / ct2_int8    CTranslate2 from the same weights (ct2_float16 / ct2_bfloat16 on
                             CUDA) (peers.ct2)
   ort_float32               ONNX Runtime, GPT-2 exported with past keys/values (ort_float16 on
@@ -90,6 +91,13 @@ PEERS: dict[str, PeerSpec] = {p.name: p for p in (
              ("transformers",), "transformers==5.23.0", "float32", ("cpu", "cuda"), _HF,
              dict(cache="static"), "GPT2LMHeadModel with a StaticCache sized once; a step "
              "attends over the whole capacity under a mask."),
+    PeerSpec("hf_compiled", 115, "peer · transformers, static cache + torch.compile", "#bd9e39",
+             "transformers", ("transformers", "triton"), "transformers==5.23.0 triton",
+             "float32", ("cuda",), _HF, dict(cache="compiled"),
+             "transformers' own fast path, as its docs recommend: a StaticCache and "
+             "torch.compile(forward, mode='reduce-overhead', fullgraph=True), the step replayed "
+             "as a CUDA graph; prefills run the plain forward into the same cache.",
+             slow_setup=True),
     PeerSpec("ct2_float32", 103, "peer · CTranslate2, float32", "#e6550d", "CTranslate2",
              _CT2_PKG, _CT2_PIP, "float32", ("cpu", "cuda"), _CT2, dict(compute_type="float32"),
              "Converted from the loaded weights by CTranslate2's Transformers converter; steps "

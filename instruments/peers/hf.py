@@ -1,4 +1,5 @@
-"""Peers hf_dynamic and hf_static: transformers' GPT2LMHeadModel holding the loaded weights.
+"""Peers hf_dynamic, hf_static and hf_compiled: transformers' GPT2LMHeadModel holding the loaded
+weights.
 
 ``HFDecoder(model, batch_size=1, capacity=None, threads=None, cache="dynamic" | "static")`` is
 an adapter of ``instruments.peers`` (prefill / step / seek, logits (B, vocab) fp32 on the CPU).
@@ -6,8 +7,12 @@ The transformers model is a copy of the weights (``engine.weights.to_transformer
 per model; ``extra_bytes`` is that copy. "dynamic" is transformers' default ``DynamicCache``
 (grown every step, cropped to seek); "static" a ``StaticCache`` of ``capacity`` rows: a step
 attends over all of them under a mask (``attended_keys`` says so), and seeking back only moves
-its write position (the rows after it are masked, then overwritten). Threads: the process's
-torch threads.
+its write position (the rows after it are masked, then overwritten). "compiled" is transformers'
+own fast path as its docs recommend it: the static cache and ``torch.compile(forward,
+mode="reduce-overhead", fullgraph=True)`` for the one-token step (a CUDA graph on a GPU); a prefill
+runs the plain forward into the same cache (each new prompt length would otherwise compile
+again). Its compile is set-up (``compile_s``), done once per model when it is built. Threads:
+the process's torch threads.
 """
 
 from __future__ import annotations
@@ -25,20 +30,46 @@ def _build(model: GPT) -> Built:
     return Built(hf, 0.0, tensor_bytes(hf), transformers.__version__)
 
 
+def _build_compiled(model: GPT, capacity: int) -> Built:
+    """The copy with its step compiled, warmed through a static cache until no call compiles
+    (reduce-overhead records its CUDA graph on a later call), so no timed step ever does."""
+    from transformers import StaticCache
+
+    built = _build(model)
+    hf = built.handle
+    step = torch.compile(hf.forward, mode="reduce-overhead", fullgraph=True)
+    cache = StaticCache(config=hf.config, max_cache_len=capacity)
+    dev = next(hf.parameters()).device
+    ids = torch.zeros(1, 2, dtype=torch.long, device=dev)
+    with torch.no_grad():
+        hf(input_ids=ids, past_key_values=cache, use_cache=True,
+           cache_position=torch.arange(2, device=dev), logits_to_keep=1)
+        for i in range(2, 6):
+            step(input_ids=ids[:, :1], past_key_values=cache, use_cache=True,
+                 cache_position=torch.tensor([i], device=dev), logits_to_keep=1)
+    built.state["step"] = step
+    return built
+
+
 class HFDecoder:
     appends = False  # one token per step through this adapter
     logits = "last"
 
     def __init__(self, model: GPT, *, batch_size: int = 1, capacity: int | None = None,
                  threads: int | None = None, cache: str = "dynamic") -> None:
-        if cache not in ("dynamic", "static"):
-            raise ValueError(f"cache must be 'dynamic' or 'static', got {cache!r}")
+        if cache not in ("dynamic", "static", "compiled"):
+            raise ValueError(f"cache must be 'dynamic', 'static' or 'compiled', got {cache!r}")
         self.model, self.batch_size = model, batch_size
         self.capacity = capacity or model.config.block_size
-        self.kind = cache
+        self.kind = "static" if cache == "compiled" else cache
         self.cache_kind = f"hf_{cache}"
-        built = engine_for(model, ("hf",), lambda: _build(model))
+        if cache == "compiled":  # one compiled step per model and capacity (its cache's shape)
+            built = engine_for(model, ("hf", "compiled", self.capacity),
+                               lambda: _build_compiled(model, self.capacity))
+        else:
+            built = engine_for(model, ("hf",), lambda: _build(model))
         self.hf = built.handle
+        self.compiled = built.state.get("step")
         self.compile_s, self.extra_bytes, self.version = (built.compile_s, built.weight_bytes,
                                                           built.version)
         self.cache = None
@@ -65,8 +96,9 @@ class HFDecoder:
                              f"{start + ids.size(1)}")
         ids = ids.to(self.hf.device)  # the loop may hand back a token picked on the CPU
         pos = torch.arange(start, start + ids.size(1), device=ids.device)
-        out = self.hf(input_ids=ids, past_key_values=self.cache, use_cache=True,
-                      cache_position=pos, logits_to_keep=1)
+        fn = self.compiled if self.compiled is not None and ids.size(1) == 1 else self.hf
+        out = fn(input_ids=ids, past_key_values=self.cache, use_cache=True,
+                 cache_position=pos, logits_to_keep=1)
         self.seq = ids if self.seq is None else torch.cat([self.seq, ids], dim=1)
         return out.logits[:, -1, :].float().cpu()
 
