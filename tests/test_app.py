@@ -18,8 +18,8 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from instruments.store.results import collect_meta, load_runs, new_run, save_run
+from ui.apptest import APP, charts, configure_sweep, no_traceback, open_page, wait_job
 
-APP = str(Path(__file__).resolve().parents[1] / "app.py")
 PAGES = ["overview", "generate", "sweep", "flops", "floor", "memory", "planner", "correctness",
          "results"]
 pytestmark = pytest.mark.timeout(180)
@@ -30,36 +30,6 @@ def results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("KVLAB_TINY", "1")
     monkeypatch.setenv("KVLAB_RESULTS_DIR", str(tmp_path))
     return tmp_path
-
-
-def open_page(page: str) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=60)
-    at.run()
-    at.switch_page(f"views/{page}.py")
-    at.run()
-    assert not at.exception, [e.message for e in at.exception]
-    return at
-
-
-def no_traceback(at: AppTest) -> None:
-    assert not at.exception, [e.message for e in at.exception]
-
-
-def wait_job(at: AppTest, key: str, timeout_s: float = 90.0):
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        time.sleep(0.2)
-        at.run()
-        no_traceback(at)
-        job = at.session_state[key]
-        if job.finished:
-            at.run()  # the page's final drawing
-            return job
-    raise AssertionError(f"{key} did not finish in {timeout_s} s")
-
-
-def charts(at: AppTest) -> list:
-    return list(at.get("plotly_chart"))
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -77,17 +47,6 @@ def test_the_overview_guides_to_every_page() -> None:
     routed = set(re.findall(r'st\.Page\("(views/\w+\.py)"', (root / "app.py").read_text()))
     guided = set(re.findall(r'\("(views/\w+\.py)", "', (root / "views/overview.py").read_text()))
     assert routed - {"views/overview.py"} == guided
-
-
-def configure_sweep(at: AppTest, contexts: str, repeats: int = 1, e2e: bool = False) -> None:
-    at.selectbox(key="sweep_preset").set_value("custom list / range").run()
-    at.text_input(key="sweep_custom").set_value(contexts)
-    at.number_input(key="sweep_repeats").set_value(repeats)
-    at.number_input(key="sweep_warmup").set_value(0)
-    at.toggle(key="sweep_e2e").set_value(e2e)
-    at.run()
-    if e2e:
-        at.number_input(key="sweep_new").set_value(6).run()
 
 
 def test_tiny_sweep_draws_and_saves(results: Path) -> None:

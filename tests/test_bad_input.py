@@ -17,8 +17,9 @@ from streamlit.testing.v1 import AppTest
 from engine import families
 from instruments.experiments.inputs import MAX_BATCH
 from instruments.experiments.latency import LatencyParams
+from ui.apptest import APP, configure_sweep, no_traceback, open_page, wait_job
 
-from .test_app import APP, configure_sweep, no_traceback, open_page, results, wait_job
+from .test_app import results
 
 __all__ = ["results"]  # the fixture, re-exported for pytest
 pytestmark = pytest.mark.timeout(180)

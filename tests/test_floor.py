@@ -227,8 +227,9 @@ def test_gpu_check_dry_run_on_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     gpu_check = _script("gpu_check", monkeypatch)
     if not torch.cuda.is_available():
         assert gpu_check.main(["--device", "cuda"]) == 2  # a clear refusal, no traceback
+    measuring = [s.name for s in gpu_check.STAGES if s.name not in ("tests", "pages")]
     assert gpu_check.main(["--device", "cpu", "--tiny", "--out", str(tmp_path),
-                           "--budget-s", "0"]) == 0
+                           "--total-s", "0", "--stages", ",".join(measuring)]) == 0
     kinds = sorted(r["kind"] for r in load_runs(tmp_path).runs)
     assert kinds == ["attribution", "bench", "floor_summary", "hardware", "kv_planner",
                      "latency_sweep", "latency_sweep", "latency_sweep", "memory", "peers",
@@ -239,14 +240,17 @@ def test_gpu_check_dry_run_on_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert families.count("llama") == 1, families
     out = capsys.readouterr().out
     assert "bandwidth floor" in out
+    import sys
+
+    stages = sys.modules["device_check.stages"]  # the stages' helpers, beside the script
     ok = {"fits": True, "tensor_bytes": 2048, "formula_bytes": 2048, "tensors": 2,
           "allocated_delta_bytes": 2048 + 1024, "reserved_delta_bytes": 2**21}
-    assert "within rounding" in gpu_check.planner_verdict(ok)
-    assert "OUTSIDE rounding" in gpu_check.planner_verdict({**ok, "allocated_delta_bytes": 2**20})
-    assert "MISMATCH" in gpu_check.planner_verdict({**ok, "formula_bytes": 4096})
+    assert "within rounding" in stages.planner_verdict(ok)
+    assert "OUTSIDE rounding" in stages.planner_verdict({**ok, "allocated_delta_bytes": 2**20})
+    assert "MISMATCH" in stages.planner_verdict({**ok, "formula_bytes": 4096})
     rows = [{"mode": "cuda_graph", "cached": True, "phase": "decode", "context_len": 100,
              "latency_ms": 2.0}]
-    line = gpu_check.floor_lines(rows, CFG, 5.0, "float32")[0]
+    line = stages.floor_lines(rows, CFG, 5.0, "float32")[0]
     from instruments.costmodel.costs import activation_bytes
 
     assert line["floor_ms"] == pytest.approx(

@@ -13,7 +13,12 @@ from instruments.checks.bugs import inject_bug
 from instruments.costmodel import costs
 from instruments.experiments import get
 from instruments.experiments.end_to_end import EndToEndParams
-from instruments.experiments.inputs import CONTEXT_PRESETS, parse_contexts, preset_contexts
+from instruments.experiments.inputs import (
+    CONTEXT_PRESETS,
+    parse_contexts,
+    preset_contexts,
+    spread_order,
+)
 from instruments.experiments.latency import LatencyParams
 from instruments.spine import Event, Loaded
 from instruments.store.tables import format_summary, summary_table
@@ -140,6 +145,26 @@ def test_stop_keeps_rows_done(tiny: Loaded, mode: str) -> None:
     assert run["meta"]["partial"] is True and "stopped" in run["meta"]["note"]
     assert run["tables"]["latency"] == got and len(got) == 3
     assert [r["context_len"] for r in got] == [4, 8, 12]
+
+
+def test_a_spread_sweep_stopped_early_still_spans_short_to_long(tiny: Loaded) -> None:
+    """Order "spread" (the device check's sweeps): the shortest, the longest, then between, so
+    a sweep stopped after a few points has timed both ends (ascending, it had 4 and 8 only)."""
+    got: list[dict] = []
+
+    def on_progress(p: Event) -> None:
+        if p.table == "latency":
+            got.append(p.row)
+
+    params = LatencyParams([4, 8, 16, 32, 64, 128], ["uncached", "concat"], repeats=1,
+                           warmup=0, order="spread")
+    run = sweep(tiny, params, on_progress, should_stop=lambda: len(got) >= 6)
+    assert run["meta"]["partial"] is True
+    assert [(r["context_len"], r["mode"]) for r in got] == [
+        (4, "uncached"), (4, "concat"), (128, "uncached"), (128, "concat"), (16, "uncached"),
+        (16, "concat")]
+    assert [r["context_len"] for r in run["tables"]["latency"]] == [4, 16, 128, 4, 16, 128]
+    assert spread_order([5, 1, 3, 2, 4, 4]) == [1, 5, 3, 2, 4]
 
 
 def test_a_mode_that_disagrees_is_not_timed(tiny: Loaded) -> None:

@@ -13,6 +13,8 @@ import torch
 
 from .triton_util import DEVICE, planted
 
+pytestmark = pytest.mark.triton
+
 da = pytest.importorskip("engine.kernels.gpu.decode_attention")
 
 

@@ -20,6 +20,8 @@ from engine.llama import Llama, apply_rope, rope_angles
 from .conftest import random_prompt, small_model
 from .triton_util import DEVICE, planted
 
+pytestmark = pytest.mark.triton
+
 L = pytest.importorskip("engine.kernels.gpu.linear")
 da = pytest.importorskip("engine.kernels.gpu.decode_attention")
 TS = pytest.importorskip("engine.decoders.triton_step")

@@ -13,9 +13,10 @@ import pandas as pd
 import pytest
 
 from instruments.store.results import collect_meta, new_run, save_run
+from ui.apptest import open_page, wait_job
 from ui.figures_perf import Ceiling, floor_sentence, share_sentence
 
-from .test_app import open_page, results, wait_job
+from .test_app import results
 
 __all__ = ["results"]
 pytestmark = pytest.mark.timeout(300)

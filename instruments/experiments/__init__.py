@@ -34,8 +34,8 @@ class Experiment:
     title: str  # shown to others waiting in the device queue
     aliases: tuple[str, ...] = ()  # older CLI command names
     in_all: bool = False  # part of ``python -m instruments all`` (in registry order)
-    # the device check's stages of this experiment: (stage name, share of the budget left
-    # after the peaks), in the order they run
+    # the device check's stages of this experiment: (stage name, share of the budget its
+    # fixed-time stages leave -- relative to the later stages' shares), in the order they run
     device_shares: tuple[tuple[str, float], ...] = ()
 
     @property
@@ -80,28 +80,28 @@ def register(experiment: Experiment) -> Experiment:
 for _e in (
     Experiment("hardware", "hardware", "peak microbenchmarks", in_all=True),
     Experiment("latency", "latency_sweep", "latency sweep", ("sweep",), in_all=True,
-               device_shares=(("sweep float32", 0.22), ("sweep bfloat16", 0.15),
-                              ("sweep llama", 0.10))),
+               device_shares=(("sweep-float32", 0.17), ("sweep-llama", 0.20),
+                              ("sweep-bfloat16", 0.10), ("sweep-compiled", 0.12))),
     Experiment("end_to_end", "end_to_end", "end-to-end generation", ("e2e",)),
     Experiment("attribution", "attribution", "step attribution",
-               device_shares=(("attribution", 0.10),)),
-    Experiment("staircase", "staircase", "matmul staircase", device_shares=(("staircase", 0.15),)),
+               device_shares=(("attribution", 0.07),)),
+    Experiment("staircase", "staircase", "matmul staircase", device_shares=(("staircase", 0.09),)),
     Experiment("memory", "memory", "memory accounting", in_all=True,
-               device_shares=(("memory", 0.09),)),
+               device_shares=(("memory", 0.04),)),
     Experiment("scope", "scope", "scope sweep"),
     Experiment("precision", "precision", "precision comparison"),
     Experiment("correctness", "correctness", "correctness checks"),
     Experiment("generation", "generation", "side-by-side generation"),
-    Experiment("planner", "kv_planner", "KV memory planner", device_shares=(("planner", 0.06),)),
+    Experiment("planner", "kv_planner", "KV memory planner", device_shares=(("planner", 0.03),)),
     Experiment("prediction", "step_prediction", "step prediction", ("predict",),
-               device_shares=(("prediction", 0.09),)),
+               device_shares=(("prediction", 0.10),)),
     Experiment("bench", "bench", "pp / tg throughput (llama-bench)",
-               device_shares=(("bench", 0.06),)),
+               device_shares=(("bench", 0.04),)),
     Experiment("peers", "peers", "peers on the same weights", device_shares=(("peers", 0.10),)),
     Experiment("speculate", "speculate", "verify curve and speculative decoding",
-               device_shares=(("speculate", 0.05),)),
+               device_shares=(("speculate", 0.03),)),
     Experiment("batch_curve", "batch_curve", "step time against the batch",
-               device_shares=(("batch curve", 0.08),)),
+               device_shares=(("batch-curve", 0.06), ("sdpa-backends", 0.02))),
 ):
     register(_e)
 

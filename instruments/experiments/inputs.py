@@ -2,7 +2,8 @@
 
 ``parse_contexts("8, 16, 64-512:64", block_size)`` -> sorted, de-duplicated lengths within
 1..block_size, or a one-line ValueError saying what is allowed; ``repeated_contexts`` names the
-lengths a list gave twice (measured once) so a page can say so. ``parse_modes`` reads a comma
+lengths a list gave twice (measured once) so a page can say so; ``spread_order`` orders lengths
+so that every prefix spans them (a sweep stopped early). ``parse_modes`` reads a comma
 list of mode names. ``whole``, ``contexts_within`` and ``modes_usable`` are the checks every
 experiment's ``Params.check`` is made of: each raises a one-line ValueError saying what is
 allowed. Torch-free.
@@ -78,6 +79,24 @@ def preset_contexts(name: str, block_size: int) -> list[int]:
     if len(kept) < len(points):
         kept.append(block_size)
     return sorted(set(kept))
+
+
+def spread_order(values: list[int]) -> list[int]:
+    """The values (sorted, de-duplicated) reordered so that every prefix spans them: the
+    smallest, the largest, then the middle of each gap left, widest gaps first -- what a sweep
+    stopped after any point has still measured from short to long."""
+    ordered = sorted(set(values))
+    if len(ordered) < 3:
+        return ordered
+    out, gaps = [0, len(ordered) - 1], [(0, len(ordered) - 1)]
+    while gaps:
+        lo, hi = gaps.pop(0)
+        if hi - lo < 2:
+            continue
+        mid = (lo + hi) // 2
+        out.append(mid)
+        gaps += [(lo, mid), (mid, hi)]
+    return [ordered[i] for i in out]
 
 
 def _expand_contexts(text: str, block_size: int) -> list[int]:

@@ -12,20 +12,21 @@
             fails is not timed, or has its points withheld, and a note says so)
   summary   the write-up's Table 1 at 10/100/500/1000 tokens
   end_to_end, cumulative   with ``e2e_new_tokens`` > 0: a whole generation per mode
-The work runs context by context, every mode at a context before the next context, so the
-chart fills evenly from the left. Uncached modes: one full forward of a t-token prompt per
-sample. Cached modes (method "crop"): the decoder seeks to t - 1 tokens (its cache filled
-once, growing with the contexts, and cropped back) before each timed step at t -- no generation
-up to t. The samples of a point are the ``Sampler``'s (``instruments.measure.sampler``): at
-least ``min_repeats``, more while they disagree by more than ``spread``, at most ``repeats`` (a
-prediction within its measured error stands in for one; a cheap point samples on to
-``point_ms``); a sample the CPU watch flags is retaken only when out of line, within a budget
-(``LatencyParams``). The row keeps what was set aside and
-why (``set_aside_ms``, ``set_aside_why``), counts flagged samples kept in line
-(``flagged_consistent``) and out of line (``disturbed_kept``), its ``retake_s`` and what ended the
-point (``confirmed_by``: "samples", "prediction" or None); meta.retakes sums them. Method
-"generate" times cached modes the write-up's way (``latency_generate``). ``should_stop()`` is
-polled between samples; a stopped run keeps its rows, marked partial.
+The work runs context by context, every mode at a context before the next context, so the chart
+fills evenly from the left (``order`` "spread": the shortest, the longest, then those between,
+halving the gaps: a sweep stopped early still spans them). Uncached modes: one full forward of a
+t-token prompt per sample. Cached modes (method "crop"): the decoder seeks to t - 1 tokens (its
+cache filled, grown or cropped back) before each timed step at t -- no generation up to t. The
+samples of a point are the ``Sampler``'s (``instruments.measure.sampler``): at least
+``min_repeats``, more while they disagree by more than ``spread``, at most ``repeats`` (a
+prediction within its measured error stands in for one; a cheap point samples on to ``point_ms``);
+a sample the CPU watch flags is retaken only when out of line, within a budget (``LatencyParams``).
+The row keeps what was set aside and why (``set_aside_ms``, ``set_aside_why``), counts flagged
+samples kept in line (``flagged_consistent``) and out of line (``disturbed_kept``), its
+``retake_s`` and what ended the point (``confirmed_by``: "samples", "prediction" or None);
+meta.retakes sums them. Method "generate" times cached modes the write-up's way
+(``latency_generate``). ``should_stop()`` is polled between samples; a stopped run keeps its rows,
+marked partial.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from instruments.experiments.inputs import (
     parse_contexts,
     parse_modes,
     preset_contexts,
+    spread_order,
     whole,
 )
 from instruments.experiments.latency_retakes import note_disturbed
@@ -104,6 +106,7 @@ class LatencyParams:
     prediction_error: dict[str, float] | None = None  # mode -> the prediction's measured miss
     point_ms: float = 250.0  # a cheap point samples on until its samples add up to this
     cheap_repeats: int = 5  # ... or until it has this many
+    order: str = "ascending"  # or "spread": shortest, longest, then between (module docstring)
 
     @classmethod
     def defaults(cls, device: str, cfg: ModelConfig) -> LatencyParams:
@@ -131,6 +134,8 @@ class LatencyParams:
                 not 0 <= self.point_ms <= 60_000:
             raise ValueError("point ms (the timed ms a cheap point's samples add up to) must be "
                              f"from 0 (off) to 60000, got {self.point_ms!r}")
+        if self.order not in ("ascending", "spread"):
+            raise ValueError(f"order must be 'ascending' or 'spread', got {self.order!r}")
         if self.method not in ("crop", "generate"):
             raise ValueError(f"method must be 'crop' or 'generate', got {self.method!r}")
         if not 0 < self.spread < 10:
@@ -334,7 +339,8 @@ def run(loaded: Loaded, params: LatencyParams, progress: ProgressFn | None = Non
                     model, name, params, contexts, idx, tr, row):
                 stopped = True
                 break
-    sweep = [(t, m) for t in contexts for m in params.modes
+    order = spread_order(contexts) if params.order == "spread" else contexts
+    sweep = [(t, m) for t in order for m in params.modes
              if not (generate and lineup.spec(m).cached)]
     for t, name in sweep if not stopped else []:
         if gate.due(t):  # the first context is on the chart: the gate's long half, then on

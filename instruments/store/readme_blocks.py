@@ -358,16 +358,17 @@ def hosts(runs: list[Run], root: Path) -> str:
 
 # ------------------------------------------------------------------------------ device check
 def gpu_check_length(runs: list[Run], root: Path) -> str:
-    """How long ``make gpu-check`` may run: the time limits scripts/gpu_check.sh sets."""
+    """How long ``make gpu-check`` may run: the time limit scripts/gpu_check.sh sets (LIMIT_S),
+    and the CUDA tests' cap within it (TESTS_S)."""
     path = root / "scripts" / "gpu_check.sh"
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ReadmeError(f"{rel(path, root)}: could not read: {exc.strerror or exc}") from exc
-    limits = [int(s) for s in re.findall(r"^\s*(?:KV_\w+=\S+\s+)?timeout (\d+) ", text, re.M)]
-    if not limits:
-        raise ReadmeError(f"{rel(path, root)}: no `timeout N` limit found")
-    total = sum(limits)
-    return (f"`make gpu-check` (`scripts/gpu_check.sh`) stops each of its {len(limits)} stages at "
-            f"a time limit ({' s and '.join(str(s) for s in limits)} s): it runs for at most "
-            f"{total / 60:.3g} minutes, plus starting the interpreter.")
+    limit = re.search(r"^LIMIT_S=(\d+)", text, re.M)
+    tests = re.search(r"^TESTS_S=(\d+)", text, re.M)
+    if limit is None or tests is None:
+        raise ReadmeError(f"{rel(path, root)}: no `LIMIT_S=N` with `TESTS_S=N` found")
+    total = int(limit.group(1))
+    return (f"`make gpu-check` (`scripts/gpu_check.sh`) stops at {total} s ({total / 60:.3g} "
+            f"minutes), its CUDA tests at {tests.group(1)} s.")
