@@ -24,7 +24,7 @@ from instruments.peers import gguf_out, llamacpp, native
 from tests import native_peer
 
 NAMES = ("llamacpp_f32", "llamacpp_q8_0", "llamacpp_q4_1")
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.native]  # tests/isolate.py
 
 
 def usable() -> None:

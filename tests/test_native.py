@@ -20,7 +20,7 @@ from instruments.lineup import PeerSpec, PeerUnavailable, peers
 from instruments.peers import native
 from tests import native_peer
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.native]  # tests/isolate.py
 
 
 def _spec(name: str, crash: bool) -> PeerSpec:

@@ -31,7 +31,7 @@ from tests.conftest import SMALL, loaded_model, small_model
 
 CPU_PEERS = [n for n, p in peers.PEERS.items() if "cpu" in p.devices]
 EXACT = [n for n in CPU_PEERS if not peers.PEERS[n].tolerance]
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.native]  # tests/isolate.py
 
 
 def usable(name: str) -> None:
