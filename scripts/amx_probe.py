@@ -1,4 +1,4 @@
-"""Does llama.cpp run on this CPU, build by build? A probe for an AMX Xeon (the GPU machine's host).
+"""Probe llama.cpp builds on an AMX CPU. For the GPU machine's Xeon host: which run, which crash.
 
 On a Sapphire Rapids Xeon, llama.cpp as ``make peers`` built it (``-march=native``, AMX compiled
 in) put Q8_0/Q4_1 weights in its AMX buffer type and segfaulted in the first decode
