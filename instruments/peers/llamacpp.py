@@ -85,7 +85,10 @@ def _source(model: Any, qtype: str, folder: Path) -> tuple[Path, bool]:
 
 
 def _build(model: Any, qtype: str, threads: int) -> Built:
-    version = importlib.metadata.version("llama_cpp_python")  # read without importing it
+    try:  # read without importing it
+        version = importlib.metadata.version("llama_cpp_python")
+    except importlib.metadata.PackageNotFoundError:  # a source tree on the path, no metadata
+        version = "of unknown version"
     folder = temp_folder("llamacpp")
     try:
         try:
