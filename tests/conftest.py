@@ -3,7 +3,9 @@
 On a machine without the dashboard's packages (a GPU node with only torch, transformers, pandas,
 psutil, tiktoken and pytest), test files that import streamlit, plotly, playwright or ``ui`` --
 directly or through another test file -- are not collected, so the rest (the CUDA tests among
-them) still run.
+them) still run. Test modules marked ``native`` (llama.cpp, CTranslate2, ONNX Runtime, OpenVINO
+driven in-process) run in a child pytest process, so a crash fails a test, not the suite
+(``tests/isolate.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 
 from engine import GPT, GPTConfig
 from instruments.spine import Loaded, ModelSpec
+from tests import isolate
 
 _SHARED_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/gpt2_tokenizer/tiktoken_cache"
 if "TIKTOKEN_CACHE_DIR" not in os.environ and _SHARED_TOKENIZER.is_dir():
@@ -28,6 +31,10 @@ if not torch.cuda.is_available():  # Triton kernels run in its interpreter (read
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 UI_PACKAGES = {"streamlit", "plotly", "playwright", "ui"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    isolate.register(config)
 
 
 def needs_ui(path: Path, seen: frozenset[Path] = frozenset()) -> bool:

@@ -20,10 +20,11 @@ from engine.state import ModelState
 from instruments import lineup
 from instruments.checks.gate import Gate
 from instruments.lineup import PeerUnavailable, peers
-from instruments.peers import gguf_out
+from instruments.peers import gguf_out, llamacpp, native
+from tests import native_peer
 
 NAMES = ("llamacpp_f32", "llamacpp_q8_0", "llamacpp_q4_1")
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.native]  # tests/isolate.py
 
 
 def usable() -> None:
@@ -182,6 +183,25 @@ def test_without_the_package_the_peers_say_how_to_install(
         lineup.make_decoder(tiny, "llamacpp_f32")
     assert lineup.available("hf_dynamic", "cpu", "llama")[0] is False  # the others: GPT-2 only
     assert lineup.available("llamacpp_f32", "cuda", "gpt2") == (False, "runs on cpu only")
+
+
+def test_a_build_that_crashes_in_its_probe_is_unavailable_saying_make_peers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """As llama.cpp's AMX path on a Sapphire Rapids host: the probe's child dies of SIGSEGV
+    (planted: ``native_peer.segfault`` in place of ``llamacpp_api.probe_file``); this process
+    never loads the file and says what to do."""
+    usable()
+    monkeypatch.setattr(native, "_SEEN", {})
+    monkeypatch.setattr(llamacpp, "probe_file", native_peer.segfault)
+    state = families.load("tiny", "random", seed=8)  # no engine built on it yet
+    with pytest.raises(PeerUnavailable) as err:
+        lineup.make_decoder(state, "llamacpp_q8_0", threads=1)
+    assert str(err.value) == (
+        "crashed (signal 11, SIGSEGV) in a probe of llama.cpp (llama-cpp-python 0.3.36) "
+        "loading model.q8_0.gguf and decoding 10 tokens on 1 thread; this llama.cpp build "
+        "cannot run that file on this CPU: rebuild it with `make peers`, which compiles it with "
+        "its AMX path off (its known crash on AMX Xeons, ggml-org/llama.cpp#20824), or leave "
+        "llamacpp_q8_0 out of the run")
 
 
 def test_a_failed_conversion_is_a_reason_not_a_traceback(

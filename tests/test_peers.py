@@ -31,7 +31,7 @@ from tests.conftest import SMALL, loaded_model, small_model
 
 CPU_PEERS = [n for n, p in peers.PEERS.items() if "cpu" in p.devices]
 EXACT = [n for n in CPU_PEERS if not peers.PEERS[n].tolerance]
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.native]  # tests/isolate.py
 
 
 def usable(name: str) -> None:
@@ -180,7 +180,7 @@ def test_the_verdict_can_say_a_peer_is_faster_than_us() -> None:
     assert line == ("At 512 tokens, float32: ct2_float32 is fastest (20.00 ms, 1.50× the read "
                     "floor); our fastest, fast, takes 1.50× its time; int8: ct2_int8 is fastest "
                     "(10.00 ms, 0.70× the read floor).")
-    assert "| ort_float32 |  | — | not timed: pip install x |" in peers_report.markdown(rows)
+    assert "| ort_float32 |  | — | unavailable: pip install x |" in peers_report.markdown(rows)
 
 
 def test_llamacpps_goals_say_a_miss_and_pair_ours_with_its_format() -> None:

@@ -12,5 +12,8 @@ return logits (B, vocab) as an fp32 torch tensor on the CPU; ``seek(ids, t)`` ho
 export, reported apart and never inside a step), ``extra_bytes`` (bytes of the weights the
 engine holds) and ``version`` (the package's). A package that is missing, or an export that
 fails, raises ``instruments.lineup.PeerUnavailable`` with the reason: callers list the peer as
-unavailable.
+unavailable. An adapter whose engine runs native code it cannot trust on this CPU (llama.cpp,
+compiled here) first tries its file in a throwaway process (``native.probe``): a crash there is
+``PeerUnavailable("crashed (signal 11, SIGSEGV) in a probe of ...; <what to do>")``, never the
+end of the measuring process.
 """

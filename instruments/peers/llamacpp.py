@@ -11,7 +11,13 @@ The file (built once per model and precision, cached in its ``ModelState``: ``bu
                             re-written (``gguf_out.rewrite_gguf``) -- after checking that the
                             model holds exactly its weights (``gguf_out.holds_file``)
   Llama, other weights      ``gguf_out.write_gguf`` of our weights
-The writing and llama.cpp's load are ``compile_s``; ``extra_bytes`` is the file's size.
+The writing, the probe and llama.cpp's load are ``compile_s``; ``extra_bytes`` is the file's
+size. The probe (``native.probe``): before this process imports llama_cpp or loads the file, a
+throwaway process does both and decodes 10 tokens (once per package version, format and model
+shapes); a build that crashes there -- llama.cpp's AMX path on a Sapphire Rapids Xeon did,
+ggml-org/llama.cpp#20824; a build for another CPU dies on import -- makes the peer unavailable,
+saying to rebuild with ``make peers``, instead of killing the measuring process. The C calls
+(load, context, decode) are ``llamacpp_api``'s, shared with the probe.
 
 The context: ``n_ctx`` = the capacity asked for (the model's block size by default), batch
 size 1, ``n_threads`` and ``n_threads_batch`` = the run's threads. Its KV cache is held in fp32
@@ -37,9 +43,9 @@ worker thread, did: ``ct2.py``).
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import ctypes
+import importlib.metadata
+import shutil
 import sys
 import weakref
 from pathlib import Path
@@ -49,36 +55,21 @@ import numpy as np
 import torch
 
 from instruments.lineup import PeerUnavailable
-from instruments.peers import gguf_out
+from instruments.peers import gguf_out, native
 from instruments.peers.built import Built, engine_for, temp_folder
+from instruments.peers.llamacpp_api import (
+    PROBE_TOKENS,
+    decode,
+    import_llama_cpp,
+    load,
+    new_context,
+    probe_file,
+)
 
-_LOG: collections.deque[str] = collections.deque(maxlen=40)  # llama.cpp's last log lines
-_CALLBACK: Any = None  # the log callback handed to llama.cpp (kept alive here)
-
-
-def import_llama_cpp() -> Any:
-    """The ``llama_cpp.llama_cpp`` bindings, initialised once, llama.cpp's log kept (not
-    printed) for the reasons a load fails."""
-    global _CALLBACK
-    import llama_cpp
-    import llama_cpp.llama_cpp as api
-
-    if _CALLBACK is None:
-        @api.llama_log_callback
-        def keep(level: int, text: bytes, user_data: Any) -> None:
-            _LOG.append(text.decode("utf-8", errors="replace"))
-
-        _CALLBACK = keep
-        api.llama_log_set(keep, ctypes.c_void_p(0))
-        api.llama_backend_init()
-    api.version = llama_cpp.__version__
-    return api
-
-
-def _last_error() -> str:
-    lines = [s.strip() for s in _LOG if s.strip()]
-    bad = [s for s in lines if "error" in s.lower() or "failed" in s.lower()]
-    return (bad or lines or ["no reason given"])[-1]
+# What a probe's crash message tells the user to do (instruments.peers.native).
+FIX = ("this llama.cpp build cannot run that file on this CPU: rebuild it with `make peers`, "
+       "which compiles it with its AMX path off (its known crash on AMX Xeons, "
+       "ggml-org/llama.cpp#20824), or leave llamacpp_{qtype} out of the run")
 
 
 def _source(model: Any, qtype: str, folder: Path) -> tuple[Path, bool]:
@@ -93,20 +84,28 @@ def _source(model: Any, qtype: str, folder: Path) -> tuple[Path, bool]:
     return gguf_out.write_gguf(model, out, qtype), True
 
 
-def _build(model: Any, qtype: str) -> Built:
-    api = import_llama_cpp()
+def _build(model: Any, qtype: str, threads: int) -> Built:
+    try:  # read without importing it
+        version = importlib.metadata.version("llama_cpp_python")
+    except importlib.metadata.PackageNotFoundError:  # a source tree on the path, no metadata
+        version = "of unknown version"
     folder = temp_folder("llamacpp")
     try:
-        path, _ = _source(model, qtype, folder)
-    except Exception as exc:
-        raise PeerUnavailable(f"GGUF conversion failed: {type(exc).__name__}: "
-                              f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-                              ) from exc
-    params = api.llama_model_default_params()
-    params.n_gpu_layers = 0
-    handle = api.llama_model_load_from_file(str(path).encode(), params)
-    if not handle:
-        raise PeerUnavailable(f"llama.cpp could not load {path.name}: {_last_error()}")
+        try:
+            path, _ = _source(model, qtype, folder)
+        except Exception as exc:
+            raise PeerUnavailable(f"GGUF conversion failed: {type(exc).__name__}: "
+                                  f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+                                  ) from exc
+        native.probe(("llama.cpp", version, qtype, repr(model.config)), probe_file, path,
+                     threads, what=f"llama.cpp (llama-cpp-python {version}) loading "
+                     f"{path.name} and decoding {sum(PROBE_TOKENS)} tokens on {threads} "
+                     f"thread{'s' * (threads != 1)}", fix=FIX.format(qtype=qtype))
+        api = import_llama_cpp()  # after the probe: a build that dies on import died there
+        handle = load(api, path)
+    except PeerUnavailable:
+        shutil.rmtree(folder, ignore_errors=True)  # no engine will read its file
+        raise
     built = Built(handle, 0.0, path.stat().st_size, f"llama-cpp-python {api.version}", folder)
     built.state.update(api=api, path=path, contexts=weakref.WeakSet())
     built.state["close"] = lambda: _free(built)
@@ -137,24 +136,13 @@ class LlamaCppDecoder:
             raise ValueError(f"capacity {self.capacity} is beyond the model's limit of "
                              f"{model.config.block_size} positions")
         self.threads = threads or torch.get_num_threads()
-        self.built = engine_for(model, ("llamacpp", qtype), lambda: _build(model, qtype))
+        self.built = engine_for(model, ("llamacpp", qtype),
+                                lambda: _build(model, qtype, self.threads))
         self.api = api = self.built.state["api"]
         self.version, self.extra_bytes = self.built.version, self.built.weight_bytes
-        params = api.llama_context_default_params()
-        params.n_ctx = self.capacity
-        params.n_batch = params.n_ubatch = min(self.capacity, 512)
-        params.n_seq_max = 1
-        params.n_threads = params.n_threads_batch = self.threads
-        params.type_k = params.type_v = api.GGML_TYPE_F32  # see the module docstring
-        params.flash_attn_type = api.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        params.no_perf = True
-        self.ctx = api.llama_init_from_model(self.built.handle, params)
-        if not self.ctx:
-            raise PeerUnavailable(f"llama.cpp could not make a context of {self.capacity} "
-                                  f"tokens: {_last_error()}")
+        self.ctx, self.n_batch = new_context(api, self.built.handle, self.capacity, self.threads)
         self.built.state["contexts"].add(self)
         self.compile_s = self.built.compile_s  # the file and its load, never in a step
-        self.n_batch = int(params.n_batch)
         self.n_vocab = api.llama_vocab_n_tokens(api.llama_model_get_vocab(self.built.handle))
         self.memory = api.llama_get_memory(self.ctx)
         self.held: list[int] = []
@@ -172,13 +160,9 @@ class LlamaCppDecoder:
         if len(self.held) + len(tokens) > self.capacity:
             raise ValueError(f"context of {len(self.held) + len(tokens)} tokens is beyond "
                              f"this adapter's capacity of {self.capacity}")
-        api = self.api
         for i in range(0, len(tokens), self.n_batch):
             chunk = tokens[i:i + self.n_batch]
-            arr = (api.llama_token * len(chunk))(*chunk)
-            rc = api.llama_decode(self.ctx, api.llama_batch_get_one(arr, len(chunk)))
-            if rc != 0:
-                raise RuntimeError(f"llama_decode returned {rc}: {_last_error()}")
+            decode(self.api, self.ctx, chunk)
             self.held.extend(chunk)
 
     def _logits(self) -> torch.Tensor:

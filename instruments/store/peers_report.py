@@ -121,7 +121,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             f"{num(r.get('logits_max_abs_diff'), '.2g')} | "
             f"{num((r.get('weight_bytes') or 0) / 1e6 or None, '.0f')} | {r.get('version', '')} |")
     for r in rows:
-        if r.get("latency_ms") is None:
-            lines.append(f"| {r['engine']} | {r.get('precision', '')} | — | not timed: "
+        if r.get("latency_ms") is None:  # unavailable here, or refused by the gate / stopped
+            said = "unavailable" if r.get("available") is False else "not timed"
+            lines.append(f"| {r['engine']} | {r.get('precision', '')} | — | {said}: "
                          f"{r.get('why', '')} | | | | | | | |")
     return "\n".join(lines)
