@@ -20,7 +20,7 @@ from .conftest import loaded_model
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
-SHAPE = dict(n_layer=2, n_head=4, n_embd=64, block_size=128, vocab_size=512)
+SHAPE = dict(n_layer=2, n_head=4, n_embd=64, block_size=256, vocab_size=512)  # the CPU tests
 
 
 def tiny(dtype: torch.dtype = torch.float32) -> GPT:

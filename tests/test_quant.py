@@ -215,3 +215,35 @@ def test_a_cpu_step_multiplies_straight_through_the_kernel_as_the_module_does(
         want = decode_step(modules, token, 0,
                            attend_filled(torch.zeros(shape), torch.zeros(shape), 0))
     assert float((got - want).abs().max()) < 1e-4
+
+
+def test_a_library_int8_kernel_is_trusted_per_shape_only_once_checked() -> None:
+    """First light 2: torch's _weight_int8pack_mm on an H200 gave logits 107% off mode 1's for
+    a 64-wide test shape. Each shape's first call checks it against the dequantized product;
+    a kernel that disagrees is never used for that shape again."""
+    from engine import quant
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 64, generator=gen)
+    wq = torch.randint(-127, 128, (48, 64), generator=gen, dtype=torch.int8)
+    scale = torch.rand(48, generator=gen)
+    want = torch.nn.functional.linear(x, wq.float()) * scale
+    calls = []
+
+    def wrong(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        return torch.nn.functional.linear(x, w.float().flip(0)) * s  # rows out of order
+
+    def right(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x, w.float()) * s
+
+    quant._INT8PACK_OK.clear()
+    try:
+        assert torch.allclose(quant.checked_int8pack(x, wq, scale, wrong), want)  # checked
+        assert quant.checked_int8pack(x, wq, scale, wrong) is None and len(calls) == 1
+        assert torch.allclose(quant.checked_int8pack(x[:1], wq, scale, right), want[:1])
+        assert torch.allclose(quant.checked_int8pack(x[:1], wq, scale, right), want[:1])
+        assert {(2, (48, 64), torch.float32, "cpu"): False,
+                                      (1, (48, 64), torch.float32, "cpu"): True} == quant._INT8PACK_OK
+    finally:
+        quant._INT8PACK_OK.clear()
