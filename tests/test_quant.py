@@ -243,7 +243,8 @@ def test_a_library_int8_kernel_is_trusted_per_shape_only_once_checked() -> None:
         assert quant.checked_int8pack(x, wq, scale, wrong) is None and len(calls) == 1
         assert torch.allclose(quant.checked_int8pack(x[:1], wq, scale, right), want[:1])
         assert torch.allclose(quant.checked_int8pack(x[:1], wq, scale, right), want[:1])
-        assert quant._INT8PACK_OK == {(2, (48, 64), torch.float32, "cpu"): False,
-                                      (1, (48, 64), torch.float32, "cpu"): True}  # noqa: SIM300
+        seen = dict(quant._INT8PACK_OK)
+        assert seen == {(2, (48, 64), torch.float32, "cpu"): False,
+                        (1, (48, 64), torch.float32, "cpu"): True}
     finally:
         quant._INT8PACK_OK.clear()
