@@ -24,9 +24,10 @@ def planted(module: ModuleType, old: str, new: str, tmp_path: Path) -> ModuleTyp
     assert src.count(old) == 1, f"{old!r} occurs {src.count(old)} times in {module.__name__}"
     path = tmp_path / f"planted_{abs(hash((old, new)))}.py"
     path.write_text(src.replace(old, new), encoding="utf-8")
-    spec = importlib.util.spec_from_file_location(path.stem, path)
+    name = f"{module.__package__}.{path.stem}"  # in its package: its relative imports work
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = mod  # triton.jit reads the source through inspect
+    sys.modules[name] = mod  # triton.jit reads the source through inspect
     spec.loader.exec_module(mod)
     return mod

@@ -98,7 +98,9 @@ class TritonStep:
 
     def run(self) -> torch.Tensor:
         """The step over the static buffers (token, pos, lengths set): logits (B, vocab)."""
-        from ..kernels.gpu.linear import embed, linear, qkv
+        from ..kernels.gpu.embed import embed
+        from ..kernels.gpu.linear import linear
+        from ..kernels.gpu.qkv import qkv
 
         x, h = self.x, self.h
         embed(self.token, self.table, x, self.positions, self.pos)

@@ -101,7 +101,8 @@ for _e in (
     Experiment("speculate", "speculate", "verify curve and speculative decoding",
                device_shares=(("speculate", 0.03),)),
     Experiment("batch_curve", "batch_curve", "step time against the batch",
-               device_shares=(("batch-curve", 0.06), ("sdpa-backends", 0.02))),
+               device_shares=(("batch-curve", 0.06), ("sdpa-backends", 0.02),
+                              ("triton-tiles", 0.03))),
 ):
     register(_e)
 

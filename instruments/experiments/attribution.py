@@ -6,8 +6,9 @@ each mode (gated first) and context, ``attribute_step``'s row. ``steps`` decode 
 plainly (``step_ms``, the median), then the same number run under ``torch.profiler``, each
 inside a ``record_function`` span (``instruments.measure.timing.Spans``). From the trace, per step:
 operator calls, ATen's and our kernels' (all, and top-level), kernel launches and device time
-(CUDA), time inside top-level operators or the compiled region (``ops_ms``) and the host time
-between them (``python_ms``). The floors are formulas over measured rates: ``flop_floor_ms`` =
+(CUDA) with the longest kernels by name (``top_kernels``: calls and device us a step), time
+inside top-level operators or the compiled region (``ops_ms``) and the host time between them
+(``python_ms``). The floors are formulas over measured rates: ``flop_floor_ms`` =
 FLOPs / measured matmul peak, ``byte_floor_ms`` = bytes / measured read bandwidth (FLOPs and
 bytes from ``instruments.costmodel.costs``, peaks from ``instruments.measure.device.peaks``);
 ``above_floor_ms`` = step_ms - max(floors): host time and kernels slower than the peak rates
@@ -156,6 +157,9 @@ def _activities(device: Any) -> list[ProfilerActivity]:
     return acts
 
 
+TOP_KERNELS = 12  # the longest kernels a CUDA row names (the step's whole device time is summed)
+
+
 @dataclass
 class _Trace:
     profiled_step_ms: float
@@ -168,6 +172,7 @@ class _Trace:
     kernels_per_step: float | None
     launches_per_step: float | None
     spread_ms: float  # interquartile range of the profiled steps' wall times
+    top_kernels: list[dict[str, Any]]  # CUDA: the kernels by device time per step, longest first
 
 
 def _read_trace(prof: Any, cuda: bool) -> _Trace:
@@ -210,17 +215,24 @@ def _read_trace(prof: Any, cuda: bool) -> _Trace:
     cpu_ops = sum(1 for e in events if e.name.startswith(OP_PREFIXES)
                   and e.device_type == cpu_type and inside(e))
     kernels = launches = device_ms = None
+    top_kernels: list[dict[str, Any]] = []
     if cuda:
         dev_events = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA
                       and e.name != STEP_SPAN and inside(e)]
         kernels = len(dev_events) / n
         device_ms = sum(e.time_range.end - e.time_range.start for e in dev_events) / n / 1e3
         launches = sum(1 for e in events if e.name in _LAUNCH_NAMES and inside(e)) / n
+        by_name: dict[str, list[float]] = {}
+        for e in dev_events:
+            by_name.setdefault(e.name, []).append(e.time_range.end - e.time_range.start)
+        top_kernels = sorted(({"kernel": name[:120], "calls_per_step": len(t) / n,
+                               "device_us_per_step": sum(t) / n} for name, t in by_name.items()),
+                             key=lambda k: -k["device_us_per_step"])[:TOP_KERNELS]
     return _Trace(
         profiled_step_ms=wall / 1e3, ops_ms=busy / 1e3, python_ms=(wall - busy) / 1e3,
         host_ms=issued / 1e3, device_ms=device_ms, ops_per_step=cpu_ops / n,
         top_ops_per_step=top / n, kernels_per_step=kernels, launches_per_step=launches,
-        spread_ms=spread / 1e3,
+        spread_ms=spread / 1e3, top_kernels=top_kernels,
     )
 
 
@@ -293,7 +305,7 @@ def attribute_step(
         "flops": flops, "bytes": nbytes, "weight_storage": spec.weight_storage or "",
         "model_dtype_bytes": dtype_bytes, "busy_ms": busy, "idle_ms": step_ms - busy,
         "profiler_cost_ms": prof_cost, "profile_tolerance_ms": tolerance,
-        "compile_s": getattr(dec, "compile_s", 0.0),
+        "compile_s": getattr(dec, "compile_s", 0.0), "top_kernels": tr.top_kernels,
     }
     return with_floors(row, peaks)
 

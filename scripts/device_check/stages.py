@@ -23,6 +23,7 @@ check's context, and the sweeps' plan.
 
 from __future__ import annotations
 
+import functools
 import gc
 from pathlib import Path
 from typing import Any
@@ -193,13 +194,16 @@ def attribution(check: Check) -> None:
     block = fp32.model.config.block_size
     on = check.cuda and not check.args.no_compile
     modes = [x for x in lineup.with_role("attribution") if x in sweep_modes(check.args.device, on)]
-    ctx = sorted({16, 128, 512, block - 16} & set(range(1, block - 15)))
+    ctx = sorted({128, block - 16} & set(range(1, block - 15)))  # short and long: both fit
     run = check.experiment("attribution", fp32, get("attribution").params(modes, ctx, steps=8))
     for r in run["tables"]["attribution"]:
         print(f"  {r['mode']:15s} ctx {r['context_len']:5d}: step {r['step_ms']:.3f} ms, "
               f"{r['ops_per_step']:.0f} ops, launches {r['launches_per_step']}, "
               f"floor {r['floor_ms']:.3f} ms, above it {r['above_floor_ms']:.3f} ms, "
               f"explained {r['explained_share']:.0%}")
+        for k in r.get("top_kernels", [])[:6] if r["mode"] in ("triton", "cuda_graph") else []:
+            print(f"      {k['device_us_per_step']:8.1f} us  x{k['calls_per_step']:.0f}  "
+                  f"{k['kernel'][:70]}")
 
 
 def staircase(check: Check) -> None:
@@ -352,6 +356,46 @@ def sdpa_backends(check: Check) -> None:
     check.save(results.new_run("sdpa_backends", meta, {"steps": rows}))
 
 
+def triton_tiles(check: Check) -> None:
+    """gpt2's four products alone (q|k|v's width, the MLP's up and down, the output
+    projection) in fp32 and bf16 at batch 1 under a few tile sizes beside ``blocks``' own pick:
+    microseconds (triton.testing.do_bench) and the read bandwidth they reach."""
+    import triton
+
+    from engine.kernels.gpu.linear import Weight, blocks, linear
+
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16):
+        for n, k in ((2304, 768), (3072, 768), (768, 3072), (50257, 768)):
+            if check.stop():
+                break
+            dev = check.args.device
+            w = torch.randn(n, k, device=dev, dtype=dtype)
+            x, out = torch.randn(1, k, device=dev, dtype=dtype), torch.empty(1, n, device=dev,
+                                                                             dtype=dtype)
+            picked, weight = blocks(1, n, k), Weight(w, "dense", n, k)
+            for tiles in dict.fromkeys([picked, (1, 1, 1024), (1, 2, 1024), (1, 4, 512),
+                                        (1, 8, 256), (1, 16, 512), (1, 32, 128)]):
+                us = 1e3 * triton.testing.do_bench(
+                    functools.partial(linear, x, weight, out, tiles=tiles), warmup=5, rep=20)
+                gbps = w.numel() * w.element_size() / (us * 1e3)
+                rows.append({"dtype": str(dtype).removeprefix("torch."), "N": n, "K": k,
+                             "tiles": list(tiles), "picked": tiles == picked, "us": us,
+                             "read_gbps": gbps})
+                print(f"  {rows[-1]['dtype']:8s} {n:5d}x{k:4d} tiles {tiles}: {us:7.1f} us, "
+                      f"{gbps:6.0f} GB/s{'  (picked)' if tiles == picked else ''}")
+    meta = results.collect_meta(model=check.name, device=check.args.device, dtype="float32",
+                                device_name=str(describe_device(check.args.device)["name"]),
+                                batch_size=1)
+    check.save(results.new_run("triton_tiles", meta, {"products": rows}))
+
+
+def no_triton(args: Any) -> str | None:
+    from engine.kernels.gpu import triton_usable
+
+    return None if triton_usable(args.device) else "Triton compiles for a CUDA GPU only here"
+
+
 def no_sdpa(args: Any) -> str | None:
     return None if args.device.startswith("cuda") else "cuDNN's attention exists on a GPU only"
 
@@ -417,6 +461,7 @@ _MEASURING = {  # the order is the registry's: the compile, likeliest to overrun
     "speculate": (speculate, None, "the verify curve and prompt-lookup drafts"),
     "batch-curve": (batch_curve, None, "step and tokens/s against the batch, with the floors"),
     "sdpa-backends": (sdpa_backends, no_sdpa, "bf16 decode steps with cuDNN's SDPA allowed"),
+    "triton-tiles": (triton_tiles, no_triton, "gpt2's products alone under a few tile sizes"),
 }
 MEASURING = [Stage(name, _MEASURING[name][0], share=share, skip=_MEASURING[name][1],
                    what=_MEASURING[name][2]) for name, share in device_shares().items()]

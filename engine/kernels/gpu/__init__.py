@@ -5,6 +5,10 @@ nothing on a CPU imports them outside those tests.
 
   decode_attention   one query per sequence over the filled rows of a KV cache, split over the
                      cache and merged (flash-decoding), grouped-query heads
+  linear             a product with its norm, bias, activation, residual (or the attention's
+                     merge) folded in; weights dense or GGUF Q8_0 / Q4_1 blocks as stored
+  qkv                q|k|v with the norm, bias, RoPE and the cache write folded in
+  embed              the token's row (and GPT-2's position) of a dense or block table
 
 ``triton_usable(device)`` says whether these kernels compile for ``device`` here (a CUDA device
 and ``triton`` installed), without importing triton.

@@ -1,7 +1,8 @@
 """A decode step's products in Triton, each with what surrounds it folded in: the norm before
 it, the bias, activation and residual after it, the attention's merge before the output
-projection, RoPE and the cache write after q|k|v. Weights dense (fp32, bf16) or GGUF blocks
-(Q8_0, Q4_1) read as stored, dequantized in registers.
+projection. Weights dense (fp32, bf16) or GGUF blocks (Q8_0, Q4_1) read as stored, dequantized
+in registers. (q|k|v with RoPE and the cache write: ``qkv``; the embedding: ``embed``; both
+load weights and normalise inputs with the helpers here.)
 
   Weight.of(module)                  a Linear's weight as the kernels read it: nn.Linear's
                                      (out, in) rows, or a BlockLinear's GGUF bytes (out, in/32*34
@@ -10,34 +11,37 @@ projection, RoPE and the cache write after q|k|v. Weights dense (fp32, bf16) or 
       out (M, N) = act(norm(x) @ w.T + bias) [+ residual]; with ``merge`` (the attention's split
       outputs and log-sum-exps) the input x is their merge, computed on the fly; act "gelu"
       (tanh approximation), "swiglu" (silu(norm(x) @ w.T) * (norm(x) @ w2.T)) or None
-  qkv(x, wq, wk, wv, norm, q_out, k_cache, v_cache, pos, rope=None)
-      q|k|v of norm(x): q into q_out (M, nh, hs), k and v written into the caches (M, n_kv,
-      T_max, hs) at row ``pos`` (a (1,) device tensor), RoPE's rotation applied to q and k
-      when ``rope`` (cos, sin (T, hs) tables) is given: channel i pairs with i + hs/2
-  embed(tokens, table, out, pos=None, positions=None)
-      out (M, C) = table[tokens] (+ positions[pos]): the table's rows dense or in blocks
 
 Norm: ("layer", weight, bias, eps) or ("rms", weight, eps). Each program computes its rows'
 statistics over the whole input (a few KiB, from cache) and normalises tiles as it loads them,
 in fp32; every product accumulates in fp32 and stores in ``out``'s dtype. A program covers
-``BLOCK_N`` outputs (``BLOCK_P`` rotating pairs for q|k|v) of ``BLOCK_M`` rows; rows and
-columns are masked at every edge. Why folded: at batch 1 a GPU step is bound by the count of
-kernels (first light on an H200: 150-210 launches, 2-5 ms, against a 0.11 ms read of gpt2's
-weights), so a block is five kernels here: q|k|v, attention, output projection, MLP up, down.
+``BN`` outputs of up to ``MAX_BM`` rows (the batch's rows share each weight tile), ``BK``
+inputs a tile; rows and columns are masked at every edge. ``blocks(M, N, K)`` picks them from
+the shape alone (one compile per kind of product, nothing timed at first use): enough programs
+to fill the GPU (``MIN_PROGRAMS``), tiles long enough for few loop trips, within ``TILE``
+elements in registers. Why folded: at batch 1 a GPU
+step is bound by the count of kernels (first light on an H200: 150-210 launches, 2-5 ms,
+against a 0.11 ms read of gpt2's weights), so a block is five kernels here: q|k|v, attention,
+output projection, MLP up, down.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-BLOCK_N = 32  # outputs per program (a product of a few hundred columns still fills the GPU)
-BLOCK_P = 16  # rotating pairs per program in q|k|v (32 outputs)
-BLOCK_K = 128  # inputs per tile
-BLOCK_K_MERGE = 64  # inputs per tile when the input is merged from the attention's splits
+MAX_BM = 4  # batch rows a program multiplies at once
+TILE = 8192  # the most elements of a (rows, outputs, inputs[, splits]) tile in registers
+# Two programs per SM of an H200 (132): enough loads in flight to stream the weights. Triton's
+# CPU interpreter runs programs one after another, so there the widest tiles (the fewest
+# programs) keep the tests quick; the tests pick ragged tiles themselves (``tiles=``).
+MIN_PROGRAMS = 1 if os.environ.get("TRITON_INTERPRET") == "1" else 264
+MAX_BN = 16  # outputs per program at the most (a wide product has programs enough)
+MAX_BK = 1024  # inputs per tile at the most
 QK = 32  # weights per GGUF block
 FMTS = {"dense": 0, "Q8_0": 1, "Q4_1": 2}
 BLOCK_BYTES = {"Q8_0": 34, "Q4_1": 20}
@@ -205,78 +209,17 @@ def _linear_kernel(x_ptr, w_ptr, w2_ptr, b_ptr, out_ptr, res_ptr, nw_ptr, nb_ptr
              mask=omask)
 
 
-@triton.jit
-def _qkv_kernel(x_ptr, wq_ptr, wk_ptr, wv_ptr, bq_ptr, bk_ptr, bv_ptr, nw_ptr, nb_ptr,
-                q_ptr, kc_ptr, vc_ptr, pos_ptr, cos_ptr, sin_ptr,
-                M, K, sx, sw, sq_m, sq_h, sc_m, sc_h, sc_t, eps,
-                NQ: tl.constexpr, NKV: tl.constexpr, HS: tl.constexpr, FMT: tl.constexpr,
-                NORM: tl.constexpr, HAS_BIAS: tl.constexpr, ROPE: tl.constexpr,
-                BM: tl.constexpr, BP: tl.constexpr, BK: tl.constexpr):
-    HALF: tl.constexpr = HS // 2
-    p = tl.program_id(0) * BP + tl.arange(0, BP)  # pair index over q's, k's and v's heads
-    m = tl.program_id(1) * BM + tl.arange(0, BM)
-    pmask = p < (NQ + 2 * NKV) * HALF
-    mmask = m < M
-    head = p // HALF  # 0..NQ-1 q, NQ..NQ+NKV-1 k, then v
-    d = p % HALF
-    is_q = head < NQ
-    is_k = (head >= NQ) & (head < NQ + NKV)
-    local = tl.where(is_q, head, tl.where(is_k, head - NQ, head - NQ - NKV))
-    row1 = (local * HS + d).to(tl.int64)  # channel d and its partner d + HS / 2
-    base = tl.where(is_q, wq_ptr, tl.where(is_k, wk_ptr, wv_ptr))
-    rows1 = base + row1 * sw
-    rows2 = base + (row1 + HALF) * sw
-    mean = tl.zeros([BM], tl.float32)
-    rstd = tl.zeros([BM], tl.float32)
-    if NORM != 0:
-        mean, rstd = _row_stats(x_ptr, m, mmask, K, sx, eps, NORM, BM, BK)
-    acc1 = tl.zeros([BM, BP], tl.float32)
-    acc2 = tl.zeros([BM, BP], tl.float32)
-    for k0 in range(0, K, BK):
-        k = k0 + tl.arange(0, BK)
-        kmask = k < K
-        x = _input_tile(x_ptr, m, mmask, k, kmask, sx, mean, rstd, nw_ptr, nb_ptr, NORM)
-        wmask = pmask[:, None] & kmask[None, :]
-        acc1 += tl.sum(x[:, None, :] * _load_w(rows1, k, wmask, FMT)[None, :, :], axis=2)
-        acc2 += tl.sum(x[:, None, :] * _load_w(rows2, k, wmask, FMT)[None, :, :], axis=2)
-    if HAS_BIAS:
-        bias = tl.where(is_q, bq_ptr, tl.where(is_k, bk_ptr, bv_ptr))
-        acc1 += tl.load(bias + row1, mask=pmask, other=0.0).to(tl.float32)[None, :]
-        acc2 += tl.load(bias + row1 + HALF, mask=pmask, other=0.0).to(tl.float32)[None, :]
-    pos = tl.load(pos_ptr)
-    if ROPE:  # q and k turn by their position's angles; cos/sin rows hold each angle twice
-        c = tl.load(cos_ptr + pos * HS + d, mask=pmask, other=1.0).to(tl.float32)[None, :]
-        s = tl.load(sin_ptr + pos * HS + d, mask=pmask, other=0.0).to(tl.float32)[None, :]
-        turn = (is_q | is_k)[None, :]
-        r1 = tl.where(turn, acc1 * c - acc2 * s, acc1)
-        acc2 = tl.where(turn, acc2 * c + acc1 * s, acc2)
-        acc1 = r1
-    omask = mmask[:, None] & pmask[None, :]
-    qa = q_ptr + m[:, None] * sq_m + (local * sq_h + d)[None, :]
-    qmask = omask & is_q[None, :]
-    tl.store(qa, acc1.to(q_ptr.dtype.element_ty), mask=qmask)
-    tl.store(qa + HALF, acc2.to(q_ptr.dtype.element_ty), mask=qmask)
-    ca = m[:, None] * sc_m + (local * sc_h + pos * sc_t + d)[None, :]
-    kmask = omask & is_k[None, :]
-    tl.store(kc_ptr + ca, acc1.to(kc_ptr.dtype.element_ty), mask=kmask)
-    tl.store(kc_ptr + ca + HALF, acc2.to(kc_ptr.dtype.element_ty), mask=kmask)
-    vmask = omask & (~is_q & ~is_k)[None, :]
-    tl.store(vc_ptr + ca, acc1.to(vc_ptr.dtype.element_ty), mask=vmask)
-    tl.store(vc_ptr + ca + HALF, acc2.to(vc_ptr.dtype.element_ty), mask=vmask)
-
-
-@triton.jit
-def _embed_kernel(tok_ptr, table_ptr, pe_ptr, pos_ptr, out_ptr, C, st, spe, so,
-                  FMT: tl.constexpr, HAS_POS: tl.constexpr, BC: tl.constexpr):
-    m = tl.program_id(0)
-    c = tl.program_id(1) * BC + tl.arange(0, BC)
-    cmask = c < C
-    tok = tl.load(tok_ptr + m).to(tl.int64)
-    row = tl.full([1], 0, tl.int64) + tok * st
-    x = tl.sum(_load_w(table_ptr + row, c, cmask[None, :], FMT), axis=0)  # (BC,)
-    if HAS_POS:
-        x += tl.load(pe_ptr + tl.load(pos_ptr) * spe + c, mask=cmask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + m * so + c, x.to(out_ptr.dtype.element_ty), mask=cmask)
+def blocks(m: int, n: int, k: int, spread: int = 1) -> tuple[int, int, int]:
+    """(rows, outputs, inputs) a program covers for an (m, k) @ (k, n) product: the batch's
+    rows up to ``MAX_BM``; as many outputs as leave ``MIN_PROGRAMS`` programs (at most
+    ``MAX_BN``); inputs up to the whole width within ``TILE`` (a tile merged from ``spread``
+    attention splits holds each input that many times)."""
+    bm = min(MAX_BM, triton.next_power_of_2(m))
+    bn = MAX_BN
+    while bn > 1 and triton.cdiv(n, bn) < MIN_PROGRAMS:
+        bn //= 2
+    bk = min(MAX_BK, triton.next_power_of_2(k), max(16, TILE // (bm * max(bn, spread))))
+    return bm, bn, bk
 
 
 def _row_stride(w: Weight) -> int:
@@ -292,18 +235,15 @@ def _check(w: Weight, x_width: int) -> None:
         raise ValueError("weights need contiguous rows (blocks: a width that is a multiple of 32)")
 
 
-def _rows_m(m: int) -> int:
-    """Rows per program: the whole batch up to 4 (its rows share each weight tile), else 4."""
-    return min(4, triton.next_power_of_2(m))
-
-
 def linear(x: torch.Tensor | None, w: Weight, out: torch.Tensor, *,
            norm: tuple | None = None, act: str | None = None,
            residual: torch.Tensor | None = None, w2: Weight | None = None,
-           merge: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+           merge: tuple[torch.Tensor, torch.Tensor] | None = None,
+           tiles: tuple[int, int, int] | None = None) -> torch.Tensor:
     """out (M, N) = act(norm(x) @ w.T + bias) [+ residual] (see the module docstring); with
     ``merge`` = (partial outputs (M, nh, splits, hs), log-sum-exps (M, nh, splits)) the input is
-    their merge and ``x`` is None. ``residual`` may be ``out`` itself (added in place)."""
+    their merge and ``x`` is None. ``residual`` may be ``out`` itself (added in place).
+    ``tiles`` (rows, outputs, inputs a program) replaces ``blocks``' pick: tests, benchmarks."""
     M, N = out.shape
     if merge is not None:
         part, lse = merge
@@ -321,9 +261,9 @@ def linear(x: torch.Tensor | None, w: Weight, out: torch.Tensor, *,
     nw = norm[1] if norm else out
     nb = norm[2] if norm and kind == 1 else out
     eps = float(norm[-1]) if norm else 0.0
-    bm = _rows_m(M)
-    grid = (triton.cdiv(N, BLOCK_N), triton.cdiv(M, bm))
-    _linear_kernel[grid](
+    bm, bn, bk = tiles or blocks(M, N, K,
+                                 triton.next_power_of_2(n_splits) if merge is not None else 1)
+    _linear_kernel[(triton.cdiv(N, bn), triton.cdiv(M, bm))](
         x_arg, w.data, (w2 or w).data, w.bias if w.bias is not None else out, out,
         residual if residual is not None else out, nw, nb, part, lse,
         M, N, K, sx, _row_stride(w), out.stride(0),
@@ -332,53 +272,5 @@ def linear(x: torch.Tensor | None, w: Weight, out: torch.Tensor, *,
         lse.stride(0), lse.stride(1),
         FMT=FMTS[w.fmt], NORM=kind, MERGE=merge is not None, HS=hs,
         NS_P=triton.next_power_of_2(n_splits), ACT=ACTS[act], HAS_BIAS=w.bias is not None,
-        RESIDUAL=residual is not None, BM=bm, BN=BLOCK_N,
-        BK=BLOCK_K_MERGE if merge is not None else BLOCK_K)
-    return out
-
-
-def qkv(x: torch.Tensor, wq: Weight, wk: Weight, wv: Weight, norm: tuple | None,
-        q_out: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
-    """q|k|v of norm(x) (see the module docstring): q_out (M, nh, hs); k_cache, v_cache (M,
-    n_kv, T_max, hs), written at row ``pos`` ((1,) long, on the device)."""
-    M, K = x.shape
-    nq, hs = q_out.size(1), q_out.size(2)
-    nkv = k_cache.size(1)
-    for w, rows in ((wq, nq * hs), (wk, nkv * hs), (wv, nkv * hs)):
-        _check(w, K)
-        if w.out != rows or w.fmt != wq.fmt or _row_stride(w) != _row_stride(wq):
-            raise ValueError(f"q, k, v weights must be ({nq * hs}, {K}), ({nkv * hs}, {K}) "
-                             f"twice, in one format; got {w.out} rows of {w.fmt}")
-    if hs % 2 or k_cache.stride() != v_cache.stride() or q_out.stride(2) != 1 \
-            or k_cache.stride(3) != 1:
-        raise ValueError("head size must be even, the caches alike, channels contiguous")
-    kind = NORMS[norm[0] if norm else None]
-    nw = norm[1] if norm else x
-    nb = norm[2] if norm and kind == 1 else x
-    has_bias = wq.bias is not None
-    cos, sin = rope if rope is not None else (x, x)
-    bm = _rows_m(M)
-    pairs = (nq + 2 * nkv) * hs // 2
-    _qkv_kernel[(triton.cdiv(pairs, BLOCK_P), triton.cdiv(M, bm))](
-        x, wq.data, wk.data, wv.data, wq.bias if has_bias else x, wk.bias if has_bias else x,
-        wv.bias if has_bias else x, nw, nb, q_out, k_cache, v_cache, pos, cos, sin,
-        M, K, x.stride(0), _row_stride(wq), q_out.stride(0), q_out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        float(norm[-1]) if norm else 0.0,
-        NQ=nq, NKV=nkv, HS=hs, FMT=FMTS[wq.fmt], NORM=kind, HAS_BIAS=has_bias,
-        ROPE=rope is not None, BM=bm, BP=BLOCK_P, BK=BLOCK_K)
-
-
-def embed(tokens: torch.Tensor, table: Weight, out: torch.Tensor,
-          positions: torch.Tensor | None = None, pos: torch.Tensor | None = None) -> torch.Tensor:
-    """out (M, C) = table's rows ``tokens`` (M,) (+ ``positions[pos]``, GPT-2's learned
-    positions, ``pos`` a (1,) device tensor)."""
-    M, C = out.shape
-    _check(table, C)
-    _embed_kernel[(M, triton.cdiv(C, BLOCK_K))](
-        tokens, table.data, positions if positions is not None else out,
-        pos if pos is not None else tokens, out, C, _row_stride(table),
-        positions.stride(0) if positions is not None else 0, out.stride(0),
-        FMT=FMTS[table.fmt], HAS_POS=positions is not None, BC=BLOCK_K)
+        RESIDUAL=residual is not None, BM=bm, BN=bn, BK=bk)
     return out
