@@ -112,7 +112,8 @@ def test_stages_runs_a_subset_in_table_order(tmp_path: Path, monkeypatch: pytest
     assert ran == ["hardware", "memory"]
     assert all(s["why"] == "not selected (--stages)" for s in got["stages"]
                if s["name"] not in ran)
-    assert sorted(r["kind"] for r in load_runs(tmp_path).runs) == ["hardware", "memory"]
+    assert sorted(r["kind"] for r in load_runs(tmp_path).runs) == ["device_check", "hardware",
+                                                                   "memory"]
     assert {"torch", "triton", "transformers"} <= set(got["versions"])
     assert got["device"] == "cpu" and got["total_s"] >= 0
 
