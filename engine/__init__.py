@@ -16,14 +16,14 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "GPTConfig": "config", "LlamaConfig": "config",
+    "GPTConfig": "models.config", "LlamaConfig": "models.config",
     "Decoder": "decoders", "make_decoder": "decoders",
     "Generation": "loop", "Step": "loop", "decode": "loop", "generate": "loop",
-    "ConcatKVCache": "kv_cache", "PreallocKVCache": "kv_cache", "make_cache": "kv_cache",
-    "make_attention": "attention",
-    "GPT": "model",
-    "ModelState": "state", "Provenance": "state",
-    "WeightsError": "weights", "load": "families",
+    "ConcatKVCache": "cache", "PreallocKVCache": "cache", "make_cache": "cache",
+    "make_attention": "models.attention",
+    "GPT": "models.gpt2.model",
+    "ModelState": "models.state", "Provenance": "models.state",
+    "WeightsError": "models.gpt2.weights", "load": "families",
 }
 __all__ = sorted(_EXPORTS)
 

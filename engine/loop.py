@@ -28,7 +28,7 @@ from typing import Protocol
 import torch
 
 from .decoders import Decoder, make_decoder
-from .model import GPT
+from .models.gpt2.model import GPT
 
 
 class StepTimer(Protocol):

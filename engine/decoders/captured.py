@@ -2,8 +2,8 @@
 
 Contract: ``CudaGraphDecoder`` is a ``Decoder`` (``prefill(idx) -> (B, vocab)``, ``step(token) ->
 (B, vocab)``) that gives mode 1's greedy tokens in fp32; ``decoder.compile_s`` is the capture,
-never inside a timed step. It runs ``engine.step.decode_step`` over the model's own modules
-(``graph_step``) with a position
+never inside a timed step. It runs ``engine.models.gpt2.step.decode_step`` over the model's own
+modules (``graph_step``) with a position
 that is a tensor: ``attend_static`` writes the new K/V row into the preallocated buffers with
 ``index_copy_`` and attends over the whole capacity under a mask computed from the position, so
 every shape is fixed whatever the position. Where Triton compiles for the GPU, the attention is
@@ -20,11 +20,12 @@ from typing import Any
 
 import torch
 
+from ..cache import make_cache
 from ..kernels.gpu import triton_usable
-from ..kv_cache import make_cache
-from ..model import GPT
-from ..state import ModelState
-from ..step import attend_static, decode_step, model_weights
+from ..models.attention import attend_static
+from ..models.gpt2.model import GPT
+from ..models.gpt2.step import decode_step, model_weights
+from ..models.state import ModelState
 from .eager import Decoder
 
 

@@ -8,8 +8,8 @@ Uncached modes keep the whole sequence and re-run it every step; cached modes ke
 This base class is modes 1-5, 10 and 11 (eager PyTorch through the model's ``forward`` -- any
 family's: GPT-2's or the Llama family's -- with a cache kind, a causal-mask variant and a logits
 choice); the other ways of stepping subclass it (``engine.decoders``). ``model`` is a model of
-``engine.families`` or its ``engine.state.ModelState``: what a decoder builds on the model (mask
-buffers, packed copies, compiled steps) is kept there, shared by every decoder of that model
+``engine.families`` or its ``engine.models.state.ModelState``: what a decoder builds on the model
+(mask buffers, packed copies, compiled steps) is kept there, shared by every decoder of that model
 (``decoder.state``).
 
 Decoders whose steps go through ``GPT.forward`` (``appends = True``: modes 1-5, 10, 11) also
@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import torch
 
-from ..kv_cache import make_cache
-from ..model import GPT
-from ..state import ModelState
+from ..cache import make_cache
+from ..models.gpt2.model import GPT
+from ..models.state import ModelState
 
 
 class Decoder:
@@ -52,7 +52,7 @@ class Decoder:
         self.capacity = capacity or self.model.config.block_size
         self.cache_kind = cache_kind
         self.mask = mask  # None: the model's own variant (its config's)
-        self.attention = self.state.attention(mask)  # engine.attention, buffers shared
+        self.attention = self.state.attention(mask)  # engine.models.attention, buffers shared
         self.logits = logits
         self.cache = None
         self.seq: torch.Tensor | None = None

@@ -11,7 +11,7 @@ CUDA graph. Five kernels a block, for both families:
 plus the embedding (and GPT-2's learned position) and the final norm with the output projection:
 62 kernels for gpt2's 12 blocks, 152 for SmolLM2's 30, against 150-210 launches of an eager step
 (first light on an H200). Weights as the model stores them (fp32 or bf16 rows), or GGUF Q8_0 /
-Q4_1 blocks read as stored (``storage``: the view of ``engine.quant_blocks``, the same blocks
+Q4_1 blocks read as stored (``storage``: the view of ``engine.quant.blocks``, the same blocks
 rungs 14-15 multiply on a CPU), dequantized in registers.
 
 ``TritonDecoder(model, batch_size=1, capacity=None, storage=None, capture=None)`` is a
@@ -29,10 +29,10 @@ from typing import Any
 
 import torch
 
-from .. import quant_blocks
-from ..kv_cache import make_cache
-from ..llama import Llama
-from ..state import ModelState
+from ..cache import make_cache
+from ..models.llama.model import Llama
+from ..models.state import ModelState
+from ..quant import blocks as quant_blocks
 from .captured import capture_and_upload
 from .eager import Decoder
 
@@ -66,7 +66,7 @@ class TritonStep:
         self.logits = torch.zeros(B, self.head.out, dtype=dtype, device=dev)
         self.llama = isinstance(model, Llama)
         if self.llama:
-            from ..step_llama import rope_table
+            from ..models.llama.step import rope_table
 
             inner = model.model
             self.table = self.head if cfg.tied else Weight.of(inner.embed_tokens)

@@ -32,9 +32,9 @@ from collections.abc import Iterator
 import torch
 import torch.nn as nn
 
-from engine.attention import Attention
-from engine.kv_cache import ConcatKVCache, KVCache
-from engine.model import GPT, CausalSelfAttention
+from engine.cache import ConcatKVCache, KVCache
+from engine.models.attention import Attention
+from engine.models.gpt2.model import GPT, CausalSelfAttention
 from instruments.checks import BUG_KINDS, bugs_for
 
 

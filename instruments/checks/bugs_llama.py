@@ -1,8 +1,8 @@
 """The silent bugs of a Llama-family KV cache, switched on for the checks to catch: the write-up's
 three as they look in a model with rotary positions, and two of its own (RoPE and GQA).
 
-Each is a subclass of an ``engine.llama`` module overriding ``forward`` only, swapped into a
-``instruments.checks.bugs.private_view`` of the model (``modules(model, kind)`` says which
+Each is a subclass of an ``engine.models.llama.model`` module overriding ``forward`` only, swapped
+into a ``instruments.checks.bugs.private_view`` of the model (``modules(model, kind)`` says which
 modules take which broken class; ``instruments.checks.bugs.inject_bug`` does the swap):
 
   positions    ``Llama``: every call rotates its tokens as positions 0, 1, ... whatever was
@@ -21,9 +21,9 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from engine.attention import Attention
-from engine.kv_cache import ConcatKVCache, KVCache
-from engine.llama import Llama, LlamaAttention, apply_rope, rope_angles
+from engine.cache import ConcatKVCache, KVCache
+from engine.models.attention import Attention
+from engine.models.llama.model import Llama, LlamaAttention, apply_rope, rope_angles
 
 
 class RestartedRope(Llama):

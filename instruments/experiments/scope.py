@@ -20,7 +20,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from engine.config import GPTConfig, ModelConfig
+from engine.models.config import GPTConfig, ModelConfig
 from instruments import lineup
 from instruments.costmodel import costs
 from instruments.experiments.inputs import (
@@ -35,7 +35,7 @@ from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, no_grad, reco
 
 if TYPE_CHECKING:
 
-    from engine.model import GPT
+    from engine.models.gpt2.model import GPT
 
 BATCH_POINTS = (1, 2, 4, 8, 16, 32)  # the batch sizes a batch scope sweep grows through
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from engine.config import GPTConfig
+from engine.models.config import GPTConfig
 from instruments import lineup
 from instruments.costmodel import costs
 from instruments.costmodel.predict import predictable
@@ -303,7 +303,7 @@ def speculate(check: Check) -> None:  # one forward appending k tokens; prompt-l
         new_tokens=12 if check.args.tiny else 32, repeats=2))
     for line in exp.summary(run):
         print("  " + line)
-    from engine.quant import kernel  # noqa: PLC0415 (late: a kernel that failed shows here)
+    from engine.quant.weight_only import kernel  # noqa: PLC0415 late: a kernel that failed shows here,
 
     print(f"  int8_weights ran {kernel('int8', torch.device(check.args.device).type)}")
 
@@ -324,7 +324,7 @@ def sdpa_backends(check: Check) -> None:
     with cuDNN's allowed too (first light: mode 8 at 74-76 ms a step)."""
     from torch.nn.attention import SDPBackend
 
-    import engine.attention as attention
+    import engine.models.attention as attention
     from engine.loop import decode, random_prompt
     from instruments.lineup import make_decoder
     from instruments.measure.timing import StepClock

@@ -4,7 +4,7 @@ per machine (``gemv.cpp``, ``attend.cpp``, ``layers.cpp``, ``blocks.cpp``, ``pro
 ``simd.h`` and ``ops.h``, compiled with ``-O3 -march=native`` for the CPU at hand).
 
   build()        compile it now (about 30-60 s on 2 cores; ``make`` does it while installing,
-                 ``python -m engine.kernels build`` by hand); returns (ok, why not)
+                 ``python -m engine.kernels.cpu build`` by hand); returns (ok, why not)
   available()    (True, "") once it is built and loaded, else (False, why): never compiles
   isa()          the instruction set the loaded library was compiled for: "avx512-vnni",
                  "avx512", "avx-vnni", "avx2" or "scalar" (None when none is loaded).
@@ -41,7 +41,7 @@ per machine (``gemv.cpp``, ``attend.cpp``, ``layers.cpp``, ``blocks.cpp``, ``pro
   decode_layers(x, ...) -> logits
                  a whole GPT-2 decode step after the embedding -- every block, ln_f, the output
                  projection -- in one call over the kernels above and ATen (``layers.cpp``;
-                 ``engine.step.fused_step`` is its one caller).
+                 ``engine.models.gpt2.step.fused_step`` is its one caller).
   decode_layers_llama(x, ...) -> logits
                  the same for a Llama-family model (RMSNorm, RoPE, grouped-query attention,
                  SwiGLU; ``layers.cpp``)
@@ -60,8 +60,12 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    import torch
 
 SOURCES = [Path(__file__).with_name(n)
            for n in ("gemv.cpp", "attend.cpp", "layers.cpp", "blocks.cpp", "probe.cpp")]
@@ -71,8 +75,8 @@ CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 # KVLAB_KERNEL_ISA -> the flags after -march=native that take the newer instruction sets away
 ISAS = {"native": [], "avx2": ["-mno-avx512f", "-mno-avxvnni"], "avx-vnni": ["-mno-avx512f"],
         "scalar": ["-mno-avx"]}
-_state: dict[str, Any] = {"loaded": False, "why": "not built yet: run `python -m engine.kernels "
-                          "build` (make does it while installing)"}
+_state: dict[str, Any] = {"loaded": False, "why": "not built yet: run `python -m "
+                          "engine.kernels.cpu build` (make does it while installing)"}
 
 
 def _isa_wanted() -> str:
@@ -272,15 +276,34 @@ def attend(q: Any, k: Any, v: Any, k_buf: Any, v_buf: Any, pos: int) -> Any:
 def decode_layers(x: Any, ln_w: Any, ln_b: Any, w: Any, scale: Any, bias: Any, kind: Any,
                   out: Any, k_buf: Any, v_buf: Any, pos: int, n_head: int, eps: float) -> Any:
     """``torch.ops.kvlab.decode_layers``: every block and the output projection of one decode
-    step in one call (``layers.cpp``; ``engine.step.fused_step`` builds its arguments)."""
+    step in one call (``layers.cpp``; ``engine.models.gpt2.step.fused_step`` builds its
+    arguments)."""
     import torch
 
     return torch.ops.kvlab.decode_layers(x, ln_w, ln_b, w, scale, bias, kind, out, k_buf, v_buf,
                                          pos, n_head, eps)
 
 
-# decode_layers' ``kind`` for the GGUF block products (engine.step's constants stop at 4)
+# How layers.cpp multiplies by one matrix (decode_layers' ``kind``): the C++ kernel over
+# [out, in] rows (fp32, bf16 or int8 with a scale), over an interleaved copy, addmm over an
+# [in, out] copy, baddbmm over chunked copies, F.linear over [out, in]; then GGUF Q8_0 / Q4_1
+# blocks, the integer or the exact way (engine.quant.blocks uses them).
+KERNEL, INTERLEAVED, PACKED, CHUNKED, LINEAR = range(5)
 Q8_0, Q4_1, Q8_0_EXACT, Q4_1_EXACT = 5, 6, 7, 8
+
+
+class Product(NamedTuple):
+    """One matrix product as the fused step takes it (see layers.cpp)."""
+
+    kind: int
+    weight: torch.Tensor
+    scale: torch.Tensor | None
+    bias: torch.Tensor | None
+    out: int  # the product's width (chunked and interleaved copies are padded)
+
+
+# A whole decode step after the embedding in one call: fn(token, pos, k_buf, v_buf) -> logits
+Fused = Callable[["torch.Tensor", int, "torch.Tensor", "torch.Tensor"], "torch.Tensor"]
 
 
 def decode_layers_llama(x: Any, norm_w: Any, w: Any, scale: Any, bias: Any, kind: Any, out: Any,
@@ -303,7 +326,7 @@ def decode_layers_llama(x: Any, norm_w: Any, w: Any, scale: Any, bias: Any, kind
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args[:1] != ["build"]:
-        print("usage: python -m engine.kernels build", file=sys.stderr)
+        print("usage: python -m engine.kernels.cpu build", file=sys.stderr)
         return 2
     ok, why = build(verbose="-v" in args)
     print("kernel built and loaded" if ok else f"kernel not built: {why}")

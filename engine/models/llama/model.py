@@ -1,6 +1,6 @@
 """The Llama family (SmolLM2), written from scratch, with a KV cache passed through ``forward``.
 
-The same surface as ``engine.model.GPT``, so every eager decoder runs it unchanged:
+The same surface as ``engine.models.gpt2.model.GPT``, so every eager decoder runs it unchanged:
 ``logits, cache = model(idx)`` prefills; ``logits, cache = model(idx_new, cache)`` appends any
 number of tokens. What differs from GPT-2:
 
@@ -13,14 +13,14 @@ number of tokens. What differs from GPT-2:
                way the new keys are written at ``cache.length``; the caller keeps the two
                consistent. Channels i and i + hs/2 of a head form one rotating pair (the
                "rotate_half" / NEOX layout of ``transformers``; llama.cpp's GGUF files store
-               q/k rows interleaved, and ``engine.llama_weights`` un-permutes them on load)
+               q/k rows interleaved, and ``engine.models.llama.weights`` un-permutes them on load)
   SwiGLU MLP   down(silu(gate(x)) * up(x)), width ``n_hidden``
   GQA          ``n_head`` query heads share ``n_kv_head`` K/V heads; the cache holds the K/V
                heads only, never repeated copies. Query head h reads K/V head h // groups
                (groups = n_head / n_kv_head): the fused attention passes ``enable_gqa=True`` to
                scaled_dot_product_attention, the explicit one views q as
                (B, n_kv_head, groups, T, hs) against k (B, n_kv_head, 1, S, hs)
-               (``engine.attention``)
+               (``engine.models.attention``)
   tied output  ``lm_head`` shares the embedding's weight when ``cfg.tied`` (SmolLM2 does)
 
 Parameter names are ``transformers``' ``LlamaForCausalLM``'s (model.embed_tokens,
@@ -38,10 +38,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention import FUSED, Attention
-from .config import LlamaConfig
-from .kv_cache import ConcatKVCache, KVCache
-from .model import _embedding, materialise
+from ...cache import ConcatKVCache, KVCache
+from ..attention import FUSED, Attention
+from ..config import LlamaConfig
+from ..gpt2.model import _embedding, materialise
 
 
 class RMSNorm(nn.Module):
@@ -197,7 +197,8 @@ class Llama(nn.Module):
         and values are appended at ``cache.length`` either way.
         ``use_cache=False`` with no cache runs a plain forward and returns ``None`` for the cache.
         ``logits="last"`` applies the output projection to the last position only.
-        ``attention`` is the causal-mask variant (``engine.attention``; default: fused, no mask).
+        ``attention`` is the causal-mask variant (``engine.models.attention``; default: fused, no
+        mask).
         """
         if idx.dim() != 2:
             raise ValueError(f"idx must be a (batch, tokens) tensor, got shape {tuple(idx.shape)}")

@@ -2,8 +2,9 @@
 
   state = ModelState(model, Provenance("pretrained (gpt2)"))
   state.provenance            where the weights came from (a label, and why "auto" fell back)
-  state.attention(kind)       the causal-mask variant ``kind`` (``engine.attention``), built once
-                              and shared by every decoder of the model; ``mask_nbytes()``
+  state.attention(kind)       the causal-mask variant ``kind`` (``engine.models.attention``),
+                              built once and shared by every decoder of the model;
+                              ``mask_nbytes()``
   state.cached(key, build)    anything else built once per model: mode 8's packed weight copies
                               (``engine.decoders.fast``), modes 7/9's compiled steps
                               (``engine.decoders.compiled``)
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .attention import Attention, make_attention
-from .model import GPT
+from .gpt2.model import GPT
 
 T = TypeVar("T")
 

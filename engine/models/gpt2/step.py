@@ -1,5 +1,5 @@
 """GPT-2's decode step (modes 6-9, 12-15 on GPT-2), written once: one new token per sequence
-through every layer. The Llama family's is ``engine.step_llama`` (modes 8, 12-15 on a Llama):
+through every layer. The Llama family's is ``engine.models.llama.step`` (modes 8, 12-15 on a Llama):
 the same ``attend_filled`` cache and ``Product`` kinds, its own blocks.
 
   decode_step(weights, token, pos, attend) -> logits (B, vocab)
@@ -37,19 +37,18 @@ computed from the same keys (``tests/test_fast.py`` holds every mode to mode 1's
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from . import kernels
-from .attention import sdpa
+from ...kernels import cpu as kernels
+from ...kernels.cpu import Fused, Product
+from ..attention import Attend, kernel_attends
 from .model import GPT
 
 Fn = Callable[[torch.Tensor], torch.Tensor]
-Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class StepWeights(NamedTuple):
@@ -92,26 +91,6 @@ def layer_norm_call(ln: torch.nn.LayerNorm) -> functools.partial[torch.Tensor]:
                              weight=ln.weight.detach(), bias=ln.bias.detach(), eps=ln.eps)
 
 
-# How layers.cpp multiplies by one matrix: the C++ kernel over [out, in] rows (fp32, bf16 or int8
-# with a scale), over an interleaved copy, addmm over an [in, out] copy, baddbmm over chunked
-# copies, F.linear over [out, in]; kinds 5-8 (GGUF Q8_0 / Q4_1 blocks, integer or exact way)
-# are engine.kernels' Q8_0, Q4_1, Q8_0_EXACT, Q4_1_EXACT (engine.quant_blocks uses them).
-KERNEL, INTERLEAVED, PACKED, CHUNKED, LINEAR = range(5)
-
-
-class Product(NamedTuple):
-    """One matrix product as the fused step takes it (see layers.cpp)."""
-
-    kind: int
-    weight: torch.Tensor
-    scale: torch.Tensor | None
-    bias: torch.Tensor | None
-    out: int  # the product's width (chunked and interleaved copies are padded)
-
-
-Fused = Callable[[torch.Tensor, int, torch.Tensor, torch.Tensor], torch.Tensor]
-
-
 def fused_step(w: StepWeights) -> Fused | None:
     """``decode_step`` with ``attend_filled`` as one call into the C++ kernels (module
     docstring), or None where it does not apply: off a CPU or fp32, kernel not built, or a part
@@ -139,89 +118,3 @@ def fused_step(w: StepWeights) -> Fused | None:
         return kernels.decode_layers(x, ln_w, ln_b, *args, k_buf, v_buf, pos, n_head, eps)
 
     return step
-
-
-def kernel_attends(device: torch.device, dtype: torch.dtype) -> bool:
-    """Does ``engine.kernels``' attention (cache write + one query's attention in one call) take
-    a cache of this device and dtype: fp32 on a CPU, the kernel built (``KVLAB_NO_KERNEL``
-    unset)? It records no gradient: ``attend_filled`` uses it only under ``no_grad``."""
-    return device.type == "cpu" and dtype == torch.float32 and kernels.available()[0]
-
-
-def attend_filled(k_buf: torch.Tensor, v_buf: torch.Tensor, pos: int) -> Attend:
-    """Write the new K/V row at ``pos`` of the (L, B, n_kv, T_max, hs) buffers (n_kv = nh for
-    GPT-2; fewer K/V heads for the Llama family's grouped-query attention), then attend over
-    rows 0..pos: one new token sees every key, itself included, so no mask. On a CPU in fp32 the
-    C++ kernel does both in one call (SDPA's flash kernel pays a set-up per call meant for many
-    queries: 1.3-1.5 ms for 12 layers at 128 tokens against 0.4 ms, measured here); elsewhere
-    SDPA over 4-D views."""
-    if kernel_attends(k_buf.device, k_buf.dtype) and not torch.is_grad_enabled():
-        def attend_kernel(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-                          ) -> torch.Tensor:
-            return kernels.attend(q, k, v, k_buf[i], v_buf[i], pos)  # (B, nh, hs)
-
-        return attend_kernel
-
-    def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        k_buf[i, :, :, pos] = k
-        v_buf[i, :, :, pos] = v
-        # SDPA's fused kernels need 4-D: (B, nh, 1, hs) against (B, n_kv, pos + 1, hs); fewer
-        # K/V heads than query heads (the Llama family's GQA): query head h reads K/V head
-        # h // (nh / n_kv). Multi-head calls pass no enable_gqa at all, as before.
-        return sdpa(q.unsqueeze(2), k_buf[i, :, :, : pos + 1], v_buf[i, :, :, : pos + 1])
-
-    return attend
-
-
-def attend_static(k_buf: torch.Tensor, v_buf: torch.Tensor, pos: torch.Tensor,
-                  triton: bool = False) -> Attend:
-    """Write the new K/V row at ``pos`` (a (1,) tensor) and attend with fixed shapes, whatever
-    the position: with ``triton``, the decode kernel (``engine.kernels.gpu.decode_attention``)
-    reads rows 0..pos only, the length taken from ``pos`` on the device; else SDPA over all
-    T_max slots, masking those after ``pos``."""
-    t_max = k_buf.size(3)
-    if triton:
-        from .kernels.gpu.decode_attention import decode_attention
-
-        lengths = (pos + 1).to(torch.int32).repeat(k_buf.size(1))  # (B,), on the device
-
-        def attend_kernel(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-                          ) -> torch.Tensor:
-            k_buf[i].index_copy_(2, pos, k.unsqueeze(2))
-            v_buf[i].index_copy_(2, pos, v.unsqueeze(2))
-            return decode_attention(q.contiguous(), k_buf[i], v_buf[i], lengths)  # (B, nh, hs)
-
-        return attend_kernel
-    allowed = (torch.arange(t_max, device=pos.device) <= pos).view(1, 1, 1, t_max)
-
-    def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        k_buf[i].index_copy_(2, pos, k.unsqueeze(2))
-        v_buf[i].index_copy_(2, pos, v.unsqueeze(2))
-        return sdpa(q.unsqueeze(2), k_buf[i], v_buf[i], attn_mask=allowed)
-
-    return attend
-
-
-def attend_read_only(k_past: torch.Tensor, v_past: torch.Tensor, pos: torch.Tensor | None,
-                     new_k: list[torch.Tensor], new_v: list[torch.Tensor]) -> Attend:
-    """Attend over the cache without writing it; the new rows are appended to ``new_k`` and
-    ``new_v`` for the caller to write. ``k_past``/``v_past`` (L, B, nh, P, hs): with ``pos``
-    None all P rows are the past; otherwise rows >= ``pos`` are masked out (static shapes).
-    Past and new key share one softmax over the concatenated scores: the same sum as attending
-    over a cache that already holds the new row."""
-    p_len = k_past.size(3)
-    scale = 1.0 / math.sqrt(k_past.size(4))
-    masked = None if pos is None else torch.arange(p_len, device=pos.device) >= pos
-
-    def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        new_k.append(k)
-        new_v.append(v)
-        q4 = q.unsqueeze(2)  # (B, nh, 1, hs)
-        s_past = (q4 @ k_past[i].transpose(-1, -2)) * scale  # (B, nh, 1, P)
-        if masked is not None:
-            s_past = s_past.masked_fill(masked, float("-inf"))
-        s_new = (q4 * k.unsqueeze(2)).sum(-1, keepdim=True) * scale  # (B, nh, 1, 1)
-        att = torch.softmax(torch.cat([s_past, s_new], dim=-1), dim=-1)
-        return att[..., :p_len] @ v_past[i] + att[..., p_len:] * v.unsqueeze(2)  # (B, nh, 1, hs)
-
-    return attend

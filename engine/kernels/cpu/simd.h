@@ -2,7 +2,7 @@
 // -- AVX-512, AVX2+FMA, chosen at compile time by -march=native -- so each kernel body is
 // written once. ``KVLAB_VECTOR`` is defined where a vector path exists; ``kLanes`` floats per
 // ``vec``. ``scalar`` reads one weight of any stored type as fp32 (the plain-loop fallback).
-// ``kIsa`` names the path compiled in (``engine.kernels.isa()``): the fp32 kernels run AVX-512
+// ``kIsa`` names the path compiled in (``engine.kernels.cpu.isa()``): the fp32 kernels run AVX-512
 // or AVX2+FMA; blocks.cpp's integer dot products use VNNI where the target has it.
 #pragma once
 

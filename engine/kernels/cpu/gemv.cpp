@@ -98,7 +98,7 @@ void run(const float* x, const W* w, const float* scale, const float* bias, floa
 
 // The same product over fp32 weights repacked so that a group of kRows rows is ONE contiguous
 // stream: wi (groups, in / kStrip, kRows, kStrip), the rows' strips of kStrip columns side by
-// side (``engine.kernels.interleave`` makes it, rows padded to a multiple of kRows with zeros).
+// side (``engine.kernels.cpu.interleave`` makes it, rows padded to a multiple of kRows with zeros).
 // Each thread then reads its range of groups front to back -- one sequential stream instead of
 // kRows streams kRows rows apart. Same sums as ``dots``: per row, kStrip columns at a time.
 constexpr int64_t kStrip = 16;
@@ -154,7 +154,7 @@ at::Tensor linear_interleaved(const at::Tensor& x, const at::Tensor& wi, int64_t
                   x.device().is_cpu(), "x must be contiguous fp32 (B, in) on the CPU");
   TORCH_CHECK(wi.dim() == 4 && wi.size(2) == kRows && wi.size(3) == kStrip &&
                   wi.scalar_type() == at::kFloat && wi.is_contiguous(),
-              "wi must be engine.kernels.interleave's (groups, in/16, 4, 16) fp32");
+              "wi must be engine.kernels.cpu.interleave's (groups, in/16, 4, 16) fp32");
   const int64_t batch = x.size(0), in = x.size(1);
   TORCH_CHECK(batch >= 1 && batch <= 8, "1 to 8 rows of x at a time");
   TORCH_CHECK(in == wi.size(1) * kStrip && out > (wi.size(0) - 1) * kRows &&

@@ -18,10 +18,10 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from . import dtypes, families
-from .config import GPTConfig
+from ... import dtypes, families
+from ..config import GPTConfig
+from ..state import ModelState, Provenance
 from .model import GPT
-from .state import ModelState, Provenance
 
 WEIGHT_CHOICES = ("auto", "pretrained", "random")
 # transformers' GPT-2 uses Conv1D, whose weight is stored [in, out]: the transpose of nn.Linear.

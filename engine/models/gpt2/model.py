@@ -7,10 +7,10 @@ ones, so one call covers prefill, single-token decode and multi-token append. Pa
 follow the GPT-2 checkpoints (wte wpe h ln_1 attn.c_attn attn.c_proj mlp.c_fc mlp.c_proj ln_f
 lm_head), with ``lm_head`` tied to ``wte``.
 
-The model holds its weights and nothing else: the caches are ``engine.kv_cache``'s, the causal
-mask variants ``engine.attention``'s (``forward(..., attention=...)``; fused attention with no
-stored mask by default), and what is built on a model -- packed copies, compiled steps, mask
-buffers, where the weights came from -- lives in ``engine.state.ModelState``.
+The model holds its weights and nothing else: the caches are ``engine.cache``'s, the causal
+mask variants ``engine.models.attention``'s (``forward(..., attention=...)``; fused attention with
+no stored mask by default), and what is built on a model -- packed copies, compiled steps, mask
+buffers, where the weights came from -- lives in ``engine.models.state.ModelState``.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention import FUSED, Attention
-from .config import GPTConfig
-from .kv_cache import ConcatKVCache, KVCache
+from ...cache import ConcatKVCache, KVCache
+from ..attention import FUSED, Attention
+from ..config import GPTConfig
 
 
 class CausalSelfAttention(nn.Module):
@@ -179,7 +179,8 @@ class GPT(nn.Module):
 
         ``use_cache=False`` with no cache runs a plain forward and returns ``None`` for the cache.
         ``logits="last"`` applies the output projection to the last position only.
-        ``attention`` is the causal-mask variant (``engine.attention``; default: fused, no mask).
+        ``attention`` is the causal-mask variant (``engine.models.attention``; default: fused, no
+        mask).
         """
         if idx.dim() != 2:
             raise ValueError(f"idx must be a (batch, tokens) tensor, got shape {tuple(idx.shape)}")

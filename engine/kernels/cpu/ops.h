@@ -12,7 +12,7 @@ namespace kvlab {
 // gemv.cpp: y (B, out) = (x (B, in) @ w.T) * scale + bias, w (out, in) fp32/bf16/int8
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& scale,
                   const std::optional<at::Tensor>& bias);
-// gemv.cpp: the fp32 product over engine.kernels.interleave's copy of w
+// gemv.cpp: the fp32 product over engine.kernels.cpu.interleave's copy of w
 at::Tensor linear_interleaved(const at::Tensor& x, const at::Tensor& wi, int64_t out,
                               const std::optional<at::Tensor>& bias);
 // attend.cpp: write one token's k, v (B, n_kv, hs) at row pos of a layer's cache (B, n_kv, T, hs),
