@@ -23,8 +23,8 @@ from engine.decoders import make_decoder
 from engine.decoders.blocks import BlockDecoder
 from engine.kernels import cpu as kernels
 from engine.loop import decode
-from engine.models.gpt2.weights import WeightsError
 from engine.models.llama.weights import INSTALL, package_gguf, param_name, unpermute_rows
+from engine.models.loader import WeightsError
 from engine.models.state import ModelState
 from engine.quant import blocks as quant_blocks
 from engine.quant.gguf import GGUFFile

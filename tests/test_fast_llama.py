@@ -33,7 +33,6 @@ from engine.decoders.fast import (
 from engine.kernels import cpu as kernels
 from engine.loop import decode
 from engine.models.attention import attend_filled
-from engine.models.gpt2.weights import WeightsError
 from engine.models.llama.model import Llama
 from engine.models.llama.step import (
     ROLES,
@@ -43,6 +42,7 @@ from engine.models.llama.step import (
     step_weights,
 )
 from engine.models.llama.weights import INSTALL, package_gguf
+from engine.models.loader import WeightsError
 from engine.models.state import ModelState
 from engine.quant import blocks as quant_blocks
 from engine.quant import weight_only as quant

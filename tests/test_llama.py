@@ -21,9 +21,9 @@ from engine import families, modes
 from engine.cache import make_cache
 from engine.decoders import make_decoder
 from engine.models.attention import make_attention
-from engine.models.gpt2.weights import WeightsError
 from engine.models.llama.model import Llama
 from engine.models.llama.weights import INSTALL, load_llama, package_gguf, to_transformers
+from engine.models.loader import WeightsError
 from engine.models.state import ModelState, weights_version
 
 pytestmark = pytest.mark.timeout(600)

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from engine.models.gpt2.weights import WeightsError
 from engine.models.llama import weights as llama_weights
 from engine.models.llama.weights import INSTALL, load_llama, package_gguf, param_name, raw_weights
+from engine.models.loader import WeightsError
 from engine.quant.gguf import GGML_TYPES, GGUFFile, dequantize_blocks
 
 pytestmark = pytest.mark.timeout(600)

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.models.gpt2.weights import WeightsError
 from engine.models.llama import tokenizer as llama_tokenizer
 from engine.models.llama.weights import INSTALL, package_gguf
+from engine.models.loader import WeightsError
 
 pytestmark = pytest.mark.timeout(600)
 

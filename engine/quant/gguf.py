@@ -12,7 +12,7 @@
 A GGUF file: the magic b"GGUF", a version (2 or 3), the tensor and key/value counts, the
 key/value pairs, the tensor table (name, dims fastest-first, ggml type, offset), then the tensor
 data, aligned (``general.alignment``, default 32). Nothing is unpickled: a file that is not
-GGUF, is truncated or holds garbage raises ``engine.models.gpt2.weights.WeightsError`` naming the
+GGUF, is truncated or holds garbage raises ``engine.models.loader.WeightsError`` naming the
 file and what is wrong with it, on open (every tensor's bytes are checked to lie inside the file).
 
 Dequantized here: F32, F16, Q8_0 (34-byte blocks: fp16 scale d, 32 int8; x = d * q) and Q4_1
@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from ..models.config import LlamaConfig
-from ..models.gpt2.weights import WeightsError
+from ..models.loader import WeightsError
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)

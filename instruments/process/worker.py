@@ -173,7 +173,7 @@ def classify(exc: BaseException) -> tuple[str, str]:
     import torch
 
     from engine.models.gpt2.tokenizer import TokenizerError
-    from engine.models.gpt2.weights import WeightsError
+    from engine.models.loader import WeightsError
 
     text = str(exc).strip()
     if isinstance(exc, torch.OutOfMemoryError) or (

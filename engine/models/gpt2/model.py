@@ -1,16 +1,11 @@
-"""GPT-2, written from scratch, with a KV cache passed through ``forward``.
+"""GPT-2, written from scratch: ``GPT``, its modules and what differs from the other families.
 
-``logits, cache = model(idx)`` runs a prefill and returns a cache holding every key/value so
-far; ``logits, cache = model(idx_new, cache)`` appends any number of new tokens to it. Positions
-start where the cache ends, and attention is told how many tokens were cached before the new
-ones, so one call covers prefill, single-token decode and multi-token append. Parameter names
-follow the GPT-2 checkpoints (wte wpe h ln_1 attn.c_attn attn.c_proj mlp.c_fc mlp.c_proj ln_f
-lm_head), with ``lm_head`` tied to ``wte``.
-
-The model holds its weights and nothing else: the caches are ``engine.cache``'s, the causal
-mask variants ``engine.models.attention``'s (``forward(..., attention=...)``; fused attention with
-no stored mask by default), and what is built on a model -- packed copies, compiled steps, mask
-buffers, where the weights came from -- lives in ``engine.models.state.ModelState``.
+Read it beside nanoGPT's ``model.py``. The construction, the forward's checks and positions,
+the loop over the blocks and the KV cache passed through ``forward`` are every family's
+(``engine.models.base.CausalLM``); here: LayerNorm, learned absolute positions added to the
+token embedding, one fused q|k|v product (every head caching its own K and V), a 4x GELU MLP,
+GPT-2's initialisation. Parameter names follow the GPT-2 checkpoints (wte wpe h ln_1
+attn.c_attn attn.c_proj mlp.c_fc mlp.c_proj ln_f lm_head), with ``lm_head`` tied to ``wte``.
 """
 
 from __future__ import annotations
@@ -21,8 +16,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ...cache import ConcatKVCache, KVCache
-from ..attention import FUSED, Attention
+from ...cache.contiguous import KVCache
+from ..attention import Attention
+from ..base import CausalLM, PreNormBlock, embedding
 from ..config import GPTConfig
 
 
@@ -59,164 +55,43 @@ class MLP(nn.Module):
         return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
 
 
-class Block(nn.Module):
+class Block(PreNormBlock):
     def __init__(self, cfg: GPTConfig) -> None:
-        super().__init__()
-        self.ln_1 = nn.LayerNorm(cfg.n_embd, eps=1e-5)
-        self.attn = CausalSelfAttention(cfg)
-        self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=1e-5)
-        self.mlp = MLP(cfg)
-
-    def forward(self, x: torch.Tensor, layer: int, cache: KVCache | None, attend: Attention,
-                offset: int) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), layer, cache, attend, offset)
-        return x + self.mlp(self.ln_2(x))
+        super().__init__(ln_1=nn.LayerNorm(cfg.n_embd, eps=1e-5), attn=CausalSelfAttention(cfg),
+                         ln_2=nn.LayerNorm(cfg.n_embd, eps=1e-5), mlp=MLP(cfg))
 
 
-def _embedding(num: int, dim: int) -> nn.Embedding:
-    """``nn.Embedding(num, dim)``; built on the meta device (``GPT.empty``) without its default
-    init: ``normal_`` on a meta tensor runs a Python decomposition that imports torch._dynamo,
-    1.7 s of every measuring process's start on a 2-core CPU, for values nobody keeps."""
-    if torch.get_default_device().type == "meta":
-        return nn.Embedding(num, dim, _weight=torch.empty(num, dim, device="meta"))
-    return nn.Embedding(num, dim)
-
-
-def materialise(model: nn.Module, device: torch.device | str, dtype: torch.dtype) -> nn.Module:
-    """``model`` (built on the meta device) with every parameter allocated on ``device``,
-    uninitialised, floating ones in ``dtype``; a parameter shared by two modules (a tied
-    embedding) stays shared. ``to_empty`` does the same through ``torch._refs``, which imports
-    sympy: 0.5 s of every measuring process's first model on a 2-core CPU."""
-    made: dict[int, nn.Parameter] = {}
-    for module in model.modules():
-        for name, p in module._parameters.items():
-            if p is not None and id(p) not in made:
-                kind = dtype if p.is_floating_point() else p.dtype
-                made[id(p)] = nn.Parameter(torch.empty(p.shape, device=device, dtype=kind),
-                                           requires_grad=p.requires_grad)
-            if p is not None:
-                module._parameters[name] = made[id(p)]
-        for name, b in module._buffers.items():
-            if b is not None:
-                kind = dtype if b.is_floating_point() else b.dtype
-                module._buffers[name] = torch.empty(b.shape, device=device, dtype=kind)
-    return model
-
-
-class GPT(nn.Module):
+class GPT(CausalLM):
     def __init__(self, cfg: GPTConfig) -> None:
-        super().__init__()
-        self.config = cfg
-        self.transformer = nn.ModuleDict(
-            dict(
-                wte=_embedding(cfg.vocab_size, cfg.n_embd),
-                wpe=_embedding(cfg.block_size, cfg.n_embd),
-                h=nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer)),
-                ln_f=nn.LayerNorm(cfg.n_embd, eps=1e-5),
-            )
-        )
+        super().__init__(cfg)
+        self.transformer = nn.ModuleDict(dict(
+            wte=embedding(cfg.vocab_size, cfg.n_embd),
+            wpe=embedding(cfg.block_size, cfg.n_embd),
+            h=nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer)),
+            ln_f=nn.LayerNorm(cfg.n_embd, eps=1e-5),
+        ))
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # tied, as in GPT-2
 
-    # -- construction --------------------------------------------------------------------------
-    @classmethod
-    def empty(cls, cfg: GPTConfig, device: torch.device | str, dtype: torch.dtype) -> GPT:
-        """Parameters allocated but not initialised (no wasted default init on big shapes)."""
-        with torch.device("meta"):
-            model = cls(cfg)
-        return materialise(model, device, dtype)  # the tie to lm_head kept
+    # -- what differs from the Llama family ---------------------------------------------------
+    def trunk(self) -> tuple[nn.ModuleList, nn.Module]:
+        return self.transformer.h, self.transformer.ln_f
 
-    @classmethod
-    def random(
-        cls,
-        cfg: GPTConfig,
-        *,
-        seed: int = 0,
-        device: torch.device | str = "cpu",
-        dtype: torch.dtype = torch.float32,
-        std: float = 0.02,
-    ) -> GPT:
-        """Seeded random weights with GPT-2's initialisation scheme and the real shapes.
+    def embed(self, idx: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, tuple[()]]:
+        """Token and learned position embeddings (B, T, C); a block takes nothing more."""
+        return self.transformer.wte(idx) + self.transformer.wpe(pos), ()
 
-        ``std`` is GPT-2's 0.02; tests raise it so that a tiny random model's predictions are
-        peaked and varied enough for a wrong cache to change the tokens.
-        """
-        model = cls.empty(cfg, device, dtype)
-        gen = torch.Generator(device=device).manual_seed(seed)
-        proj_std = std / math.sqrt(2 * cfg.n_layer)  # residual projections, as in GPT-2
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if name.endswith("c_proj.weight"):
-                    p.normal_(0.0, proj_std, generator=gen)
-                elif name.endswith(".weight") and p.dim() == 2:
-                    p.normal_(0.0, std, generator=gen)
-                elif "ln_" in name and name.endswith(".weight"):
-                    p.fill_(1.0)
-                else:
-                    p.zero_()
-            model.transformer.wpe.weight.normal_(0.0, std / 2, generator=gen)
-        return model.eval()
-
-    @property
-    def device(self) -> torch.device:
-        return self.lm_head.weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
-
-    # -- forward -------------------------------------------------------------------------------
-    def forward(
-        self,
-        idx: torch.Tensor,
-        cache: KVCache | None = None,
-        *,
-        use_cache: bool = True,
-        logits: str = "all",
-        attention: Attention | None = None,
-    ) -> tuple[torch.Tensor, KVCache | None]:
-        """Logits for the positions in ``idx`` (B, T), and the cache holding everything so far.
-
-        ``use_cache=False`` with no cache runs a plain forward and returns ``None`` for the cache.
-        ``logits="last"`` applies the output projection to the last position only.
-        ``attention`` is the causal-mask variant (``engine.models.attention``; default: fused, no
-        mask).
-        """
-        if idx.dim() != 2:
-            raise ValueError(f"idx must be a (batch, tokens) tensor, got shape {tuple(idx.shape)}")
-        B, T = idx.shape
-        past = cache.length if cache is not None else 0
-        limit = self.config.block_size
-        if T == 0:
-            raise ValueError("idx holds no tokens; pass at least one token per sequence")
-        if past + T > limit:
-            raise ValueError(
-                f"context of {past + T} tokens ({past} cached + {T} new) is beyond the model's "
-                f"limit of {limit}; allowed: at most {limit} tokens in total"
-            )
-        if idx.device.type == "cpu":  # cheap here; on a GPU it would force a sync every step
-            lo, hi = int(idx.min()), int(idx.max())
-            if lo < 0 or hi >= self.config.vocab_size:
-                raise ValueError(
-                    f"token id {lo if lo < 0 else hi} is outside the vocabulary; "
-                    f"allowed: 0..{self.config.vocab_size - 1}"
-                )
-        if cache is None and use_cache:
-            cache = ConcatKVCache(self.config.n_layer)
-        attend = FUSED if attention is None else attention
-
-        pos = torch.arange(past, past + T, device=idx.device)  # positions continue the cache
-        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
-        for layer, block in enumerate(self.transformer.h):
-            x = block(x, layer, cache, attend, past)
-        if cache is not None:
-            cache.advance(T)
-        x = self.transformer.ln_f(x)
-        if logits == "last":
-            x = x[:, -1:, :]  # generation only needs the next token's prediction
-        elif logits != "all":
-            raise ValueError(f"logits must be 'all' or 'last', got {logits!r}")
-        return self.lm_head(x), cache  # (B, T or 1, vocab)
-
-    def num_params(self) -> int:
-        return sum(p.numel() for p in self.parameters())  # tied weight counted once
+    def init_weights(self, std: float, generator: torch.Generator) -> None:
+        """GPT-2's initialisation scheme: matrices N(0, std), the residual projections scaled
+        down by sqrt(2 n_layer), LayerNorms 1, biases 0, positions N(0, std / 2)."""
+        proj_std = std / math.sqrt(2 * self.config.n_layer)  # residual projections, as in GPT-2
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                p.normal_(0.0, proj_std, generator=generator)
+            elif name.endswith(".weight") and p.dim() == 2:
+                p.normal_(0.0, std, generator=generator)
+            elif "ln_" in name and name.endswith(".weight"):
+                p.fill_(1.0)
+            else:
+                p.zero_()
+        self.transformer.wpe.weight.normal_(0.0, std / 2, generator=generator)

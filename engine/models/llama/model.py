@@ -1,19 +1,16 @@
-"""The Llama family (SmolLM2), written from scratch, with a KV cache passed through ``forward``.
+"""The Llama family (SmolLM2), written from scratch: ``Llama``, its modules and what differs from
+GPT-2.
 
-The same surface as ``engine.models.gpt2.model.GPT``, so every eager decoder runs it unchanged:
-``logits, cache = model(idx)`` prefills; ``logits, cache = model(idx_new, cache)`` appends any
-number of tokens. What differs from GPT-2:
+The construction, the forward's checks and positions, the loop over the blocks and the KV cache
+passed through ``forward`` are every family's (``engine.models.base.CausalLM``), so every eager
+decoder runs it unchanged. What differs from GPT-2:
 
   RMSNorm      x / rms(x) * weight, computed in fp32 (no mean subtracted, no bias)
   RoPE         no position embedding: q and k are rotated by their token's absolute position,
                before k enters the cache (a cached key keeps the rotation of its own position).
-               Positions are ``input_pos`` when given (a (T,) long tensor, gpt-fast style: a
-               captured step can take them from a tensor); when None they are
-               ``cache.length + arange(T)``: the new tokens follow what the cache holds. Either
-               way the new keys are written at ``cache.length``; the caller keeps the two
-               consistent. Channels i and i + hs/2 of a head form one rotating pair (the
-               "rotate_half" / NEOX layout of ``transformers``; llama.cpp's GGUF files store
-               q/k rows interleaved, and ``engine.models.llama.weights`` un-permutes them on load)
+               Channels i and i + hs/2 of a head form one rotating pair (the "rotate_half" / NEOX
+               layout of ``transformers``; llama.cpp's GGUF files store q/k rows interleaved,
+               and ``engine.models.llama.weights`` un-permutes them on load)
   SwiGLU MLP   down(silu(gate(x)) * up(x)), width ``n_hidden``
   GQA          ``n_head`` query heads share ``n_kv_head`` K/V heads; the cache holds the K/V
                heads only, never repeated copies. Query head h reads K/V head h // groups
@@ -38,10 +35,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ...cache import ConcatKVCache, KVCache
-from ..attention import FUSED, Attention
+from ...cache.contiguous import KVCache
+from ..attention import Attention
+from ..base import CausalLM, PreNormBlock, embedding
 from ..config import LlamaConfig
-from ..gpt2.model import _embedding, materialise
 
 
 class RMSNorm(nn.Module):
@@ -111,148 +108,42 @@ class LlamaMLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-class LlamaBlock(nn.Module):
+class LlamaBlock(PreNormBlock):
     def __init__(self, cfg: LlamaConfig) -> None:
-        super().__init__()
-        self.input_layernorm = RMSNorm(cfg.n_embd, cfg.norm_eps)
-        self.self_attn = LlamaAttention(cfg)
-        self.post_attention_layernorm = RMSNorm(cfg.n_embd, cfg.norm_eps)
-        self.mlp = LlamaMLP(cfg)
-
-    def forward(self, x: torch.Tensor, layer: int, cache: KVCache | None, attend: Attention,
-                offset: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), layer, cache, attend, offset, cos, sin)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        super().__init__(input_layernorm=RMSNorm(cfg.n_embd, cfg.norm_eps),
+                         self_attn=LlamaAttention(cfg),
+                         post_attention_layernorm=RMSNorm(cfg.n_embd, cfg.norm_eps),
+                         mlp=LlamaMLP(cfg))
 
 
-class Llama(nn.Module):
+class Llama(CausalLM):
     def __init__(self, cfg: LlamaConfig) -> None:
-        super().__init__()
-        self.config = cfg
-        self.model = nn.ModuleDict(
-            dict(
-                embed_tokens=_embedding(cfg.vocab_size, cfg.n_embd),
-                layers=nn.ModuleList(LlamaBlock(cfg) for _ in range(cfg.n_layer)),
-                norm=RMSNorm(cfg.n_embd, cfg.norm_eps),
-            )
-        )
+        super().__init__(cfg)
+        self.model = nn.ModuleDict(dict(
+            embed_tokens=embedding(cfg.vocab_size, cfg.n_embd),
+            layers=nn.ModuleList(LlamaBlock(cfg) for _ in range(cfg.n_layer)),
+            norm=RMSNorm(cfg.n_embd, cfg.norm_eps),
+        ))
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         if cfg.tied:
             self.model.embed_tokens.weight = self.lm_head.weight
 
-    # -- construction --------------------------------------------------------------------------
-    @classmethod
-    def empty(cls, cfg: LlamaConfig, device: torch.device | str, dtype: torch.dtype) -> Llama:
-        """Parameters allocated but not initialised (no wasted default init on big shapes)."""
-        with torch.device("meta"):
-            model = cls(cfg)
-        return materialise(model, device, dtype)  # a tie to lm_head kept
+    # -- what differs from GPT-2 ----------------------------------------------------------------
+    def trunk(self) -> tuple[nn.ModuleList, nn.Module]:
+        return self.model.layers, self.model.norm
 
-    @classmethod
-    def random(
-        cls,
-        cfg: LlamaConfig,
-        *,
-        seed: int = 0,
-        device: torch.device | str = "cpu",
-        dtype: torch.dtype = torch.float32,
-        std: float = 0.02,
-    ) -> Llama:
-        """Seeded random weights with the real shapes: every matrix N(0, std) (transformers'
-        Llama initialisation, std 0.02), norms 1. Tests raise ``std`` so that a tiny random
-        model's greedy stream is lively enough for a wrong cache to change the tokens."""
-        model = cls.empty(cfg, device, dtype)
-        gen = torch.Generator(device=device).manual_seed(seed)
-        with torch.no_grad():
-            for name, p in model.named_parameters():  # a tied weight is listed once
-                if name.endswith("norm.weight"):
-                    p.fill_(1.0)
-                else:
-                    p.normal_(0.0, std, generator=gen)
-        return model.eval()
-
-    @property
-    def device(self) -> torch.device:
-        return self.lm_head.weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
-
-    # -- forward -------------------------------------------------------------------------------
-    def forward(
-        self,
-        idx: torch.Tensor,
-        cache: KVCache | None = None,
-        *,
-        use_cache: bool = True,
-        logits: str = "all",
-        attention: Attention | None = None,
-        input_pos: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, KVCache | None]:
-        """Logits for the tokens in ``idx`` (B, T), and the cache holding everything so far.
-
-        Positions (RoPE's angles): ``input_pos`` (T,) when given; otherwise the new tokens
-        follow the cache: ``cache.length + arange(T)`` (0..T-1 without a cache). The new keys
-        and values are appended at ``cache.length`` either way.
-        ``use_cache=False`` with no cache runs a plain forward and returns ``None`` for the cache.
-        ``logits="last"`` applies the output projection to the last position only.
-        ``attention`` is the causal-mask variant (``engine.models.attention``; default: fused, no
-        mask).
-        """
-        if idx.dim() != 2:
-            raise ValueError(f"idx must be a (batch, tokens) tensor, got shape {tuple(idx.shape)}")
-        B, T = idx.shape
-        past = cache.length if cache is not None else 0
-        limit = self.config.block_size
-        if T == 0:
-            raise ValueError("idx holds no tokens; pass at least one token per sequence")
-        if past + T > limit:
-            raise ValueError(
-                f"context of {past + T} tokens ({past} cached + {T} new) is beyond the model's "
-                f"limit of {limit}; allowed: at most {limit} tokens in total"
-            )
-        if idx.device.type == "cpu":  # cheap here; on a GPU it would force a sync every step
-            lo, hi = int(idx.min()), int(idx.max())
-            if lo < 0 or hi >= self.config.vocab_size:
-                raise ValueError(
-                    f"token id {lo if lo < 0 else hi} is outside the vocabulary; "
-                    f"allowed: 0..{self.config.vocab_size - 1}"
-                )
-        if input_pos is None:
-            pos = torch.arange(past, past + T, device=idx.device)  # positions continue the cache
-        else:
-            pos = self._checked_positions(input_pos, T)
-        if cache is None and use_cache:
-            cache = ConcatKVCache(self.config.n_layer)
-        attend = FUSED if attention is None else attention
-
+    def embed(self, idx: torch.Tensor, pos: torch.Tensor
+              ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """The tokens' embeddings (B, T, C) -- no position embedding, RoPE instead -- and RoPE's
+        cos, sin (T, hs) at ``pos``, which every block's attention takes."""
         cfg = self.config
         cos, sin = rope_angles(pos, cfg.head_dim, cfg.rope_theta, self.dtype)  # (T, hs) each
-        x = self.model.embed_tokens(idx)  # (B, T, C): no position embedding, RoPE instead
-        for layer, block in enumerate(self.model.layers):
-            x = block(x, layer, cache, attend, past, cos, sin)
-        if cache is not None:
-            cache.advance(T)
-        x = self.model.norm(x)
-        if logits == "last":
-            x = x[:, -1:, :]  # generation only needs the next token's prediction
-        elif logits != "all":
-            raise ValueError(f"logits must be 'all' or 'last', got {logits!r}")
-        return self.lm_head(x), cache  # (B, T or 1, vocab)
+        return self.model.embed_tokens(idx), (cos, sin)
 
-    def _checked_positions(self, input_pos: torch.Tensor, T: int) -> torch.Tensor:
-        if input_pos.dim() != 1 or input_pos.size(0) != T:
-            raise ValueError(f"input_pos must be a ({T},) tensor, one position per new token; "
-                             f"got shape {tuple(input_pos.shape)}")
-        if input_pos.dtype not in (torch.int64, torch.int32):
-            raise ValueError(f"input_pos must hold integers (torch.long), got {input_pos.dtype}")
-        if input_pos.device.type == "cpu":
-            lo, hi = int(input_pos.min()), int(input_pos.max())
-            if lo < 0 or hi >= self.config.block_size:
-                raise ValueError(f"position {lo if lo < 0 else hi} is outside the model's "
-                                 f"positions; allowed: 0..{self.config.block_size - 1}")
-        return input_pos
-
-    def num_params(self) -> int:
-        return sum(p.numel() for p in self.parameters())  # tied weight counted once
+    def init_weights(self, std: float, generator: torch.Generator) -> None:
+        """Every matrix N(0, std) (transformers' Llama initialisation, std 0.02), norms 1."""
+        for name, p in self.named_parameters():  # a tied weight is listed once
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, std, generator=generator)
