@@ -180,9 +180,7 @@ class CompiledDecoder(Decoder):
 
     @torch.no_grad()
     def prefill(self, idx: torch.Tensor) -> torch.Tensor:
-        if idx.size(0) != self.runner.k_buf.size(1):
-            raise ValueError(f"this decoder was built for batch size {self.runner.k_buf.size(1)}"
-                             f", got a prompt of {idx.size(0)} sequences")
+        self._check_batch(idx)  # the shared buffers are this batch size's
         self._start_seq(idx)
         self.cache = _cache_over(self.runner.k_buf, self.runner.v_buf)
         self.runner.owner = weakref.ref(self)  # weak: the model must not keep decoders alive
@@ -198,11 +196,5 @@ class CompiledDecoder(Decoder):
         if not self.holds_sequence():
             raise RuntimeError("another decoder of this mode and batch size has started a "
                                "sequence on this model; prefill again to continue")
-        pos = self.cache.length
-        if pos + 1 > self.cache.capacity:
-            raise ValueError(f"KV cache holds at most {self.cache.capacity} tokens; "
-                             f"this step would need {pos + 1}")
-        logits = self.runner.step(token, pos)
-        self.cache.advance(1)
-        self._push(token)
-        return logits
+        pos = self._next_position()
+        return self._stepped(token, self.runner.step(token, pos))

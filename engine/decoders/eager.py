@@ -83,6 +83,28 @@ class Decoder:
         self._tokens[:, n] = token[:, 0]
         self.seq = self._tokens[:, : n + 1]
 
+    def _check_batch(self, idx: torch.Tensor) -> None:
+        """A decoder whose buffers were made for ``batch_size`` sequences takes that many."""
+        if idx.size(0) != self.batch_size:
+            raise ValueError(f"this decoder was built for batch size {self.batch_size}, got "
+                             f"{idx.size(0)} sequences")
+
+    def _next_position(self) -> int:
+        """Where a one-token step of its own writes the new K/V row of its preallocated cache
+        (ValueError past the cache's capacity)."""
+        assert self.seq is not None and self.cache is not None, "prefill first"
+        pos = self.cache.length
+        if pos + 1 > self.cache.capacity:
+            raise ValueError(f"KV cache holds at most {self.cache.capacity} tokens; this step "
+                             f"would need {pos + 1}")
+        return pos
+
+    def _stepped(self, token: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """After a one-token step of its own: the cache one row longer, the token kept."""
+        self.cache.advance(1)
+        self._push(token)
+        return logits
+
     def rewind(self, length: int) -> None:
         """Forget every token from ``length`` on, so a step can be re-timed at the same context.
 

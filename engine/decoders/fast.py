@@ -351,18 +351,11 @@ class FastDecoder(Decoder):
 
     @torch.no_grad()
     def step(self, token: torch.Tensor) -> torch.Tensor:
-        assert self.seq is not None and self.cache is not None, "prefill first"
+        pos = self._next_position()
         cache = self.cache
-        pos = cache.length
-        if pos + 1 > cache.capacity:
-            raise ValueError(
-                f"KV cache holds at most {cache.capacity} tokens; this step would need {pos + 1}"
-            )
         if self.fused is not None and token.size(0) <= kernels.MAX_ROWS:
             logits = self.fused(token, pos, cache.k_buf, cache.v_buf)
         else:
             logits = self.python_step(self.step_weights, token, pos,
                                       attend_filled(cache.k_buf, cache.v_buf, pos))
-        cache.advance(1)
-        self._push(token)
-        return logits
+        return self._stepped(token, logits)
