@@ -126,12 +126,13 @@ class BlockLinear(StoredLinear):
         self.ggml_type, self.source = ggml_type, source
         self.bias = bias  # the model's own tensor (model dtype), not a copy
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = block_linear(x.reshape(-1, self.in_features), self.blocks, self.ggml_type, self.bias)
-        return y.view(*x.shape[:-1], self.out_features)
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return block_linear(x, self.blocks, self.ggml_type, self.bias)
 
-    def embedding(self, dtype: torch.dtype) -> nn.Module:
-        return BlockEmbedding(self, dtype)
+    def rows(self, idx: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Dequantizes the rows it reads."""
+        rows = dequantize(self.blocks[idx.reshape(-1)], self.ggml_type, self.in_features)
+        return rows.view(*idx.shape, self.in_features).to(dtype)
 
     def dequantized(self) -> torch.Tensor:
         """The weight the blocks hold, (out, in) fp32."""
@@ -142,19 +143,6 @@ class BlockLinear(StoredLinear):
         """The block product as the fused step takes it (kind Q8_0 / Q4_1, integer way)."""
         return Product(KINDS[self.ggml_type, EXACT], self.blocks, None, self.bias,
                        self.out_features)
-
-
-class BlockEmbedding(nn.Module):
-    """The embedding tied to a ``BlockLinear``: dequantizes the rows it reads."""
-
-    def __init__(self, head: BlockLinear, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.head, self.dtype = [head], dtype  # a list: not registered twice as a submodule
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        h = self.head[0]
-        rows = dequantize(h.blocks[idx.reshape(-1)], h.ggml_type, h.in_features)
-        return rows.view(*idx.shape, h.in_features).to(self.dtype)
 
 
 class BlockStep:
@@ -185,8 +173,8 @@ def file_blocks(model: nn.Module) -> dict[int, Any]:
     family, other weights, the package not installed)."""
     if not isinstance(model, Llama):
         return {}
-    from ..models.gpt2.weights import WeightsError
     from ..models.llama.weights import package_gguf, raw_weights
+    from ..models.loader import WeightsError
     from .gguf import GGUFFile
 
     try:

@@ -174,13 +174,41 @@ def bf16_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 class StoredLinear(nn.Module):
     """A Linear whose weight a rung stores its own way (int8 here, bf16, GGUF blocks in
     ``engine.quant.blocks``): ``stored_bytes()`` what its weight takes (the bytes a step
-    streams), ``embedding(dtype)`` the embedding tied to it, reading the same stored rows."""
+    streams), ``embedding(dtype)`` the embedding tied to it, reading the same stored rows. A
+    storage says how it multiplies (``matmul``: (N, in) rows -> (N, out), bias added) and how
+    it reads rows back (``rows``)."""
+
+    in_features: int
+    out_features: int
 
     def stored_bytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self.buffers())
 
-    def embedding(self, dtype: torch.dtype) -> nn.Module:
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    def rows(self, idx: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The weight's rows ``idx`` (any shape) as floats in ``dtype``: (*idx.shape, in)."""
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.matmul(x.reshape(-1, self.in_features))
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def embedding(self, dtype: torch.dtype) -> nn.Module:
+        return TiedEmbedding(self, dtype)
+
+
+class TiedEmbedding(nn.Module):
+    """The embedding tied to a ``StoredLinear`` (the head): reads the head's stored rows, so the
+    matrix is stored once and used twice."""
+
+    def __init__(self, head: StoredLinear, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.head, self.dtype = [head], dtype  # a list: not registered twice as a submodule
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.head[0].rows(idx, self.dtype)
 
 
 class Int8Linear(StoredLinear):
@@ -193,25 +221,12 @@ class Int8Linear(StoredLinear):
         self.register_buffer("scale", scale)
         self.bias = bias  # the model's own tensor (model dtype), not a copy
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = int8_linear(x.reshape(-1, self.in_features), self.wq, self.scale)
-        y = y.view(*x.shape[:-1], self.out_features)
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        y = int8_linear(x, self.wq, self.scale)
         return y if self.bias is None else y + self.bias
 
-    def embedding(self, dtype: torch.dtype) -> nn.Module:
-        return Int8Embedding(self, dtype)
-
-
-class Int8Embedding(nn.Module):
-    """The embedding tied to an ``Int8Linear``: reads its int8 rows and their scales."""
-
-    def __init__(self, head: Int8Linear, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.head, self.dtype = [head], dtype  # a list: not registered twice as a submodule
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        h = self.head[0]
-        return h.wq[idx].to(self.dtype) * h.scale[idx].unsqueeze(-1).to(self.dtype)
+    def rows(self, idx: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return self.wq[idx].to(dtype) * self.scale[idx].unsqueeze(-1).to(dtype)  # row x scale
 
 
 class Bf16Linear(StoredLinear):
@@ -219,25 +234,16 @@ class Bf16Linear(StoredLinear):
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
+        self.in_features, self.out_features = weight.size(1), weight.size(0)
         self.register_buffer("weight", weight)
         self.bias = bias
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = bf16_linear(x.reshape(-1, self.weight.size(1)), self.weight)
-        y = y.view(*x.shape[:-1], self.weight.size(0))
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        y = bf16_linear(x, self.weight)
         return y if self.bias is None else y + self.bias
 
-    def embedding(self, dtype: torch.dtype) -> nn.Module:
-        return Bf16Embedding(self, dtype)
-
-
-class Bf16Embedding(nn.Module):
-    def __init__(self, head: Bf16Linear, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.head, self.dtype = [head], dtype
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        return F.embedding(idx, self.head[0].weight).to(self.dtype)
+    def rows(self, idx: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return F.embedding(idx, self.weight).to(dtype)
 
 
 def _convert_linear(lin: nn.Linear, storage: str) -> StoredLinear:
@@ -270,6 +276,16 @@ class _View:
     def config(self, value: Any) -> None:
         self.base.config = value
 
+    # The head is swapped for its stored form: device and dtype (those of the activations and
+    # the KV cache) are read off the final norm, which stays the model's.
+    @property
+    def device(self) -> torch.device:
+        return self.trunk()[1].weight.device  # type: ignore[attr-defined]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.trunk()[1].weight.dtype  # type: ignore[attr-defined]
+
     def stored_bytes(self) -> int:
         """Bytes of the weight-only copies (int8 weights + scales, bf16 weights, GGUF blocks):
         the weights a decode step streams."""
@@ -281,26 +297,10 @@ class WeightOnlyGPT(_View, GPT):
     """A view of a GPT with weight-only Linears (see the module docstring). Never construct it
     directly: ``weight_only(model, storage)``."""
 
-    @property
-    def device(self) -> torch.device:
-        return self.transformer.wpe.weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:  # activations and the KV cache: the model's dtype
-        return self.transformer.wpe.weight.dtype
-
 
 class WeightOnlyLlama(_View, Llama):
     """A view of a Llama-family model with weight-only Linears (the tied embedding reads the
     head's stored rows; an untied one stays the model's). ``weight_only(model, storage)``."""
-
-    @property
-    def device(self) -> torch.device:
-        return self.model.norm.weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:  # activations and the KV cache: the model's dtype
-        return self.model.norm.weight.dtype
 
 
 WeightOnlyModel = WeightOnlyGPT | WeightOnlyLlama
