@@ -44,7 +44,11 @@ per machine (``gemv.cpp``, ``attend.cpp``, ``layers.cpp``, ``blocks.cpp``, ``pro
                  ``engine.models.gpt2.step.fused_step`` is its one caller).
   decode_layers_llama(x, ...) -> logits
                  the same for a Llama-family model (RMSNorm, RoPE, grouped-query attention,
-                 SwiGLU; ``layers.cpp``)
+                 SwiGLU; ``layers.cpp``; ``engine.models.llama.step.fused_step_llama``)
+  Product(kind, weight, scale, bias, out)
+                 one matrix product as ``decode_layers`` takes it; ``kind`` one of KERNEL,
+                 INTERLEAVED, PACKED, CHUNKED, LINEAR, Q8_0, Q4_1, Q8_0_EXACT, Q4_1_EXACT
+                 (the product a ``product`` attribute of a step's callable names)
 
 Why: at batch 1 a decode step reads every weight once, so its time is the speed at which the
 weights stream from memory. On these 2-core machines ``F.linear`` over ``[out, in]`` weights
@@ -304,6 +308,12 @@ class Product(NamedTuple):
 
 # A whole decode step after the embedding in one call: fn(token, pos, k_buf, v_buf) -> logits
 Fused = Callable[["torch.Tensor", int, "torch.Tensor", "torch.Tensor"], "torch.Tensor"]
+
+
+def product_lists(products: list[Product]) -> tuple[list[Any], ...]:
+    """``decode_layers``' per-product arguments: the weights, scales, biases, kinds, widths."""
+    return ([p.weight for p in products], [p.scale for p in products],
+            [p.bias for p in products], [p.kind for p in products], [p.out for p in products])
 
 
 def decode_layers_llama(x: Any, norm_w: Any, w: Any, scale: Any, bias: Any, kind: Any, out: Any,

@@ -347,12 +347,7 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& blocks,
               in / kBlock * bytes, " bytes per row (", bytes, " per 32 weights), got ",
               blocks.size(1));
   const int64_t out = blocks.size(0);
-  const float* b = nullptr;
-  if (bias) {
-    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->numel() == out && bias->is_contiguous(),
-                "bias must be (out,) contiguous fp32");
-    b = bias->data_ptr<float>();
-  }
+  const float* b = row_vector(bias, out, "bias");
   at::Tensor y = at::empty({batch, out}, x.options());
   const float* xp = x.data_ptr<float>();
   const uint8_t* wp = blocks.data_ptr<uint8_t>();

@@ -1,6 +1,6 @@
 """GPT-2's decode step (modes 6-9, 12-15 on GPT-2), written once: one new token per sequence
-through every layer. The Llama family's is ``engine.models.llama.step`` (modes 8, 12-15 on a Llama):
-the same ``attend_filled`` cache and ``Product`` kinds, its own blocks.
+through every layer. The Llama family's is ``engine.models.llama.step`` (modes 8, 12-15 on a
+Llama): the same ways of meeting the cache and the same product kinds, its own blocks.
 
   decode_step(weights, token, pos, attend) -> logits (B, vocab)
       token (B, 1); pos its position: an int, or a (1,) long tensor when the shapes must not
@@ -10,17 +10,9 @@ What differs between the modes is passed in, never re-written:
   weights  ``StepWeights``: the embeddings, and per layer the callables a block is made of --
            the model's own modules (``model_weights``: modes 6, 7, 9) or mode 8's packed copies
            (``engine.decoders.fast``)
-  attend   ``attend(layer, q, k, v) -> y`` with q, k, v (B, nh, hs) the new token's, y
-           (B, nh, [1,] hs); it owns the KV cache:
-             ``attend_filled``     writes the new row at int ``pos``, attends over rows 0..pos
-                                   (modes 8, 12-15: no mask needed; the C++ kernel on a CPU,
-                                   grouped-query heads included)
-             ``attend_static``     writes it at tensor ``pos``, attends with fixed shapes (mode
-                                   6): the Triton decode kernel over rows 0..pos, or SDPA
-                                   over every slot under a mask computed from ``pos``
-             ``attend_read_only``  only reads the cache and keeps the new rows for the caller
-                                   to write (modes 7 and 9: a compiled step that writes the
-                                   cache recompiles per position or copies the whole cache)
+  attend   ``attend(layer, q, k, v) -> y``: how the step meets its KV cache
+           (``engine.models.attention``: ``attend_filled`` for modes 8 and 12-15,
+           ``attend_static`` for mode 6, ``attend_read_only`` for modes 7 and 9)
 
 This is ``GPT.forward``'s arithmetic for one token, without its Python per call: the same
 embeddings, layer norms, fused q|k|v projection, GELU and residual adds, the attention
@@ -29,9 +21,10 @@ computed from the same keys (``tests/test_fast.py`` holds every mode to mode 1's
   fused_step(weights) -> fn(token, pos, k_buf, v_buf) -> logits, or None
       the same step after the embedding as ONE call into the C++ kernels
       (``torch.ops.kvlab.decode_layers``): on a CPU in fp32 with the kernel built, when every
-      product of ``weights`` says how (a ``product`` attribute: a ``Product``) and every norm is
-      a plain ``F.layer_norm`` partial. Equal to ``decode_step`` with ``attend_filled`` bit for
-      bit, without the ~1 ms of Python and dispatch around a step's ~160 calls (modes 8, 12-15).
+      product of ``weights`` says how (a ``product`` attribute: an ``engine.kernels.cpu.
+      Product``) and every norm is a plain ``F.layer_norm`` partial. Equal to ``decode_step``
+      with ``attend_filled`` bit for bit, without the ~1 ms of Python and dispatch around a
+      step's ~160 calls (modes 8, 12-15).
 """
 
 from __future__ import annotations
@@ -108,8 +101,7 @@ def fused_step(w: StepWeights) -> Fused | None:
     ln_b = [f.keywords["bias"] for f in norms]
     eps = norms[0].keywords["eps"]
     products: list[Product] = [f.product for f in fns]
-    args = ([p.weight for p in products], [p.scale for p in products],
-            [p.bias for p in products], [p.kind for p in products], [p.out for p in products])
+    args = kernels.product_lists(products)
     wte, wpe, n_head = w.wte, w.wpe, w.n_head
 
     def step(token: torch.Tensor, pos: int, k_buf: torch.Tensor, v_buf: torch.Tensor

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from ...kernels import cpu as kernels
-from ...kernels.cpu import Product
+from ...kernels.cpu import Fused, Product
 from ..attention import Attend, kernel_attends
 from .model import Llama, rope_angles
 
@@ -146,9 +146,6 @@ def decode_step_llama(w: LlamaStepWeights, token: torch.Tensor, pos: int,
     return w.head(rms_norm(x, w.norm, w.eps))
 
 
-Fused = Callable[[torch.Tensor, int, torch.Tensor, torch.Tensor], torch.Tensor]
-
-
 def fused_step_llama(w: LlamaStepWeights) -> Fused | None:
     """``decode_step_llama`` with ``attend_filled`` as one ``decode_layers_llama`` call (module
     docstring), or None where it does not apply: off a CPU or fp32, the kernel not built, or a
@@ -163,8 +160,7 @@ def fused_step_llama(w: LlamaStepWeights) -> Fused | None:
     products: list[Product] = [f.product for f in fns]
     norms = [t.contiguous() for layer in w.layers for t in (layer.attn_norm, layer.mlp_norm)]
     norms.append(w.norm.contiguous())
-    args = ([p.weight for p in products], [p.scale for p in products],
-            [p.bias for p in products], [p.kind for p in products], [p.out for p in products])
+    args = kernels.product_lists(products)
     embed, cos, sin = w.embed, w.cos, w.sin
     nh, nkv, eps = w.n_head, w.n_kv_head, w.eps
 
