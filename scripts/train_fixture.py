@@ -11,7 +11,7 @@ width 128, 256 positions, 0.86 M parameters) on UTF-8 bytes (a vocabulary of 256
 files, a cheap softmax) of the Python standard library's own sources -- text at hand on every
 machine -- for a fixed number of AdamW steps, and saves it as a ``transformers`` GPT-2 checkpoint
 folder (config.json + model.safetensors, 3.4 MB in fp32), so
-``engine.models.gpt2.weights.load(weights= FOLDER)`` and the CLI's ``--weights FOLDER`` load it like
+``engine.families.load(name, FOLDER)`` and the CLI's ``--weights FOLDER`` load it like
 any checkpoint. ``training.json`` beside it says what it was trained on and how far it got
 (``history``: the runs it continued). The shipped fixture is the two commands above; on the shared
 2-core machine they took 66 and 18 minutes (one thread is faster there than two: the cores were

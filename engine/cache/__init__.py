@@ -1,4 +1,4 @@
-"""The KV caches: every kind behind one small interface, and ``make_cache`` to build one.
+"""The KV caches behind one interface, and ``make_cache``.
 
   contiguous  ``ConcatKVCache`` (grows by ``torch.cat``: the write-up's) and ``PreallocKVCache``
               (sized once, written in place: what the one-token steps and CUDA graphs need)

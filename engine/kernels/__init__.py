@@ -1,5 +1,7 @@
-"""Our kernels for a decode step, by the device they run on: ``cpu`` (C++, built once per
-machine: ``python -m engine.kernels.cpu build``) and ``gpu`` (Triton, compiled on first use).
+"""Our kernels for a decode step, one folder per device.
+
+  ``cpu`` is C++, built once per machine (``python -m engine.kernels.cpu build``); ``gpu`` is
+  Triton, compiled on first use.
 
   cpu   ``torch.ops.kvlab``: matrix-vector products over fp32 / bf16 / int8 rows and GGUF blocks,
         one query's attention over a cache, and a whole decode step in one call

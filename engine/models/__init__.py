@@ -1,4 +1,4 @@
-"""The model families, one folder each, and what every family shares.
+"""The model families, one folder each, and what they share.
 
   gpt2/, llama/   one family each: ``model`` (the from-scratch module and its forward),
                   ``weights`` (its loader and its ``transformers`` reference), ``tokenizer``,

@@ -1,5 +1,5 @@
-"""How causality is enforced in attention: the variants a forward is given
-(``engine.models.config``'s ``MASK_KINDS``).
+"""How attention is done: the causal-mask variants a forward is given (``engine.models.config``'s
+``MASK_KINDS``), and the ways a one-token step meets a preallocated cache.
 
 Every variant is called the same way, once per layer:
 
@@ -26,8 +26,20 @@ path it always took: GPT-2's results are bit for bit what they were.
                  to its limit) when a forward reaches past them; ``nbytes()`` is what is built
 
 ``make_attention(kind, cfg, device)`` builds one; ``attention.nbytes()`` is what its buffers
-hold. The buffers belong to whoever holds the variant (``engine.models.state.ModelState`` keeps one
-per kind for its model, so every decoder of modes 1-4 shares one set), never to the model.
+hold. The buffers belong to whoever holds the variant (``engine.models.state.ModelState`` keeps
+one per kind for its model, so every decoder of modes 1-4 shares one set), never to the model.
+
+A one-token step (``engine.models.gpt2.step``, ``engine.models.llama.step``) is given
+``attend(layer, q, k, v) -> y`` instead, q, k, v (B, nh | n_kv, hs) the new token's, y
+(B, nh, [1,] hs); it owns the KV cache:
+  ``attend_filled``     writes the new row at int ``pos``, attends over rows 0..pos (modes 8,
+                        12-15: no mask needed; the C++ kernel on a CPU, ``kernel_attends``)
+  ``attend_static``     writes it at tensor ``pos``, attends with fixed shapes (mode 6): the
+                        Triton decode kernel over rows 0..pos, or SDPA over every slot under a
+                        mask computed from ``pos``
+  ``attend_read_only``  only reads the cache and keeps the new rows for the caller to write
+                        (modes 7 and 9: a compiled step that writes the cache recompiles per
+                        position or copies the whole cache)
 """
 
 from __future__ import annotations
@@ -173,9 +185,7 @@ def make_attention(kind: str, cfg: ModelConfig, device: torch.device | str) -> A
     raise ValueError(f"unknown mask kind {kind!r}; allowed: {', '.join(MASK_KINDS)}")
 
 
-# ------------------------------------------------------------- one new token over a static cache
-# How a one-token step (engine.models.gpt2.step, engine.models.llama.step) meets its cache:
-# attend(layer, q, k, v) -> y, with q, k, v (B, nh | n_kv, hs) the new token's, y (B, nh, [1,] hs).
+# ------------------------------------------------------- one new token over a preallocated cache
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 

@@ -1,5 +1,4 @@
-"""Weight formats: how a rung stores the Linear weights a decode step streams, and the GGUF
-files they can come from.
+"""Weight formats: how the lossy rungs store a step's weights, and the GGUF files.
 
   weight_only  rungs 12-13: int8 rows with a scale per output channel, or bf16 rows, swapped
                into a view of the model (the model itself never changes); the view machinery

