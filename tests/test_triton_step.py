@@ -14,8 +14,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine import LlamaConfig, decode, make_decoder, quant_blocks
-from engine.llama import Llama, apply_rope, rope_angles
+from engine import LlamaConfig, decode, make_decoder
+from engine.models.llama.model import Llama, apply_rope, rope_angles
+from engine.quant import blocks as quant_blocks
 
 from .conftest import random_prompt, small_model
 from .triton_util import DEVICE, planted

@@ -38,7 +38,7 @@ def sdpa_backends(check: Any) -> None:
     with cuDNN's allowed too (first light: mode 8 at 74-76 ms a step)."""
     from torch.nn.attention import SDPBackend
 
-    import engine.attention as attention
+    import engine.models.attention as attention
     from engine.loop import decode, random_prompt
     from instruments.lineup import make_decoder
     from instruments.measure.timing import StepClock

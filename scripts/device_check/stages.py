@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from engine.config import GPTConfig
+from engine.models.config import GPTConfig
 from instruments import lineup
 from instruments.costmodel import costs
 from instruments.costmodel.predict import predictable
@@ -305,7 +305,7 @@ def speculate(check: Check) -> None:  # one forward appending k tokens; prompt-l
         new_tokens=12 if check.args.tiny else 32, repeats=2))
     for line in exp.summary(run):
         print("  " + line)
-    from engine.quant import kernel  # noqa: PLC0415 (late: a kernel that failed shows here)
+    from engine.quant.weight_only import kernel  # noqa: PLC0415 late: a kernel that failed shows here,
 
     print(f"  int8_weights ran {kernel('int8', torch.device(check.args.device).type)}")
 

@@ -1,31 +1,16 @@
-"""The two KV caches: a concatenating one (as in the write-up) and a preallocated one.
+"""The two contiguous KV caches: a concatenating one (as in the write-up) and a preallocated one.
 
-(``engine.kv_variants`` adds a paged and a quantized one behind the same API.)
-``make_cache(kind, model, batch_size, capacity)`` builds any kind of ``CACHE_KINDS`` sized for a
-model's shapes, on its device and in its dtype. All expose the same small interface the
-attention layers use:
-  ``cache.length``              tokens already cached (positions 0..length-1)
-  ``cache.update(layer, k, v)`` store the new keys/values (B, n_kv, T_new, hs) after the old
-                                 ones and return all keys/values so far, old first
-  ``cache.advance(T_new)``      called once per forward, after every layer has updated
-  ``cache.crop(length)``        forget everything from ``length`` on (for re-using a prefill)
-Time runs along dim 2 in both, oldest first: the mask slice and the positions depend on it.
-A cache holds ``cfg.n_kv_head`` heads: GPT-2's every head, a GQA model's fewer (SmolLM2: 3 for
-its 9 query heads), never copies repeated per query head -- attention reads each K/V head for
-its whole group (``engine.attention``).
+Both keep every layer's keys and values in time order along dim 2, oldest first (the mask slice
+and the positions depend on it), with the small interface every cache of ``engine.cache`` has:
+``length``, ``update(layer, k, v)``, ``advance(T_new)``, ``crop(length)``, ``tensors()``,
+``nbytes()``. ``ConcatKVCache`` grows by ``torch.cat`` every step; ``PreallocKVCache`` is sized
+once for ``capacity`` tokens and written in place (static shapes: what CUDA graphs,
+``torch.compile`` and the one-token steps of ``engine.models`` need).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import torch
-
-from .config import ModelConfig
-
-# cache kind -> storage dtype of the quantized cache (engine.kv_variants.QuantizedKVCache)
-QUANTIZED_KINDS = {"kv_int8": "int8", "kv_float16": "float16", "kv_bfloat16": "bfloat16"}
-CACHE_KINDS = ("prealloc", "concat", "paged", *QUANTIZED_KINDS)
 
 
 class ConcatKVCache:
@@ -132,36 +117,3 @@ class PreallocKVCache:
 
 
 KVCache = ConcatKVCache | PreallocKVCache
-
-
-class Shaped(Protocol):
-    """What a cache is sized from: a model's shapes, device and dtype (a ``GPT``, a ``Llama``)."""
-
-    @property
-    def config(self) -> ModelConfig: ...
-    @property
-    def device(self) -> torch.device: ...
-    @property
-    def dtype(self) -> torch.dtype: ...
-
-
-def make_cache(kind: str, model: Shaped, batch_size: int = 1,
-               capacity: int | None = None) -> KVCache:
-    """An empty cache of ``kind`` for ``batch_size`` sequences of ``model``; ``capacity`` tokens
-    (default: the model's limit) for the kinds sized once (all but "concat"). Each layer holds
-    ``cfg.n_kv_head`` heads (fewer than the query heads under GQA)."""
-    cfg = model.config
-    cap = cfg.block_size if capacity is None else capacity
-    shape = (cfg.n_layer, batch_size, cfg.n_kv_head, cap, cfg.head_dim)
-    if kind == "concat":
-        return ConcatKVCache(cfg.n_layer)
-    if kind == "prealloc":
-        return PreallocKVCache(*shape, device=model.device, dtype=model.dtype)
-    if kind == "paged" or kind in QUANTIZED_KINDS:
-        from .kv_variants import PagedKVCache, QuantizedKVCache  # noqa: PLC0415 (rarely used)
-
-        if kind == "paged":
-            return PagedKVCache(*shape, device=model.device, dtype=model.dtype)
-        return QuantizedKVCache(*shape, storage=QUANTIZED_KINDS[kind], device=model.device,
-                                dtype=model.dtype)
-    raise ValueError(f"unknown cache kind {kind!r}; allowed: {', '.join(CACHE_KINDS)}")

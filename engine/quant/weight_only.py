@@ -24,20 +24,20 @@ loaded model is shared by every mode, so it is never changed: ``weight_only(mode
 returns a *view* -- a shallow copy of the module tree in which only the containers above a
 swapped module are copied and every other module (LayerNorms, ``wpe``) and tensor is the
 model's own. The view reads ``config`` from the model. A view is kept in the model's state
-(``engine.state.ModelState``) while its weights are unchanged, and dropped with the state.
+(``engine.models.state.ModelState``) while its weights are unchanged, and dropped with the state.
 
 The decoder (``WeightOnlyDecoder``) is mode 8's over the view: the prefill, seek, rewind and the
 multi-token ``append`` run the model's ``forward`` over it (preallocated cache, fused attention),
 and each decode step runs the family's one-token step over the view's weights
-(``engine.step.decode_step`` / ``engine.step_llama.decode_step_llama``; on a CPU each Linear's
-stored rows, scale and bias go straight into the C++ kernel, and the whole step is one C++ call,
-``fused_step`` / ``fused_step_llama``), so a step pays for its weights and not for a forward's
-per-module Python. ``stored_view(model, storage, convert)`` is the same view for any storage
-(``engine.quant_blocks``' GGUF blocks use it): every Linear is a ``StoredLinear``.
+(``engine.models.gpt2.step.decode_step`` / ``engine.models.llama.step.decode_step_llama``; on a CPU
+each Linear's stored rows, scale and bias go straight into the C++ kernel, and the whole step is one
+C++ call, ``fused_step`` / ``fused_step_llama``), so a step pays for its weights and not for a
+forward's per-module Python. ``stored_view(model, storage, convert)`` is the same view for any
+storage (``engine.quant.blocks``' GGUF blocks use it): every Linear is a ``StoredLinear``.
 
 The per-token matrix-vector product lives in ONE function per storage, ``int8_linear(x, wq,
 scale)`` and ``bf16_linear(x, w)``; ``kernel(storage, device_type)`` names what each runs, for
-the rows that time them. On a CPU, a decode step's few fp32 rows go through ``engine.kernels``'
+the rows that time them. On a CPU, a decode step's few fp32 rows go through ``engine.kernels.cpu``'
 C++ matrix-vector product, which converts int8 or bf16 rows to fp32 in registers as it streams
 them (``scripts/bench_kernels.py`` measured it against every other path; docs/engine-speed.md).
 Without the built kernel (or with ``KVLAB_NO_KERNEL`` set), the plain-PyTorch int8 path on a CPU
@@ -59,10 +59,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import kernels
-from .llama import Llama
-from .model import GPT
-from .state import ModelState, weights_version
+from ..kernels import cpu as kernels
+from ..models.gpt2.model import GPT
+from ..models.llama.model import Llama
+from ..models.state import ModelState, weights_version
 
 INT8_MAX = 127.0
 STORAGES = ("int8", "bfloat16")
@@ -80,7 +80,7 @@ def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def kernel_takes(x: torch.Tensor) -> bool:
-    """Does ``engine.kernels``' C++ matrix-vector product take this input (a CPU, 1 to
+    """Does ``engine.kernels.cpu``' C++ matrix-vector product take this input (a CPU, 1 to
     ``kernels.MAX_ROWS`` fp32 rows, no gradient) and is it built? ``KVLAB_NO_KERNEL`` switches
     it off."""
     if (x.device.type != "cpu" or x.dtype != torch.float32 or x.size(0) > kernels.MAX_ROWS
@@ -146,9 +146,9 @@ def kernel(storage: str, device_type: str) -> str:
     """What ``int8_linear`` / ``bf16_linear`` run on a device type for a decode step, in words
     (the rows that time them and the device check print it)."""
     if device_type == "cpu" and kernels.available()[0] and storage == "int8":
-        return "engine.kernels C++ matrix-vector (int8 rows, fp32 accumulation)"
+        return "engine.kernels.cpu C++ matrix-vector (int8 rows, fp32 accumulation)"
     if device_type == "cpu" and kernels.available()[0]:
-        return "engine.kernels C++ matrix-vector (bf16 rows, fp32 accumulation)"
+        return "engine.kernels.cpu C++ matrix-vector (bf16 rows, fp32 accumulation)"
     if storage == "bfloat16":
         return "F.linear in bf16"
     if device_type == "cuda":
@@ -173,14 +173,42 @@ def bf16_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------- the swapped modules
 class StoredLinear(nn.Module):
     """A Linear whose weight a rung stores its own way (int8 here, bf16, GGUF blocks in
-    ``engine.quant_blocks``): ``stored_bytes()`` what its weight takes (the bytes a step
-    streams), ``embedding(dtype)`` the embedding tied to it, reading the same stored rows."""
+    ``engine.quant.blocks``): ``stored_bytes()`` what its weight takes (the bytes a step
+    streams), ``embedding(dtype)`` the embedding tied to it, reading the same stored rows. A
+    storage says how it multiplies (``matmul``: (N, in) rows -> (N, out), bias added) and how
+    it reads rows back (``rows``)."""
+
+    in_features: int
+    out_features: int
 
     def stored_bytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self.buffers())
 
-    def embedding(self, dtype: torch.dtype) -> nn.Module:
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    def rows(self, idx: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The weight's rows ``idx`` (any shape) as floats in ``dtype``: (*idx.shape, in)."""
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.matmul(x.reshape(-1, self.in_features))
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def embedding(self, dtype: torch.dtype) -> nn.Module:
+        return TiedEmbedding(self, dtype)
+
+
+class TiedEmbedding(nn.Module):
+    """The embedding tied to a ``StoredLinear`` (the head): reads the head's stored rows, so the
+    matrix is stored once and used twice."""
+
+    def __init__(self, head: StoredLinear, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.head, self.dtype = [head], dtype  # a list: not registered twice as a submodule
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.head[0].rows(idx, self.dtype)
 
 
 class Int8Linear(StoredLinear):
@@ -193,25 +221,12 @@ class Int8Linear(StoredLinear):
         self.register_buffer("scale", scale)
         self.bias = bias  # the model's own tensor (model dtype), not a copy
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = int8_linear(x.reshape(-1, self.in_features), self.wq, self.scale)
-        y = y.view(*x.shape[:-1], self.out_features)
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        y = int8_linear(x, self.wq, self.scale)
         return y if self.bias is None else y + self.bias
 
-    def embedding(self, dtype: torch.dtype) -> nn.Module:
-        return Int8Embedding(self, dtype)
-
-
-class Int8Embedding(nn.Module):
-    """The embedding tied to an ``Int8Linear``: reads its int8 rows and their scales."""
-
-    def __init__(self, head: Int8Linear, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.head, self.dtype = [head], dtype  # a list: not registered twice as a submodule
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        h = self.head[0]
-        return h.wq[idx].to(self.dtype) * h.scale[idx].unsqueeze(-1).to(self.dtype)
+    def rows(self, idx: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return self.wq[idx].to(dtype) * self.scale[idx].unsqueeze(-1).to(dtype)  # row x scale
 
 
 class Bf16Linear(StoredLinear):
@@ -219,25 +234,16 @@ class Bf16Linear(StoredLinear):
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
+        self.in_features, self.out_features = weight.size(1), weight.size(0)
         self.register_buffer("weight", weight)
         self.bias = bias
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = bf16_linear(x.reshape(-1, self.weight.size(1)), self.weight)
-        y = y.view(*x.shape[:-1], self.weight.size(0))
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        y = bf16_linear(x, self.weight)
         return y if self.bias is None else y + self.bias
 
-    def embedding(self, dtype: torch.dtype) -> nn.Module:
-        return Bf16Embedding(self, dtype)
-
-
-class Bf16Embedding(nn.Module):
-    def __init__(self, head: Bf16Linear, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.head, self.dtype = [head], dtype
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        return F.embedding(idx, self.head[0].weight).to(self.dtype)
+    def rows(self, idx: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return F.embedding(idx, self.weight).to(dtype)
 
 
 def _convert_linear(lin: nn.Linear, storage: str) -> StoredLinear:
@@ -270,6 +276,16 @@ class _View:
     def config(self, value: Any) -> None:
         self.base.config = value
 
+    # The head is swapped for its stored form: device and dtype (those of the activations and
+    # the KV cache) are read off the final norm, which stays the model's.
+    @property
+    def device(self) -> torch.device:
+        return self.trunk()[1].weight.device  # type: ignore[attr-defined]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.trunk()[1].weight.dtype  # type: ignore[attr-defined]
+
     def stored_bytes(self) -> int:
         """Bytes of the weight-only copies (int8 weights + scales, bf16 weights, GGUF blocks):
         the weights a decode step streams."""
@@ -281,26 +297,10 @@ class WeightOnlyGPT(_View, GPT):
     """A view of a GPT with weight-only Linears (see the module docstring). Never construct it
     directly: ``weight_only(model, storage)``."""
 
-    @property
-    def device(self) -> torch.device:
-        return self.transformer.wpe.weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:  # activations and the KV cache: the model's dtype
-        return self.transformer.wpe.weight.dtype
-
 
 class WeightOnlyLlama(_View, Llama):
     """A view of a Llama-family model with weight-only Linears (the tied embedding reads the
     head's stored rows; an untied one stays the model's). ``weight_only(model, storage)``."""
-
-    @property
-    def device(self) -> torch.device:
-        return self.model.norm.weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:  # activations and the KV cache: the model's dtype
-        return self.model.norm.weight.dtype
 
 
 WeightOnlyModel = WeightOnlyGPT | WeightOnlyLlama
@@ -366,7 +366,7 @@ def stored_view(model: GPT | Llama | ModelState, storage: str,
     """The view of ``model`` in which every ``nn.Linear`` is ``convert(name, linear)`` (its
     qualified name, e.g. "model.layers.3.self_attn.q_proj" or "lm_head"), kept in the model's
     state under ("weight_only", ``storage``) while the weights are unchanged
-    (``engine.quant_blocks`` makes its GGUF-block views with it)."""
+    (``engine.quant.blocks`` makes its GGUF-block views with it)."""
     state = ModelState.of(model)
     # The weights' version, and the class of every module: a module whose class was swapped
     # (the checks' silent bugs, ``instruments.checks.bugs``) is copied into the view as it is

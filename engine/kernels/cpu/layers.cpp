@@ -7,9 +7,9 @@
 //     ln_w/b   2L + 1 LayerNorms: ln_1 and ln_2 of each block, then ln_f
 //     w, scale, bias, kind, out
 //              4L + 1 products: c_attn, attn.c_proj, c_fc, mlp.c_proj of each block, then the
-//              output projection; each one of engine.step's ways (``kind``):
+//              output projection; each one of engine.models.gpt2.step's ways (``kind``):
 //                0  kernel       w (out, in) fp32/bf16/int8 (+ scale): kvlab::linear
-//                1  interleaved  w engine.kernels.interleave's copy: kvlab::linear_interleaved
+//                1  interleaved  w engine.kernels.cpu.interleave's copy: kvlab::linear_interleaved
 //                2  packed       w (in, out): addmm / mm
 //                3  chunked      w (chunks, in, width), bias (chunks, 1, width): baddbmm / bmm
 //                4  linear       w (out, in): at::linear
@@ -40,7 +40,7 @@
 //     h reads K/V head h / (n_head / n_kv_head)), o, residual; RMSNorm, gate and up,
 //     SiLU(gate) * up, down, residual; then the final RMSNorm and the head.
 //
-// Why: engine.step.decode_step runs the same ops from Python, and on a 2-core CPU the Python
+// Why: engine.models.gpt2.step.decode_step runs the same ops from Python, and on a 2-core CPU the Python
 // and dispatcher around them cost about 1 ms of a 14-40 ms step (a step with every matrix
 // product replaced by a no-op took 1.4 ms at 128 tokens, 0.4 of it the attention). Here the
 // same ATen calls and kernels run back to back: the same arithmetic in the same order, so the

@@ -12,7 +12,7 @@
 //             d * dx in fp32 (for Q4_1 plus m * dx * sum(q_x)). true: each block converted to
 //             fp32 in registers and multiplied with fp32 x, d * sum(q x) + m * sum(x).
 //
-// Error bound (either way, per output; engine/kernels/__init__.py states it for callers):
+// Error bound (either way, per output; engine/kernels/cpu/__init__.py states it for callers):
 //   |y - y_ref| <= sum_j |w~_j| dx_j / 2 + (in / 32 + 40) * 2^-23 * sum_j |w~_j| (|x_j| + dx_j)
 // with |w~_j| = |d q_j| + |m| (Q8_0: |d q_j|), y_ref the fp64 product over the blocks
 // dequantized, dx_j = 0 when exact, else the scale of x's block holding j (the integer sums
@@ -347,12 +347,7 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& blocks,
               in / kBlock * bytes, " bytes per row (", bytes, " per 32 weights), got ",
               blocks.size(1));
   const int64_t out = blocks.size(0);
-  const float* b = nullptr;
-  if (bias) {
-    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->numel() == out && bias->is_contiguous(),
-                "bias must be (out,) contiguous fp32");
-    b = bias->data_ptr<float>();
-  }
+  const float* b = row_vector(bias, out, "bias");
   at::Tensor y = at::empty({batch, out}, x.options());
   const float* xp = x.data_ptr<float>();
   const uint8_t* wp = blocks.data_ptr<uint8_t>();

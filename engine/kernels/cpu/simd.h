@@ -2,7 +2,7 @@
 // -- AVX-512, AVX2+FMA, chosen at compile time by -march=native -- so each kernel body is
 // written once. ``KVLAB_VECTOR`` is defined where a vector path exists; ``kLanes`` floats per
 // ``vec``. ``scalar`` reads one weight of any stored type as fp32 (the plain-loop fallback).
-// ``kIsa`` names the path compiled in (``engine.kernels.isa()``): the fp32 kernels run AVX-512
+// ``kIsa`` names the path compiled in (``engine.kernels.cpu.isa()``): the fp32 kernels run AVX-512
 // or AVX2+FMA; blocks.cpp's integer dot products use VNNI where the target has it.
 #pragma once
 
@@ -38,70 +38,66 @@ inline float scalar(const c10::BFloat16* p, int64_t i) {
   return f;
 }
 
+// What differs between the instruction sets: the vector type, the loads that widen int8 and
+// bf16 to 32-bit lanes, a horizontal sum, floor; KVLAB_MM(op) names the set's intrinsic
+// (_mm512_op / _mm256_op) for the operations both spell alike, written once below.
 #if defined(__AVX512F__)
 constexpr int64_t kLanes = 16;
 using vec = __m512;
-inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
-inline vec vload(const int8_t* p) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-}
-inline vec vload(const c10::BFloat16* p) {
-  __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
-}
-inline vec vzero() { return _mm512_setzero_ps(); }
-inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+using ivec = __m512i;
+#define KVLAB_MM(op) _mm512_##op
 inline float vsum(vec a) { return _mm512_reduce_add_ps(a); }
-inline vec vset(float a) { return _mm512_set1_ps(a); }
-inline void vstore(float* p, vec a) { _mm512_storeu_ps(p, a); }
-inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
-inline vec vdiv(vec a, vec b) { return _mm512_div_ps(a, b); }
-inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
-inline vec vmin(vec a, vec b) { return _mm512_min_ps(a, b); }
-inline vec vmax(vec a, vec b) { return _mm512_max_ps(a, b); }
-inline vec vfloor(vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
-inline vec vpow2(vec n) {  // 2^n for integral n in [-126, 127], built in the exponent bits
-  __m512i e = _mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));
+inline ivec widen_i8(const int8_t* p) {  // 16 int8 -> 16 int32
+  return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
+inline ivec widen_u16(const void* p) {  // 16 uint16 -> 16 int32
+  return _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline vec as_float(ivec u) { return _mm512_castsi512_ps(u); }
+inline vec vfloor(vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
+#define KVLAB_VECTOR 1
 #elif defined(__AVX2__) && defined(__FMA__)
 constexpr int64_t kLanes = 8;
 using vec = __m256;
-inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
-inline vec vload(const int8_t* p) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-}
-inline vec vload(const c10::BFloat16* p) {
-  __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
-}
-inline vec vzero() { return _mm256_setzero_ps(); }
-inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+using ivec = __m256i;
+#define KVLAB_MM(op) _mm256_##op
 inline float vsum(vec a) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
   return _mm_cvtss_f32(s);
 }
-inline vec vset(float a) { return _mm256_set1_ps(a); }
-inline void vstore(float* p, vec a) { _mm256_storeu_ps(p, a); }
-inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
-inline vec vdiv(vec a, vec b) { return _mm256_div_ps(a, b); }
-inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
-inline vec vmin(vec a, vec b) { return _mm256_min_ps(a, b); }
-inline vec vmax(vec a, vec b) { return _mm256_max_ps(a, b); }
-inline vec vfloor(vec a) { return _mm256_floor_ps(a); }
-inline vec vpow2(vec n) {  // 2^n for integral n in [-126, 127], built in the exponent bits
-  __m256i e = _mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(e, 23));
+inline ivec widen_i8(const int8_t* p) {  // 8 int8 -> 8 int32
+  return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
 }
-#define KVLAB_VECTOR 1
-#endif
-#if defined(__AVX512F__)
+inline ivec widen_u16(const void* p) {  // 8 uint16 -> 8 int32
+  return _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline vec as_float(ivec u) { return _mm256_castsi256_ps(u); }
+inline vec vfloor(vec a) { return _mm256_floor_ps(a); }
 #define KVLAB_VECTOR 1
 #endif
 
 #ifdef KVLAB_VECTOR
+inline vec vload(const float* p) { return KVLAB_MM(loadu_ps)(p); }
+inline vec vload(const int8_t* p) { return KVLAB_MM(cvtepi32_ps)(widen_i8(p)); }
+inline vec vload(const c10::BFloat16* p) {  // bf16 is the high half of an fp32
+  return as_float(KVLAB_MM(slli_epi32)(widen_u16(p), 16));
+}
+inline vec vzero() { return KVLAB_MM(setzero_ps)(); }
+inline vec vfma(vec a, vec b, vec c) { return KVLAB_MM(fmadd_ps)(a, b, c); }
+inline vec vset(float a) { return KVLAB_MM(set1_ps)(a); }
+inline void vstore(float* p, vec a) { KVLAB_MM(storeu_ps)(p, a); }
+inline vec vmul(vec a, vec b) { return KVLAB_MM(mul_ps)(a, b); }
+inline vec vdiv(vec a, vec b) { return KVLAB_MM(div_ps)(a, b); }
+inline vec vadd(vec a, vec b) { return KVLAB_MM(add_ps)(a, b); }
+inline vec vmin(vec a, vec b) { return KVLAB_MM(min_ps)(a, b); }
+inline vec vmax(vec a, vec b) { return KVLAB_MM(max_ps)(a, b); }
+inline vec vpow2(vec n) {  // 2^n for integral n in [-126, 127], built in the exponent bits
+  ivec e = KVLAB_MM(add_epi32)(KVLAB_MM(cvttps_epi32)(n), KVLAB_MM(set1_epi32)(127));
+  return as_float(KVLAB_MM(slli_epi32)(e, 23));
+}
+
 // e^x, lane by lane, to float32 rounding (Cephes' expf: x = n ln2 + r, a degree-5 polynomial in
 // r, times 2^n); inputs below -87 give 0, as softmax wants of scores far under the maximum.
 inline vec vexp(vec x) {

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .decoders import Decoder
+from . import Decoder
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 // The kernels' entry points, callable from C++ as well as through ``torch.ops.kvlab`` (the fused
-// decode step in layers.cpp calls them directly, without the dispatcher). See each source file.
+// decode step in layers.cpp calls them directly, without the dispatcher), and the argument check
+// they share. See each source file.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -9,10 +10,19 @@
 
 namespace kvlab {
 
+// An optional (out,) fp32 argument of a product (its bias, int8's scale per row): its data, or
+// nullptr when absent; anything else is refused, naming ``what``.
+inline const float* row_vector(const std::optional<at::Tensor>& t, int64_t out, const char* what) {
+  if (!t) return nullptr;
+  TORCH_CHECK(t->scalar_type() == at::kFloat && t->numel() == out && t->is_contiguous(), what,
+              " must be (out,) contiguous fp32");
+  return t->data_ptr<float>();
+}
+
 // gemv.cpp: y (B, out) = (x (B, in) @ w.T) * scale + bias, w (out, in) fp32/bf16/int8
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& scale,
                   const std::optional<at::Tensor>& bias);
-// gemv.cpp: the fp32 product over engine.kernels.interleave's copy of w
+// gemv.cpp: the fp32 product over engine.kernels.cpu.interleave's copy of w
 at::Tensor linear_interleaved(const at::Tensor& x, const at::Tensor& wi, int64_t out,
                               const std::optional<at::Tensor>& bias);
 // attend.cpp: write one token's k, v (B, n_kv, hs) at row pos of a layer's cache (B, n_kv, T, hs),

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-# How causality is enforced in attention (``engine.attention``). The memory page shows what
+# How causality is enforced in attention (``engine.models.attention``). The memory page shows what
 # each one costs:
 #   "seed"        one fp32 block_size x block_size buffer for every layer (the write-up's)
 #   "shared_bool" a single bool buffer shared by all layers

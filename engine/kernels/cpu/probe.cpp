@@ -4,7 +4,7 @@
 //                          threads: the floor the block products are measured against
 //                          (scripts/bench_blocks.py), psadbw over 32-byte loads with prefetch
 //   isa() -> str           the instruction set this build was compiled for (simd.h's kIsa;
-//                          engine.kernels.isa(), named by every benchmark)
+//                          engine.kernels.cpu.isa(), named by every benchmark)
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>

@@ -1,37 +1,38 @@
 """Getting weights into our GPT-2: OpenAI's through ``transformers``, a local folder, or random.
 
-``load_gpt2(name, weights=..., device=..., dtype=...) -> ModelState`` is the GPT-2 family's
-loader (``engine.families.load`` is the one entry point for every family): the model, and where
-its weights came from (``state.provenance``: a label, and for "auto" why it
-fell back). ``weights`` is "random" (seeded, real shapes), "pretrained" (hub id = the preset
-name, or ``hub_id``), "auto" (pretrained if it can be had quickly, else random), or a path to a
-local checkpoint folder. Checkpoints are read as safetensors only: never unpickled. Failures
-raise ``WeightsError`` with a message that says what to do.
+``load_gpt2(name, weights, device=..., dtype=..., mask=..., seed=..., hub_id=...) ->
+ModelState`` is the GPT-2 family's loader (``engine.families.load`` is the one entry point for
+every family): what every family's loader does -- test shapes, random weights, the fallback of
+"auto", the provenance -- is ``engine.models.loader.load_preset``'s; here is where GPT-2's own
+weights come from.
+``weights`` is "random" (seeded, real shapes), "pretrained" (hub id = the preset name, or
+``hub_id``), "auto" (pretrained if it can be had quickly, else random), or a path to a local
+checkpoint folder. Checkpoints are read as safetensors only: never unpickled. Failures raise
+``WeightsError`` with a message that says what to do.
+
+``to_transformers(model)`` is the reference the gate compares with: a ``GPT2LMHeadModel``
+holding our weights (Conv1D weights transposed).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn as nn
 
-from . import dtypes, families
-from .config import GPTConfig
+from ..config import GPTConfig
+from ..loader import WeightsError, load_preset
+from ..state import ModelState
 from .model import GPT
-from .state import ModelState, Provenance
 
 WEIGHT_CHOICES = ("auto", "pretrained", "random")
 # transformers' GPT-2 uses Conv1D, whose weight is stored [in, out]: the transpose of nn.Linear.
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-
-
-
-class WeightsError(RuntimeError):
-    """Weights could not be loaded; the message says why and what to do instead."""
-
 
 def config_from_hf(hf_config: object, mask: str = "none") -> GPTConfig:
     return GPTConfig(
@@ -123,83 +124,62 @@ def _from_pretrained(source: str, *, local_only: bool) -> nn.Module:
             from exc
 
 
-def load_gpt2(
-    name: str = "gpt2",
-    weights: str = "auto",
-    *,
-    device: str | torch.device = "cpu",
-    dtype: str | torch.dtype = "float32",
-    mask: str = "none",
-    seed: int = 0,
-    hub_id: str | None = None,
-) -> ModelState:
-    """The model ``name`` with the asked-for weights on ``device`` in ``dtype``, in a state
-    whose ``provenance`` says where the weights came from (shown everywhere the model is)."""
-    torch_dtype = dtypes.to_torch(dtype)
-    is_path = weights not in WEIGHT_CHOICES
-    preset = families.preset(name)  # ValueError naming the presets
-    if preset.family != "gpt2":
-        raise ValueError(f"{name!r} is not a GPT-2 preset; load it with engine.families.load")
-    fallback = None
+def load_gpt2(name: str = "gpt2", weights: str = "auto", *, hub_id: str | None = None,
+              **options: Any) -> ModelState:
+    """The model ``name`` with the asked-for weights, in a state whose ``provenance`` says where
+    the weights came from (shown everywhere the model is); ``options``: ``device``, ``dtype``,
+    ``mask``, ``seed`` (``engine.models.loader.load_preset``)."""
+    return load_preset(name, weights, "gpt2", functools.partial(_real, source=hub_id or name),
+                       **options)
 
-    if preset.test:
-        if weights not in ("random", "auto"):
-            raise ValueError(f"{name!r} is a test shape with random weights only; "
-                             "choose random weights")
-        # Large std: a tiny random model's greedy stream is then lively enough for a wrong
-        # cache to change the tokens.
-        model = GPT.random(families.config(name, mask=mask), seed=seed, device=device,
-                           dtype=torch_dtype, std=0.2)
-        label = f"random (seed {seed}, test shape)"
-    elif weights == "random":
-        model = GPT.random(families.config(name, mask=mask), seed=seed, device=device,
-                           dtype=torch_dtype)
-        label = f"random (seed {seed})"
-    elif is_path:
-        folder = Path(weights).expanduser()
-        if not folder.is_dir():
-            raise WeightsError(
-                f"{folder} is not a folder. Pass a folder written by "
-                "GPT2LMHeadModel.save_pretrained (config.json + model.safetensors), "
-                "'pretrained', or 'random'."
-            )
-        if not (folder / "config.json").exists() or not any(folder.glob("*.safetensors")):
-            raise WeightsError(
-                f"{folder} is not a checkpoint folder: it needs config.json and a "
-                ".safetensors file (pickled .bin files are not loaded). Use random weights, "
-                "or save a model there with save_pretrained."
-            )
-        hf = _from_pretrained(str(folder), local_only=True)
-        model = gpt_from_transformers(hf, mask=mask, device=device, dtype=torch_dtype)
-        label = f"local checkpoint ({folder.name})"
-    else:
-        source = hub_id or name
+
+def _real(weights: str, *, source: str, device: str | torch.device, dtype: torch.dtype,
+          mask: str) -> tuple[GPT, str]:
+    """GPT-2's own weights: a checkpoint folder, or ``source`` from the Hugging Face cache or
+    hub (WeightsError saying what to do when they cannot be had)."""
+    if weights not in WEIGHT_CHOICES:
+        return _from_folder(Path(weights).expanduser(), mask, device, dtype)
+    try:
+        if weights == "auto" and not _cached(source) and not _hub_reachable():
+            raise WeightsError("no network and no cached copy")
         try:
-            if weights == "auto" and not _cached(source) and not _hub_reachable():
-                raise WeightsError("no network and no cached copy")
-            try:
-                hf = _from_pretrained(source, local_only=True)  # the Hugging Face cache first
-            except WeightsError:
-                if weights == "auto" and not _hub_reachable():
-                    raise WeightsError("no network and no cached copy") from None
-                hf = _from_pretrained(source, local_only=False)
-        except WeightsError as exc:
-            if weights == "pretrained":
-                raise WeightsError(
-                    f"pretrained weights for {source!r} could not be loaded ({exc}). "
-                    "Connect to the internet once so transformers can download them into the "
-                    "Hugging Face cache, or download them elsewhere with "
-                    f"GPT2LMHeadModel.from_pretrained({source!r}).save_pretrained(FOLDER) and "
-                    "pass that folder as the weights; or choose random weights."
-                ) from exc
-            fallback = f"pretrained weights for {source!r} unavailable ({exc})"
-            model = GPT.random(families.config(name, mask=mask), seed=seed, device=device,
-                               dtype=torch_dtype)
-            label = f"random (seed {seed})"
-        else:
-            model = gpt_from_transformers(hf, mask=mask, device=device, dtype=torch_dtype)
-            label = f"pretrained ({source})"
-    return ModelState(model.eval().requires_grad_(False), Provenance(label, fallback))
+            hf = _from_pretrained(source, local_only=True)  # the Hugging Face cache first
+        except WeightsError:
+            if weights == "auto" and not _hub_reachable():
+                raise WeightsError("no network and no cached copy") from None
+            hf = _from_pretrained(source, local_only=False)
+    except WeightsError as exc:
+        if weights == "pretrained":
+            raise WeightsError(
+                f"pretrained weights for {source!r} could not be loaded ({exc}). "
+                "Connect to the internet once so transformers can download them into the "
+                "Hugging Face cache, or download them elsewhere with "
+                f"GPT2LMHeadModel.from_pretrained({source!r}).save_pretrained(FOLDER) and "
+                "pass that folder as the weights; or choose random weights."
+            ) from exc
+        raise WeightsError(f"pretrained weights for {source!r} unavailable ({exc})") from exc
+    model = gpt_from_transformers(hf, mask=mask, device=device, dtype=dtype)
+    return model, f"pretrained ({source})"
+
+
+def _from_folder(folder: Path, mask: str, device: str | torch.device,
+                 dtype: torch.dtype) -> tuple[GPT, str]:
+    """A checkpoint folder written by ``save_pretrained``: safetensors only, never unpickled."""
+    if not folder.is_dir():
+        raise WeightsError(
+            f"{folder} is not a folder. Pass a folder written by "
+            "GPT2LMHeadModel.save_pretrained (config.json + model.safetensors), "
+            "'pretrained', or 'random'."
+        )
+    if not (folder / "config.json").exists() or not any(folder.glob("*.safetensors")):
+        raise WeightsError(
+            f"{folder} is not a checkpoint folder: it needs config.json and a "
+            ".safetensors file (pickled .bin files are not loaded). Use random weights, "
+            "or save a model there with save_pretrained."
+        )
+    hf = _from_pretrained(str(folder), local_only=True)
+    model = gpt_from_transformers(hf, mask=mask, device=device, dtype=dtype)
+    return model, f"local checkpoint ({folder.name})"
 
 
 def to_transformers(model: GPT) -> nn.Module:

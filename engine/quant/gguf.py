@@ -12,8 +12,8 @@
 A GGUF file: the magic b"GGUF", a version (2 or 3), the tensor and key/value counts, the
 key/value pairs, the tensor table (name, dims fastest-first, ggml type, offset), then the tensor
 data, aligned (``general.alignment``, default 32). Nothing is unpickled: a file that is not
-GGUF, is truncated or holds garbage raises ``engine.weights.WeightsError`` naming the file and
-what is wrong with it, on open (every tensor's bytes are checked to lie inside the file).
+GGUF, is truncated or holds garbage raises ``engine.models.loader.WeightsError`` naming the
+file and what is wrong with it, on open (every tensor's bytes are checked to lie inside the file).
 
 Dequantized here: F32, F16, Q8_0 (34-byte blocks: fp16 scale d, 32 int8; x = d * q) and Q4_1
 (20-byte blocks: fp16 d, fp16 m, 16 bytes of nibbles, the low nibbles weights 0-15 and the high
@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .config import LlamaConfig
-from .weights import WeightsError
+from ..models.config import LlamaConfig
+from ..models.loader import WeightsError
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)

@@ -2,8 +2,9 @@
 
   state = ModelState(model, Provenance("pretrained (gpt2)"))
   state.provenance            where the weights came from (a label, and why "auto" fell back)
-  state.attention(kind)       the causal-mask variant ``kind`` (``engine.attention``), built once
-                              and shared by every decoder of the model; ``mask_nbytes()``
+  state.attention(kind)       the causal-mask variant ``kind`` (``engine.models.attention``),
+                              built once and shared by every decoder of the model;
+                              ``mask_nbytes()``
   state.cached(key, build)    anything else built once per model: mode 8's packed weight copies
                               (``engine.decoders.fast``), modes 7/9's compiled steps
                               (``engine.decoders.compiled``)
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .attention import Attention, make_attention
-from .model import GPT
+from .base import CausalLM
 
 T = TypeVar("T")
 
@@ -42,7 +43,7 @@ class Provenance:
 _LIVE: weakref.WeakValueDictionary[int, ModelState] = weakref.WeakValueDictionary()
 
 
-def weights_version(model: GPT) -> tuple[int, ...]:
+def weights_version(model: CausalLM) -> tuple[int, ...]:
     """Changes with any in-place write to a parameter: what was built from the weights (packed
     or quantized copies, a peer's converted engine) is stale when it differs."""
     return tuple(p._version for p in model.parameters())
@@ -51,7 +52,7 @@ def weights_version(model: GPT) -> tuple[int, ...]:
 class ModelState:
     """One model and what is built on it: see the module docstring."""
 
-    def __init__(self, model: GPT, provenance: Provenance | None = None) -> None:
+    def __init__(self, model: CausalLM, provenance: Provenance | None = None) -> None:
         self.model = model
         self.provenance = provenance or Provenance()
         self._built: dict[tuple[Any, ...], Any] = {}
@@ -60,7 +61,7 @@ class ModelState:
         _LIVE[id(model)] = self  # the newest state of a model is the one ``of`` finds
 
     @classmethod
-    def of(cls, model: GPT | ModelState) -> ModelState:
+    def of(cls, model: CausalLM | ModelState) -> ModelState:
         """``model`` itself if it is a state; else the live state holding it, or a new one."""
         if isinstance(model, ModelState):
             return model

