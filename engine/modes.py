@@ -260,7 +260,7 @@ for _spec in (
              "the residual; the MLP's up (GELU, or SwiGLU's gate and up) with its norm; its down "
              "with the residual. Weights as the model stores them (fp32, bf16); rungs 14-15 run "
              "the same step over their GGUF blocks on a GPU. Exact (fp32 rounding).",
-             _TRITON, attention="step", appends=False, predicted=NOT_COMPILED, needs="cuda",
+             _TRITON, attention="step", predicted=NOT_COMPILED, needs="cuda",
              gpu_path="triton", roles=frozenset({"attribution", "bench"})),
 ):
     register(_spec)

@@ -80,7 +80,7 @@ def _storage(name: str) -> str:
 
 # -- the registry ----------------------------------------------------------------------------
 def test_the_rungs_are_registered_last_with_their_storage() -> None:
-    assert [modes.spec(n).rung for n in RUNGS] == [len(modes.MODES) - 1, len(modes.MODES)]
+    assert [modes.spec(n).rung for n in RUNGS] == [14, 15]  # rung 16, the Triton step, after
     for name, storage in zip(RUNGS, ("q8_0", "q4_1"), strict=True):
         spec = modes.spec(name)
         assert spec.weight_storage == storage and spec.cached and spec.tolerance > 0

@@ -36,6 +36,9 @@ def block_decoder(model: Any | ModelState, *, storage: str, batch_size: int = 1,
     return BlockDecoder(model, storage=storage, batch_size=batch_size, capacity=capacity)
 
 
+block_decoder.appends = True  # type: ignore[attr-defined]  # both decoders it returns do
+
+
 class BlockDecoder(WeightOnlyDecoder):
     """Mode 12's decoder over ``quant_blocks.block_view`` instead of an int8 / bf16 view."""
 

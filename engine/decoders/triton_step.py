@@ -117,6 +117,10 @@ class TritonStep:
 class TritonDecoder(GraphDecoder):
     """Rung 16 (weights as stored by the model) and rungs 14-15 on a GPU (``storage``)."""
 
+    # Several tokens at once go through the model's forward into the captured cache, as a
+    # prefill does (speculative decoding's verify step); one token goes through the graph.
+    appends = True
+
     def __init__(self, model: Any | ModelState, *, batch_size: int = 1,
                  capacity: int | None = None, storage: str | None = None,
                  capture: bool | None = None) -> None:
