@@ -41,7 +41,7 @@ def test_a_summary_is_a_valid_run_naming_its_stages() -> None:
 def test_the_blocks_say_what_failed_and_each_mode_run_by_run(tmp_path: Path) -> None:
     runs_dir = tmp_path / "docs" / "runs"
     check = {**check_run(SUMMARY), "path": str(runs_dir / "gpu" / "2026-12-04-h200" / "c.json")}
-    first = _sweep([("cuda_graph", 1024, 2.144), ("q8_0_weights", 1024, 48.0)],
+    first = _sweep([("cuda_graph", 1024, 2.144), ("q8_0_weights", 600, 48.0)],
                    "2026-12-04T15:47:13+00:00", runs_dir / "gpu-first-light" / "a.json")
     again = _sweep([("cuda_graph", 512, 0.70), ("cuda_graph", 1024, 0.679),
                     ("triton", 1024, 1.677)], "2026-12-04T18:33:48+00:00",
@@ -52,9 +52,12 @@ def test_the_blocks_say_what_failed_and_each_mode_run_by_run(tmp_path: Path) -> 
     line = brief_block([check], tmp_path)
     assert "NVIDIA H200" in line and "1 ok, 1 failed; failed: tests" in line
     table = modes_block([first, again, floor, check], tmp_path).splitlines()
-    assert table[0].startswith("| model dtype | mode | first light: ms (context) | "
-                               "2026-12-04-h200: ms (context) | newest ÷ read floor")
-    rows = {r.split("|")[2].strip(): [c.strip() for c in r.split("|")[3:-1]] for r in table[2:]}
-    assert rows["`cuda_graph`"] == ["2.144 (1024)", "0.679 (1024)", "5.3×"]  # the longest
-    assert rows["`triton`"] == ["—", "1.677 (1024)", "—"]  # not there at first light
-    assert rows["`q8_0_weights`"] == ["48.000 (1024)", "—", "—"]
+    assert "first light → 2026-12-04-h200" in table[0]
+    assert table[2].startswith("| mode | gpt2 float32 |")  # its contexts differ: in the cells
+    rows = {r.split("|")[1].strip(): r.split("|")[2].strip() for r in table[4:]}
+    assert rows["`cuda_graph`"] == "2.144 @1024 → 0.679 @1024 (5.3×)"  # the longest
+    assert rows["`triton`"] == "— → 1.677 @1024"  # not there at first light
+    assert rows["`q8_0_weights`"] == "48.000 @600 → —"
+    same = modes_block([again, floor], tmp_path).splitlines()  # one context a sweep: the head
+    assert same[2].startswith("| mode | gpt2 float32 @ 1024 |")
+    assert "| `cuda_graph` | 0.679 (5.3×) |" in same

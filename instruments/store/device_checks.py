@@ -10,10 +10,11 @@ of the device checks committed under docs/runs/. Torch-free.
                             first: when, on what, which commit, stages by status, the failed
                             ones with their errors
   brief_block(runs, root)   generated block "gpu-brief" (README): one line per device check
-  modes_block(runs, root)   generated block "gpu-modes": each mode's cached step on a GPU run by
-                            run (first light's sweeps, then each check's), at the longest
-                            context each sweep reached, and the newest over its read floor (the
-                            check's floor summary: weights + K/V bytes / measured bandwidth)
+  modes_block(runs, root)   generated block "gpu-modes": a row per mode, a column per model and
+                            dtype, each cell the step run by run (first light's sweeps, then
+                            each check's) at the longest context each sweep reached, and the
+                            newest over its read floor (the check's floor summary: weights + K/V
+                            bytes / measured bandwidth)
 """
 
 from __future__ import annotations
@@ -118,18 +119,35 @@ def modes_block(runs: list[Run], root: Path) -> str:
     if not sweeps:
         return "No GPU sweep committed yet."
     labels = sorted(sweeps, key=lambda s: s != "first light")
-    keys = sorted({k for got in sweeps.values() for k in got},
-                  key=lambda k: (k[0] != "gpt2", k[1] != "float32", k[2]))
-    rows = []
-    for key in keys:
-        cells = [("—" if key not in sweeps[lab] else
-                  f"{sweeps[lab][key][1]:.3f} ({sweeps[lab][key][0]})") for lab in labels]
+    keys = {k for got in sweeps.values() for k in got}
+    columns = sorted({k[:2] for k in keys}, key=lambda c: (c[0] != "gpt2", c[1] != "float32", c))
+    # A column's contexts go in its header when each sweep reached one context for every mode.
+    reached = {col: [{got[k][0] for k in got if k[:2] == col} for got in sweeps.values()]
+               for col in columns}
+    uniform = {col: all(len(s) <= 1 for s in reached[col]) for col in columns}
+
+    def cell(key: tuple[str, str, str]) -> str:
+        steps = []
+        for lab in labels:
+            hit = sweeps[lab].get(key)
+            steps.append("—" if hit is None else f"{hit[1]:.3f}" + (
+                "" if uniform[key[:2]] else f" @{hit[0]}"))
         ratio = floors.get(key)
-        rows.append([f"{key[0]} {key[1]}", f"`{key[2]}`", *cells,
-                     "—" if ratio is None else f"{ratio:.1f}×"])
-    head = ["model dtype", "mode", *[f"{lab}: ms (context)" for lab in labels],
-            "newest ÷ read floor"]
-    return "\n".join(md_table(head, rows))
+        return " → ".join(steps) + ("" if ratio is None else f" ({ratio:.1f}×)")
+
+    def header(col: tuple[str, str]) -> str:
+        if not uniform[col]:
+            return f"{col[0]} {col[1]}"
+        return f"{col[0]} {col[1]} @ " + " → ".join(
+            str(next(iter(s))) if s else "—" for s in reached[col])
+
+    modes = sorted({k[2] for k in keys})
+    rows = [[f"`{m}`", *[cell((*col, m)) if (*col, m) in keys else "" for col in columns]]
+            for m in modes]
+    return "\n".join([f"ms a step, {' → '.join(labels)}, at the longest context each sweep "
+                      "reached (in the column's head, else after @); in brackets the newest "
+                      "over its read floor:", "",
+                      *md_table(["mode", *[header(c) for c in columns]], rows)])
 
 
 def brief_block(runs: list[Run], root: Path) -> str:
