@@ -1,14 +1,15 @@
 """Pure figure builders for the prefix cache: rows of the ``prefix_ttft``, ``prefix_chat`` and
 ``prefix_workload`` runs in, plotly Figures out. No Streamlit, no measurement.
 
-  ttft_figure      TTFT against the cached prefix per prompt length, with the prediction
-                   (a cold prefill of the new tokens alone + the lookup), the same new tokens
-                   appended after the prefix in a contiguous cache, and the lookup itself
+  ttft_figure      TTFT against the cached prefix, one colour per prompt length: measured
+                   (solid), the prediction (a cold prefill of the new tokens alone + the lookup:
+                   dashed), the same new tokens appended after the prefix in a contiguous cache
+                   (dotted), and the lookup itself (crosses)
   chat_figure      TTFT per turn of the chat, with and without reuse
   chat_kv_figure   K/V bytes each turn computed, and the bytes held at its first token
   budget_figure    per budget: hit rate (bars) and TTFT p50 / p99 (markers), beside no reuse
-  held_figure      bytes the pool held after each request of the stream, per budget, and
-                   where evictions happened
+  held_figure      bytes the pool held at each request's first token (the tree's and the
+                   request's own), per budget, and where evictions happened
   tree_figure      the radix tree at one step of the stream: each node a box from its first to
                    its last token (x) over the lanes of the leaves below it (y), shaded by the
                    largest reference count of its blocks, outlined where the running request
@@ -24,37 +25,40 @@ import plotly.graph_objects as go
 
 from ui.figures import DASHES, MIB, style
 
-MEASURED, PREDICTED, EXTEND, LOOKUP = "#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd"
+MEASURED = "#1f77b4"
+PROMPTS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b")  # one colour per prompt length
 MODES = {"reuse": "#1f77b4", "no reuse": "#d62728"}
 REFS = {1: "#c6dbef", 2: "#6baed6", 3: "#2171b5"}  # largest reference count (3: 3 or more)
 IN_USE, EVICTED, OWN = "#e6550d", "#d62728", "#fdae6b"
 
 
 def ttft_figure(df: pd.DataFrame) -> go.Figure:
-    """Per prompt length: measured TTFT, the prediction, the extend, the lookup (log y)."""
+    """Per prompt length (one colour each): the measured TTFT (solid), the prediction (dashed),
+    the extend (dotted) and the lookup (crosses), on a log axis."""
     x_title, y_title = "tokens taken from the prefix cache (P)", "time to first token (ms)"
     fig = go.Figure()
     if df.empty:
         return style(fig, x_title, y_title, legend=None)
     for i, (n, part) in enumerate(sorted(df.groupby("prompt_len"), key=lambda g: g[0])):
         part = part.sort_values("cached_tokens")
-        dash = DASHES[i % len(DASHES)]
-        traces = (("ttft_ms", f"N = {n}: measured", MEASURED, "lines+markers"),
-                  ("predicted_ms", f"N = {n}: prefill of the N − P new tokens alone + lookup",
-                   PREDICTED, "lines"),
-                  ("extend_ms", f"N = {n}: the new tokens after the prefix, contiguous cache",
-                   EXTEND, "lines"),
-                  ("lookup_ms", f"N = {n}: the lookup", LOOKUP, "markers"))
-        for column, name, color, mode in traces:
+        color = PROMPTS[i % len(PROMPTS)]
+        traces = (("ttft_ms", "measured", dict(color=color, width=3), "lines+markers"),
+                  ("predicted_ms", "prefill of the N − P new tokens alone + lookup",
+                   dict(color=color, dash="dash"), "lines"),
+                  ("extend_ms", "the new tokens after the prefix, contiguous cache",
+                   dict(color=color, dash="dot"), "lines"),
+                  ("lookup_ms", "the lookup", dict(color=color), "markers"))
+        for column, what, line, mode in traces:
             if column not in part:
                 continue
+            name = f"N = {n}: {what}"
             fig.add_trace(go.Scatter(
-                x=part["cached_tokens"], y=part[column], mode=mode, name=name,
-                line=dict(color=color, dash=dash if column == "ttft_ms" else "dot"),
-                customdata=part[["new_tokens", "tree_tokens"]],
+                x=part["cached_tokens"], y=part[column], mode=mode, name=name, line=line,
+                marker=dict(symbol="x" if column == "lookup_ms" else "circle", color=color),
+                legendgroup=str(n), customdata=part[["new_tokens", "tree_tokens"]],
                 hovertemplate="P = %{x}, %{customdata[0]} new tokens: %{y:,.3f} ms "
                 "(%{customdata[1]:,} tokens in the tree)<extra>" + name + "</extra>"))
-    return style(fig, x_title, y_title, log_y=True, legend=None, height=460)
+    return style(fig, x_title, y_title, log_y=True, legend=None, height=480)
 
 
 def chat_figure(df: pd.DataFrame) -> go.Figure:

@@ -167,8 +167,7 @@ with tab_load:
         else:
             params = PrefixWorkloadParams(budgets, n_req, rate_per_s=rate, new_tokens=new,
                                           system_tokens=base_w.system_tokens,
-                                          document_tokens=base_w.document_tokens,
-                                          picture_budget=min(1, len(budgets) - 1))
+                                          document_tokens=base_w.document_tokens)
             _start(KEY_W, "prefix_workload", params, f"prefix workload, {choice.model}")
 
     def draw_load(job: Job) -> None:
@@ -182,7 +181,10 @@ with tab_load:
             return
         meta = (job.run or {}).get("meta") or {}
         steps = sorted(int(x) for x in tree["step"].unique())
-        step = st.select_slider("Step (request admitted)", steps, steps[-1], key="load_step")
+        evicting = sorted(int(x) for x in gone["step"].unique()) if not gone.empty else []
+        step = st.select_slider("Step (request admitted)", steps,
+                                evicting[-1] if evicting else steps[-1], key="load_step",
+                                help="Opens at the last step that evicted a leaf.")
         st.plotly_chart(tree_figure(tree, gone, int(step)), width="stretch")
         st.caption(f"The tree under the {meta.get('picture_label', 'chosen')} budget as request "
                    f"{int(step)} was admitted: each box a node (its tokens along x), stacked "

@@ -90,34 +90,37 @@ class BlockPool:
         self.v[:, :, new] = self.v[:, :, block]
         return new
 
-    def _slots(self, ids: list[int], start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(block id, offset in it) of positions start..end-1 of a table ``ids``."""
-        bt = self.block_tokens
-        pos = torch.arange(start, end, device=self.k.device)
-        table = torch.tensor(ids, dtype=torch.long, device=self.k.device)
-        return table[pos // bt], pos % bt
+    def _runs(self, ids: list[int], start: int, end: int
+              ) -> list[tuple[int, int, int, int, int]]:
+        """Positions start..end-1 of table ``ids`` as runs of consecutive block ids: (first
+        block, blocks in the run, first and last + 1 row in the run's flattened rows, the
+        position of its first row)."""
+        bt, out, pos = self.block_tokens, [], start
+        while pos < end:
+            j = pos // bt
+            run = 1
+            while (j + run) * bt < end and ids[j + run] == ids[j] + run:
+                run += 1
+            hi = min((j + run) * bt, end)
+            out.append((ids[j], run, pos - j * bt, hi - j * bt, pos))
+            pos = hi
+        return out
 
     def write(self, ids: list[int], start: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Rows k, v (L, n_kv, T, hs) written at positions start..start+T-1 of table ``ids``."""
-        blk, off = self._slots(ids, start, start + k.size(2))
-        self.k[:, :, blk, off] = k
-        self.v[:, :, blk, off] = v
+        """Rows k, v (L, n_kv, T, hs) written at positions start..start+T-1 of table ``ids``:
+        one slice per run of consecutive blocks, no index tensors."""
+        for first, run, lo, hi, pos in self._runs(ids, start, start + k.size(2)):
+            at = pos - start
+            self.k[:, :, first : first + run].flatten(2, 3)[:, :, lo:hi] = k[:, :, at:at + hi - lo]
+            self.v[:, :, first : first + run].flatten(2, 3)[:, :, lo:hi] = v[:, :, at:at + hi - lo]
 
     def read_into(self, ids: list[int], length: int, k_out: torch.Tensor,
                   v_out: torch.Tensor) -> None:
-        """Rows 0..length-1 of table ``ids`` copied into k_out, v_out (L, n_kv, >= length, hs).
-
-        Runs of consecutive block ids (a request's blocks are handed out in order) are copied
-        as one slice each: one pass over the rows, no gathered temporary."""
-        bt, j, n = self.block_tokens, 0, -(-length // self.block_tokens)
-        while j < n:
-            run = 1
-            while j + run < n and ids[j + run] == ids[j] + run:
-                run += 1
-            lo, hi = j * bt, min((j + run) * bt, length)
-            first = ids[j]
-            src_k = self.k[:, :, first : first + run].flatten(2, 3)  # (L, n_kv, run*bt, hs)
-            src_v = self.v[:, :, first : first + run].flatten(2, 3)
-            k_out[:, :, lo:hi] = src_k[:, :, : hi - lo]
-            v_out[:, :, lo:hi] = src_v[:, :, : hi - lo]
-            j += run
+        """Rows 0..length-1 of table ``ids`` copied into k_out, v_out (L, n_kv, >= length, hs):
+        one slice per run of consecutive block ids (a request's blocks are handed out in
+        order), so one pass over the rows and no gathered temporary."""
+        for first, run, lo, hi, pos in self._runs(ids, 0, length):
+            k_out[:, :, pos:pos + hi - lo] = self.k[:, :, first : first + run].flatten(2, 3)[
+                :, :, lo:hi]
+            v_out[:, :, pos:pos + hi - lo] = self.v[:, :, first : first + run].flatten(2, 3)[
+                :, :, lo:hi]

@@ -180,10 +180,10 @@ class PrefixCache:
     def _check_request(self, ids: list[int], max_new_tokens: int) -> None:
         if not ids:
             raise ValueError("the prompt is empty; give at least one token")
-        bad = [t for t in ids if not 0 <= t < self.vocab]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary; allowed: "
-                             f"0..{self.vocab - 1}")
+        lo, hi = min(ids), max(ids)
+        if lo < 0 or hi >= self.vocab:
+            raise ValueError(f"token id {lo if lo < 0 else hi} is outside the vocabulary; "
+                             f"allowed: 0..{self.vocab - 1}")
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be 0 or more, got {max_new_tokens}")
         total = len(ids) + max_new_tokens
@@ -204,7 +204,7 @@ class PrefixCache:
               should_stop: Callable[[], bool] | None = None) -> Request:
         """A running request for prompt ``ids`` (see the module docstring); ``hit`` is a
         ``lookup`` made just before (None: no reuse, the whole prompt is computed)."""
-        ids = [int(t) for t in ids]
+        ids = ids if isinstance(ids, list) else [int(t) for t in ids]
         self._check_request(ids, max_new_tokens)
         hit = hit if hit is not None else Hit(self.root, 0)
         bt, m = self.block_tokens, hit.length

@@ -60,7 +60,7 @@ class PrefixWorkloadParams:
     new_tokens: int = 4
     rate_per_s: float = 1.0
     block_tokens: int = 16
-    picture_budget: int = 1
+    picture_budget: int = 0  # the smallest budget: the one that evicts most
     picture_steps: int = 60
     seed: int = 0
 
@@ -196,6 +196,7 @@ def _serve_stream(model: Any, stream: list[dict[str, Any]], budget: int, reuse: 
         start = time.perf_counter()
         s = serve(model, cache, r["ids"], p.new_tokens, reuse)
         prefill_ms = (time.perf_counter() - start) * 1e3
+        held = cache.used_bytes()  # at the first token: the tree's blocks and the request's
         if r["request"] < picture:
             seen = _picture(cache, s.request, r["request"], tr, seen)
         s.request.greedy(model, s.logits, p.new_tokens)
@@ -209,7 +210,7 @@ def _serve_stream(model: Any, stream: list[dict[str, Any]], budget: int, reuse: 
                "document": r["document"], "prompt_tokens": len(r["ids"]),
                "cached_tokens": s.cached, "lookup_ms": s.lookup_ms, "prefill_ms": prefill_ms,
                "service_ms": service_ms, "wait_ms": wait_ms, "ttft_ms": wait_ms + prefill_ms,
-               "bytes_held": cache.used_bytes(), "evictions": cache.evictions,
+               "bytes_held": held, "evictions": cache.evictions,
                "tree_tokens": cache.tokens_held()}
         rows.append(row)
         tr.work += 1

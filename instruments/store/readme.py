@@ -32,6 +32,7 @@ from pathlib import Path
 from instruments.store import readme_blocks as mk
 from instruments.store import readme_code as code
 from instruments.store import readme_llama as llama
+from instruments.store import readme_prefix as prefix
 from instruments.store import readme_speed as speed
 from instruments.store import readme_tables
 from instruments.store.readme_blocks import ReadmeError, Run, rel
@@ -105,6 +106,10 @@ BLOCKS: dict[str, Block] = {
                                "bench_speculate.py --models smollm2-135m --threads 1 "
                                f"--results-dir docs/runs/speculate-smollm2` {_QUIET}"),
     "models": Block(None, code.models, source="the family table (engine/families.py)"),
+    **{f"prefix-{part}": Block("prefix", getattr(prefix, f"prefix_{part}"),
+                               "`python scripts/bench_prefix.py` (it waits for a quiet host and "
+                               "writes its runs here)")
+       for part in ("targets", "ttft", "chat", "workload")},
 }
 # A marker is a line of its own (a marker quoted inside a sentence is prose, not a block).
 _BLOCK = re.compile(r"^<!-- generated: (?P<name>\S+) -->\n(?P<body>.*?)^<!-- end: (?P=name) -->$",
