@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -42,11 +43,12 @@ def budget(model: torch.nn.Module, tokens: int) -> int:
 
 @torch.no_grad()
 def serve_exactly(model: torch.nn.Module, cache: PrefixCache, ids: list[int],
-                  new: int = NEW) -> int:
+                  new: int = NEW, cached_reference: bool = False) -> int:
     """Serve ``ids`` from the cache; AssertionError unless its logits and greedy tokens are a
-    full prefill's. The tokens it took from the cache."""
+    full prefill's (then the uncached loop's tokens, or with ``cached_reference`` the
+    preallocated cache's, which the gate holds to them). The tokens it took from the cache."""
     full, _ = model(torch.tensor([ids]), use_cache=False, logits="last")
-    want = generate(model, [ids], new, use_cache=False, logits="last")[0].tolist()
+    want = generate(model, [ids], new, use_cache=cached_reference, logits="last")[0].tolist()
     req = cache.admit(ids, new, cache.lookup(ids))
     logits = req.prefill(model)
     drift = float((logits - full[:, -1]).abs().max())
@@ -131,4 +133,21 @@ def test_smollm2_chat_from_the_tree_gives_the_same_greedy_text() -> None:
     messages += [{"role": "assistant", "content": tok.decode(answer).replace("<|im_end|>", "")},
                  {"role": "user", "content": "Which of them matters most in a chat?"}]
     second = tok.encode(tok.chat_messages(messages))
-    assert serve_exactly(model, cache, second, new=16) >= len(first)  # turn one came back
+    assert serve_exactly(model, cache, second, 16, cached_reference=True) >= len(first)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["prefix_workload", "--model", "llama-tiny", "--budgets-mib", "0.01"],
+     "smaller than one request's blocks"),
+    (["prefix_chat", "--model", "tiny"], "needs a model with a chat template"),
+    (["prefix_ttft", "--model", "tiny", "--prompt-lens", "64", "--shares", "0.5,3"],
+     "within 0..1"),
+    (["prefix_ttft", "--model", "tiny", "--prompt-lens", "1"], "outside 2..128")])
+def test_the_cli_refuses_bad_input_in_one_line(argv: list[str], says: str, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture) -> None:
+    from instruments import cli
+
+    assert cli.main([*argv, "--results-dir", str(tmp_path), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and len(err.splitlines()) == 1, err
+    assert not list(tmp_path.glob("*.json"))

@@ -326,7 +326,8 @@ class PrefixCache:
             if not leaves:
                 raise PoolExhausted(
                     f"{blocks} free blocks are needed and {len(self.pool.free)} are free; the "
-                    f"other {self.pool.used} are held by running requests")
+                    f"other {self.pool.used} are held by running requests and the tree nodes "
+                    "they read; allowed: a larger budget, or fewer requests at once")
             self.evict_leaf(leaves[0])
 
     # ----------------------------------------------------------------------- what it holds

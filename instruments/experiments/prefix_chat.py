@@ -163,9 +163,9 @@ def run(loaded: Loaded, params: PrefixChatParams, progress: ProgressFn | None = 
         same = {"turn": turn, "identical": answer == plain_answer,
                 **{f"between_modes_{k}": v for k, v in drift(logits, plain_logits).items()}}
         text_out = tok.decode(answer).replace("<|im_end|>", "").strip()
-        tr.row("turns", {**plain, **same, "answer": tok.decode(plain_answer)
+        tr.row("turns", {"turn": turn, **plain, **same, "answer": tok.decode(plain_answer)
                          .replace("<|im_end|>", "").strip()}, points=0)
-        tr.row("turns", {**mine, **same, "answer": text_out},
+        tr.row("turns", {"turn": turn, **mine, **same, "answer": text_out},
                f"turn {turn}: {mine['ttft_ms']:.0f} ms with reuse, {plain['ttft_ms']:.0f} "
                "without")
         tr.work += 1
