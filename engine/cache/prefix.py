@@ -215,13 +215,13 @@ class PrefixCache:
         try:
             self.make_room(1 if m % bt else 0)
             table = self.path_blocks(hit.node)[: -(-m // bt)]
-            for b in table[: m // bt]:
-                self.pool.ref(b)  # shared: the request reads these, never writes them
-            if m % bt:
-                table[-1] = self.pool.copy(table[-1])  # copy-on-write of the diverging block
+            if m % bt:  # copy-on-write of the diverging block (first: nothing is held yet)
+                table[-1] = self.pool.copy(table[-1])
         except BaseException:
             self._lock(hit.node, -1)
             raise
+        for b in table[: m // bt]:
+            self.pool.ref(b)  # shared: the request reads these, never writes them
         req = Request(self, ids, max_new_tokens, table, hit.node, m, should_stop)
         self.running.add(req)
         try:
