@@ -26,10 +26,10 @@ $(VENV)/.installed: requirements.txt
 		|| echo "$(SMOLLM2) was not installed: smollm2-135m is listed as not installed"
 	touch $@
 
-# The CPU matrix-vector kernel (engine/kernels), compiled once per machine and source change;
+# The CPU matrix-vector kernel (engine/kernels/cpu), compiled once per machine and source change;
 # without a compiler the lab still runs, on torch's own kernels (the modes say so).
-$(VENV)/.kernel: $(VENV)/.installed $(wildcard engine/kernels/*.cpp engine/kernels/*.h)
-	$(PY) -m engine.kernels build || echo "the C++ kernel was not built: the fast modes use torch"
+$(VENV)/.kernel: $(VENV)/.installed $(wildcard engine/kernels/cpu/*.cpp engine/kernels/cpu/*.h)
+	$(PY) -m engine.kernels.cpu build || echo "the C++ kernel was not built: the fast modes use torch"
 	touch $@
 
 # llama.cpp for the llamacpp_* peers: llama-cpp-python compiles it from source (~10 min on 2

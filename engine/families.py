@@ -8,10 +8,11 @@ them. Everything else -- the sidebar, the CLI's ``--model``, the cost model, the
 weights loader -- asks here (through ``instruments.lineup`` outside ``engine/``).
 ``register_family`` / ``register_preset`` add one (a test registers a toy family).
 
-  config(name, **overrides)   the preset's config (``engine.config``'s GPTConfig / LlamaConfig)
+  config(name, **overrides)   the preset's config (``engine.models.config``'s GPTConfig /
+                              LlamaConfig)
   config_from_dict(fields)    a config saved with a run, read back
   family_of(name_or_config)   the ``Family`` of a preset name or a config
-  load(name, weights, ...)    the family's loader: an ``engine.state.ModelState``
+  load(name, weights, ...)    the family's loader: an ``engine.models.state.ModelState``
   tokenizer(cfg)              the family's tokenizer for a model of this config (bytes for the
                               byte-level test fixture's 256-token vocabulary)
   reference(model)            the family's ``transformers`` model holding the same weights
@@ -29,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import GPTConfig, LlamaConfig, ModelConfig
+from .models.config import GPTConfig, LlamaConfig, ModelConfig
 
 
 @dataclass(frozen=True)
@@ -82,14 +83,15 @@ def register_preset(preset: Preset) -> Preset:
 
 register_family(Family(
     "gpt2", "GPT-2", "OpenAI's GPT-2: LayerNorm, learned absolute positions, one fused q|k|v "
-    "product, GELU MLP, every head caching its own K and V.", GPTConfig, "engine.model:GPT",
-    "engine.weights:load_gpt2", "engine.weights:to_transformers", "engine.tokenizer:for_config",
+    "product, GELU MLP, every head caching its own K and V.", GPTConfig,
+    "engine.models.gpt2.model:GPT", "engine.models.gpt2.weights:load_gpt2",
+    "engine.models.gpt2.weights:to_transformers", "engine.models.gpt2.tokenizer:for_config",
     contexts_why="GPT-2 holds 1,024 positions: the sweep spans them all"))
 register_family(Family(
     "llama", "Llama", "The Llama family: RMSNorm, rotary positions (RoPE), a SwiGLU MLP, "
     "grouped-query attention (query heads share fewer K/V heads, so the cache holds fewer).",
-    LlamaConfig, "engine.llama:Llama", "engine.llama_weights:load_llama",
-    "engine.llama_weights:to_transformers", "engine.llama_tokenizer:for_config",
+    LlamaConfig, "engine.models.llama.model:Llama", "engine.models.llama.weights:load_llama",
+    "engine.models.llama.weights:to_transformers", "engine.models.llama.tokenizer:for_config",
     blocks="model.layers",
     contexts=("16-1024 log-spaced (12)", "log-spaced (16)"),
     contexts_why="SmolLM2 holds 8,192 positions; on a CPU the uncached modes re-run the whole "
@@ -183,7 +185,7 @@ def _resolve(target: str) -> Callable[..., Any]:
 
 def load(name: str, weights: str | None = None, **kwargs: Any) -> Any:
     """Preset ``name`` with ``weights`` (default: the preset's first choice; a path is a local
-    checkpoint where the family reads one): an ``engine.state.ModelState``."""
+    checkpoint where the family reads one): an ``engine.models.state.ModelState``."""
     p = preset(name)
     return _resolve(FAMILIES[p.family].loader)(name, weights or p.weights[0], **kwargs)
 

@@ -28,7 +28,7 @@ from typing import Protocol
 import torch
 
 from .decoders import Decoder, make_decoder
-from .model import GPT
+from .models.base import CausalLM
 
 
 class StepTimer(Protocol):
@@ -60,7 +60,7 @@ class Generation:
         return float(sum(self.step_ms))
 
 
-def as_prompt_tensor(prompt_ids: object, model: GPT) -> torch.Tensor:
+def as_prompt_tensor(prompt_ids: object, model: CausalLM) -> torch.Tensor:
     """Validate a prompt (ids, list of id lists, or tensor) into a (B, T) LongTensor."""
     if isinstance(prompt_ids, torch.Tensor):
         ids = prompt_ids.detach().to("cpu", torch.long)
@@ -85,7 +85,7 @@ def as_prompt_tensor(prompt_ids: object, model: GPT) -> torch.Tensor:
         )
     return ids.to(model.device)
 
-def random_prompt(model: GPT, batch: int, length: int, seed: int = 0) -> torch.Tensor:
+def random_prompt(model: CausalLM, batch: int, length: int, seed: int = 0) -> torch.Tensor:
     """(batch, length) token ids drawn uniformly from the vocabulary, on the model's device."""
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, model.config.vocab_size, (batch, length),  # host: same ids anywhere
@@ -93,7 +93,7 @@ def random_prompt(model: GPT, batch: int, length: int, seed: int = 0) -> torch.T
     return ids.to(model.device)
 
 
-def checked_request(model: GPT, prompt_ids: object, max_new_tokens: int) -> torch.Tensor:
+def checked_request(model: CausalLM, prompt_ids: object, max_new_tokens: int) -> torch.Tensor:
     """The prompt as (B, T) ids, after checking that it and ``max_new_tokens`` fit the model."""
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool):
         raise ValueError(f"max_new_tokens must be an integer, got {max_new_tokens!r}")
@@ -178,7 +178,7 @@ def decode(
 
 
 def generate(
-    model: GPT,
+    model: CausalLM,
     prompt_ids: object,
     max_new_tokens: int,
     use_cache: bool = True,

@@ -57,7 +57,7 @@ class ModeSpec:
     description: str
     factory: str  # "module:callable" building the decoder: factory(model, **options, **kw)
     options: dict[str, object] = field(default_factory=dict)
-    cache: str | None = "prealloc"  # the KV cache kind (engine.kv_cache); None: no cache
+    cache: str | None = "prealloc"  # the KV cache kind (engine.cache); None: no cache
     attention: str = "fused"  # ATTENTIONS: how a step attends
     weight_layout: str = "out_in"  # "out_in": nn.Linear's own; "packed": mode 8's chosen copies
     # How the Linear weights are stored ("" = the model dtype; "int8" = int8 with one fp32
@@ -120,8 +120,8 @@ _BLOCKS_WHY = ("the step predictor has no calibration for GGUF block products ye
                "pieces time int8 and bf16 rows only)")
 _TRITON = "engine.decoders.triton_step:TritonDecoder"
 _GPT2_STEP = ("gpt2",)
-_GPT2_STEP_WHY = ("its one-token step (engine.step) is written for GPT-2's blocks: LayerNorm, "
-                  "one fused q|k|v product, GELU, learned positions")
+_GPT2_STEP_WHY = ("its one-token step (engine.models.gpt2.step) is written for GPT-2's blocks: "
+                  "LayerNorm, one fused q|k|v product, GELU, learned positions")
 MODES: dict[str, ModeSpec] = {}
 
 
@@ -260,7 +260,7 @@ for _spec in (
              "the residual; the MLP's up (GELU, or SwiGLU's gate and up) with its norm; its down "
              "with the residual. Weights as the model stores them (fp32, bf16); rungs 14-15 run "
              "the same step over their GGUF blocks on a GPU. Exact (fp32 rounding).",
-             _TRITON, attention="step", appends=False, predicted=NOT_COMPILED, needs="cuda",
+             _TRITON, attention="step", predicted=NOT_COMPILED, needs="cuda",
              gpu_path="triton", roles=frozenset({"attribution", "bench"})),
 ):
     register(_spec)

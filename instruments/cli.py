@@ -204,7 +204,7 @@ def gguf(args: argparse.Namespace) -> int:
         if family == "llama" and weights == "package" and shipped is not None:
             gguf_out.rewrite_gguf(shipped, out, args.type)
         else:
-            from engine.weights import WeightsError
+            from engine.models.loader import WeightsError
 
             try:
                 model = lineup.load_model(args.model, weights, seed=args.seed).model
@@ -317,7 +317,7 @@ def load(args: argparse.Namespace) -> Loaded:
         raise CliError(f"device {args.device!r} cannot be used: {why}")
     if not 1 <= args.batch <= MAX_BATCH:
         raise CliError(f"--batch must be within 1..{MAX_BATCH}, got {args.batch}")
-    from engine.weights import WeightsError
+    from engine.models.loader import WeightsError
 
     try:
         return load_model(ModelSpec(args.model, args.weights, args.device, args.dtype,

@@ -2,8 +2,8 @@
 
   ModelSpec      which model a request names (preset, weights, device, dtype, seed); torch-free
   Loaded         a model loaded in the measuring process, with its spec and facts, and all that
-                 is kept for it: its ``engine.state.ModelState`` (packed copies, compiled steps,
-                 mask buffers, the weights' provenance) and ``memo`` (what experiments keep
+                 is kept for it: its ``engine.models.state.ModelState`` (packed copies, compiled
+                 steps, mask buffers, the weights' provenance) and ``memo`` (what experiments keep
                  between runs); the measuring process drops all of it with the model
   Event          the one progress type: points done / total, a message, the time left, and
                  optionally one row of one table (rows, generated tokens and progress alike)
@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 from instruments.store import results
 
 if TYPE_CHECKING:
-    from engine.model import GPT
-    from engine.state import ModelState
+    from engine.models.gpt2.model import GPT
+    from engine.models.state import ModelState
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class Loaded:
     memo: dict[Any, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from engine.state import ModelState
+        from engine.models.state import ModelState
 
         self.state = ModelState.of(self.state or self.model)
         if self.state.model is not self.model:
@@ -183,7 +183,7 @@ def no_grad(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _kernel_isa() -> str | None:
     """The instruction set our CPU kernel library was built for (None: not built)."""
-    from engine import kernels
+    from engine.kernels import cpu as kernels
 
     try:
         return kernels.isa()

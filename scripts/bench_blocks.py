@@ -75,7 +75,7 @@ def random_blocks(fmt: str, out: int, inn: int, gen) -> object:  # noqa: ANN001
     """(out, in/32*bytes) uint8 of random q under fp16 scales of a trained matrix's size."""
     import torch
 
-    from engine import kernels
+    from engine.kernels import cpu as kernels
 
     nbytes = kernels.BLOCK_BYTES[fmt]
     b = torch.randint(0, 256, (out, inn // 32, nbytes), dtype=torch.uint8, generator=gen)
@@ -100,7 +100,7 @@ def weight_sets(gen) -> dict[str, list[tuple[str, object]]]:  # noqa: ANN001
 
 def candidates(sets: dict, xs: dict[int, object]) -> dict[str, tuple[str, Callable]]:
     """name -> (the set whose bytes it reads, fn())."""
-    from engine import kernels
+    from engine.kernels import cpu as kernels
 
     def blocks(ws: list, exact: bool) -> Callable:
         fns = {"Q8_0": kernels.q8_0_linear, "Q4_1": kernels.q4_1_linear}
@@ -136,7 +136,7 @@ def step_candidates(sets: dict, batch: int, ctx: int, gen) -> dict[str, tuple[st
     (30, B, 3, ctx + 1, 64) caches, SwiGLU, the head."""
     import torch
 
-    from engine import kernels
+    from engine.kernels import cpu as kernels
 
     c, nh, nkv, hs = 576, 9, 3, 64
     norms = [torch.ones(c) for _ in range(2 * LAYERS + 1)]
@@ -179,7 +179,7 @@ def check() -> None:
     """The integer and exact ways agree to the activation's rounding on one matrix of each."""
     import torch
 
-    from engine import kernels
+    from engine.kernels import cpu as kernels
 
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(1, 576, generator=gen)
@@ -197,7 +197,7 @@ def load() -> list[float]:
 def measure(args: argparse.Namespace) -> tuple[list[dict], dict]:
     import torch
 
-    from engine import kernels
+    from engine.kernels import cpu as kernels
 
     ok, why = kernels.build()
     if not ok:

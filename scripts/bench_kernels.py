@@ -13,10 +13,11 @@ interleaved rounds beside ``sum()`` of the same fp32 matrices -- the read floor:
 
   fp32   ``F.linear`` over the model's ``[out, in]`` weight; mode 8's packed ``[in, out]``
          copies (``engine.decoders.fast.PackedLinear``, one chunk per thread); our C++ kernel
-         (``engine.kernels``) over the ``[out, in]`` weight, and over an interleaved copy
+         (``engine.kernels.cpu``) over the ``[out, in]`` weight, and over an interleaved copy
          (``kernels.interleave``: every four rows one contiguous stream)
   bf16   ``F.linear`` in bf16; the C++ kernel over bf16 rows
-  int8   the plain-PyTorch chunked dequantize + mm (``engine.quant``'s fallback); the C++
+  int8   the plain-PyTorch chunked dequantize + mm (``engine.quant.weight_only``'s fallback); the
+  C++
          kernel over int8 rows with a scale per row
 Every candidate's output is checked against fp32 ``F.linear`` before it is timed. Then the
 attention over the cache at 128 and 512 tokens (12 layers x 12 heads of 64, one new token):
@@ -67,9 +68,9 @@ def candidates(lins: list, threads: int) -> dict[str, tuple[str, int, Callable]]
     import torch
     import torch.nn.functional as F
 
-    from engine import kernels
     from engine.decoders.fast import PackedLinear
-    from engine.quant import int8_chunked, quantize_rows
+    from engine.kernels import cpu as kernels
+    from engine.quant.weight_only import int8_chunked, quantize_rows
 
     ws = [m.weight.detach() for m in lins]
     fp32_bytes = sum(w.numel() * 4 for w in ws)
@@ -127,7 +128,7 @@ def check(cands: dict, lins: list, x) -> dict[str, float]:  # noqa: ANN001
 def measure(args: argparse.Namespace) -> list[dict]:
     import torch
 
-    from engine import kernels
+    from engine.kernels import cpu as kernels
     from instruments.measure.sampler import time_call
     from instruments.spine import ModelSpec, load
 
@@ -169,7 +170,7 @@ def attention_rows(threads: int, rounds: int, repeats: int) -> list[dict]:
     import torch
     import torch.nn.functional as F
 
-    from engine import kernels
+    from engine.kernels import cpu as kernels
     from instruments.measure.sampler import time_call
 
     if not kernels.available()[0]:
@@ -251,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown(rows))
     if not args.no_save:
 
-        from engine import kernels
+        from engine.kernels import cpu as kernels
         from instruments.measure.device import describe_device
 
         meta = results.collect_meta(model=args.model, device="cpu",

@@ -60,7 +60,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--exact", action="store_true",
                     help="the block rungs through the kernel's exact way (blocks widened to fp32 "
                          "in registers) instead of the integer way they use: to re-measure the "
-                         "choice (engine.quant_blocks.EXACT)")
+                         "choice (engine.quant.blocks.EXACT)")
     ap.add_argument("--out", default=None, help="save the run (kind 'rungs') into this folder")
     return ap.parse_args(argv)
 
@@ -128,14 +128,14 @@ def gate_shares(state, modes: list[str]) -> dict[str, float]:  # noqa: ANN001
 def measure(args: argparse.Namespace) -> tuple[list[dict], dict]:
     import torch
 
-    from engine import kernels
+    from engine.kernels import cpu as kernels
     from instruments import lineup
 
     ok, why = kernels.build()
     if not ok:
         raise SystemExit(f"the kernel is not built: {why}")
     if args.exact:
-        from engine import quant_blocks
+        from engine.quant import blocks as quant_blocks
 
         quant_blocks.EXACT = True
     modes = args.modes.split(",")

@@ -35,6 +35,7 @@ STARTED_S = time.monotonic()  # the check's time starts before torch is imported
 
 import argparse  # noqa: E402
 import os  # noqa: E402
+import platform  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -140,15 +141,8 @@ def _version(name: str) -> str | None:
 
 
 def _git_rev() -> str | None:
-    """This checkout's revision; None where the tree has no .git of its own (a copy inside
-    another repository would otherwise give that one's)."""
-    try:
-        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=ROOT, timeout=5,
-                             capture_output=True, text=True, check=False).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if not top or Path(top).resolve() != ROOT:
-        return None
+    """The revision every run file of the check names (``results``' rule: KVLAB_GIT_REV, said by
+    whoever copied the tree, else this checkout's own)."""
     return results.collect_meta()["git_rev"]
 
 
@@ -157,6 +151,7 @@ def facts(args: argparse.Namespace, out: Path, argv: list[str]) -> dict[str, Any
             "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "device": args.device, "device_name": str(describe_device(args.device)["name"]),
             "model": "tiny" if args.tiny else "gpt2", "git_rev": _git_rev(),
+            "platform": platform.platform(),
             "versions": {"python": sys.version.split()[0], "torch": torch.__version__,
                          "cuda": torch.version.cuda, "triton": _version("triton"),
                          **{p: _version(p) for p in ("transformers", "streamlit", "plotly")}}}

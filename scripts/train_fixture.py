@@ -6,16 +6,16 @@
                                                # 700 more, into tests/fixtures/bytes_stdlib/
 
 gpt2 with random weights repeats one token greedily, so prompt lookup's drafts are trivially
-right. This trains a GPT-2-shaped model (our ``engine.model.GPT``: 4 layers, 4 heads, width 128,
-256 positions, 0.86 M parameters) on UTF-8 bytes (a vocabulary of 256: no tokenizer files, a
-cheap softmax) of the Python standard library's own sources -- text at hand on every machine --
-for a fixed number of AdamW steps, and saves it as a ``transformers`` GPT-2 checkpoint folder
-(config.json + model.safetensors, 3.4 MB in fp32), so ``engine.weights.load(weights=
-FOLDER)`` and the CLI's ``--weights FOLDER`` load it like any checkpoint. ``training.json``
-beside it says what it was trained on and how far it got (``history``: the runs it continued).
-The shipped fixture is the two commands above; on the shared 2-core machine they took 66 and 18
-minutes (one thread is faster there than two: the cores were contended), held-out loss 1.85
-then 1.49 nats/byte. Seeded; the stdlib's version decides the text.
+right. This trains a GPT-2-shaped model (our ``engine.models.gpt2.model.GPT``: 4 layers, 4 heads,
+width 128, 256 positions, 0.86 M parameters) on UTF-8 bytes (a vocabulary of 256: no tokenizer
+files, a cheap softmax) of the Python standard library's own sources -- text at hand on every
+machine -- for a fixed number of AdamW steps, and saves it as a ``transformers`` GPT-2 checkpoint
+folder (config.json + model.safetensors, 3.4 MB in fp32), so
+``engine.families.load(name, FOLDER)`` and the CLI's ``--weights FOLDER`` load it like
+any checkpoint. ``training.json`` beside it says what it was trained on and how far it got
+(``history``: the runs it continued). The shipped fixture is the two commands above; on the shared
+2-core machine they took 66 and 18 minutes (one thread is faster there than two: the cores were
+contended), held-out loss 1.85 then 1.49 nats/byte. Seeded; the stdlib's version decides the text.
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from engine.config import GPTConfig  # noqa: E402
-from engine.model import GPT  # noqa: E402
-from engine.tokenizer import BYTE_VOCAB  # noqa: E402
-from engine.weights import to_transformers  # noqa: E402
+from engine.models.config import GPTConfig  # noqa: E402
+from engine.models.gpt2.model import GPT  # noqa: E402
+from engine.models.gpt2.tokenizer import BYTE_VOCAB  # noqa: E402
+from engine.models.gpt2.weights import to_transformers  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "bytes_stdlib"
 SHAPE = dict(n_layer=4, n_head=4, n_embd=128, block_size=256, vocab_size=BYTE_VOCAB)
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     train, held = data[:split], data[split:]
     history: list[dict] = []
     if args.init:
-        from engine.weights import load
+        from engine.models.gpt2.weights import load
 
         model = load("gpt2", weights=args.init).model.requires_grad_(True).train()
         before = Path(args.init) / "training.json"

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from engine.config import GPTConfig
-from engine.model import GPT
+from engine.models.config import GPTConfig
+from engine.models.gpt2.model import GPT
 from instruments import cli
 from instruments.experiments import get, latency
 from instruments.experiments.bench import BenchParams, markdown, parse_depths

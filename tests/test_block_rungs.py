@@ -1,5 +1,5 @@
 """Rungs 14 (``q8_0_weights``) and 15 (``q4_1_weights``): every Linear weight in GGUF blocks,
-multiplied as stored (``engine.quant_blocks``, ``engine.decoders.blocks``).
+multiplied as stored (``engine.quant.blocks``, ``engine.decoders.blocks``).
 
 What is held here: the blocks themselves (SmolLM2's shipped file byte for byte; elsewhere
 exactly ``gguf.quants.quantize``'s), their bytes (the cost model's formula), the products (the
@@ -18,14 +18,16 @@ import numpy as np
 import pytest
 import torch
 
-from engine import families, kernels, modes, quant_blocks
+from engine import families, modes
 from engine.decoders import make_decoder
 from engine.decoders.blocks import BlockDecoder
-from engine.gguf import GGUFFile
-from engine.llama_weights import INSTALL, package_gguf, param_name, unpermute_rows
+from engine.kernels import cpu as kernels
 from engine.loop import decode
-from engine.state import ModelState
-from engine.weights import WeightsError
+from engine.models.llama.weights import INSTALL, package_gguf, param_name, unpermute_rows
+from engine.models.loader import WeightsError
+from engine.models.state import ModelState
+from engine.quant import blocks as quant_blocks
+from engine.quant.gguf import GGUFFile
 from instruments.checks.gate import Gate
 
 from .conftest import small_model
@@ -78,7 +80,7 @@ def _storage(name: str) -> str:
 
 # -- the registry ----------------------------------------------------------------------------
 def test_the_rungs_are_registered_last_with_their_storage() -> None:
-    assert [modes.spec(n).rung for n in RUNGS] == [len(modes.MODES) - 1, len(modes.MODES)]
+    assert [modes.spec(n).rung for n in RUNGS] == [14, 15]  # rung 16, the Triton step, after
     for name, storage in zip(RUNGS, ("q8_0", "q4_1"), strict=True):
         spec = modes.spec(name)
         assert spec.weight_storage == storage and spec.cached and spec.tolerance > 0
@@ -138,7 +140,7 @@ def test_the_prefill_product_equals_the_exact_kernel_and_the_embedding_its_rows(
 
 @needs_smollm2
 def test_q4_1_multiplies_by_the_shipped_files_blocks_byte_for_byte(smollm2: ModelState) -> None:
-    """Every Linear of the q4_1 rung is the file's tensor as ``engine.gguf`` reads it raw: 210
+    """Every Linear of the q4_1 rung is the file's tensor as ``engine.quant.gguf`` reads it raw: 210
     Q4_1 tensors and the Q8_0 embedding / head (q and k rows in our rotate_half order, whole
     rows moved). The q8_0 rung takes the file's Q8_0 head and quantizes the other 210."""
     model = smollm2.model

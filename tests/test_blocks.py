@@ -1,4 +1,4 @@
-"""The GGUF block products (``engine.kernels.q8_0_linear`` / ``q4_1_linear``) against the fp64
+"""The GGUF block products (``engine.kernels.cpu.q8_0_linear`` / ``q4_1_linear``) against the fp64
 product over the same blocks dequantized here, in a few lines of numpy.
 
 Both ways the kernel offers are held to the bound it states (``kernels.block_error_bound``):
@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine import kernels
+from engine.kernels import cpu as kernels
 
 BYTES = kernels.BLOCK_BYTES
 

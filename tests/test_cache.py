@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from engine import generate
-from engine.attention import make_attention
-from engine.config import MASK_KINDS
-from engine.kv_cache import CACHE_KINDS, QUANTIZED_KINDS, make_cache
+from engine.cache import CACHE_KINDS, QUANTIZED_KINDS, make_cache
+from engine.models.attention import make_attention
+from engine.models.config import MASK_KINDS
 from instruments.checks.bugs import inject_bug
 from instruments.checks.correctness import cached_equals_uncached, multi_token_append
 

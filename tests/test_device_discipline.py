@@ -100,10 +100,10 @@ def test_the_loop_feeds_back_its_own_tokens_not_the_host_pick() -> None:
 def test_every_attention_of_the_engine_goes_through_one_sdpa_kept_off_cudnn() -> None:
     """First light: mode 8 in bf16 took 74-76 ms a step on an H200 (8 ms with SDPA's math
     backend): cuDNN's attention plans anew for every sequence length, and a decode step is a
-    new length each time. One ``engine.attention.sdpa`` keeps every call of ours off it."""
+    new length each time. One ``engine.models.attention.sdpa`` keeps every call of ours off it."""
     from torch.nn.attention import SDPBackend
 
-    from engine.attention import GPU_BACKENDS
+    from engine.models.attention import GPU_BACKENDS
 
     direct = []
     for path in sorted((ROOT / "engine").rglob("*.py")):
@@ -111,6 +111,6 @@ def test_every_attention_of_the_engine_goes_through_one_sdpa_kept_off_cudnn() ->
             if (isinstance(node, ast.Attribute) and node.attr == "scaled_dot_product_attention"
                     and path.name != "attention.py"):
                 direct.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-    assert not direct, f"call engine.attention.sdpa instead: {direct}"
+    assert not direct, f"call engine.models.attention.sdpa instead: {direct}"
     assert SDPBackend.CUDNN_ATTENTION not in GPU_BACKENDS
     assert SDPBackend.FLASH_ATTENTION in GPU_BACKENDS and SDPBackend.MATH in GPU_BACKENDS

@@ -16,8 +16,8 @@ from engine import GPT, GPTConfig, decode, make_decoder, modes
 from engine.decoders.captured import CudaGraphDecoder
 from engine.decoders.compiled import CompiledDecoder
 from engine.decoders.fast import FastDecoder, PackedLinear
+from engine.models.state import ModelState
 from engine.modes import MODES
-from engine.state import ModelState
 from instruments.checks.gate import Gate
 from instruments.measure.memory import step_memory_growth
 
@@ -73,7 +73,7 @@ def test_fast_logits_match_the_model(chunks: int) -> None:
 
 
 def test_fast_logits_match_transformers() -> None:
-    from engine.weights import to_transformers
+    from engine.models.gpt2.weights import to_transformers
 
     model = tiny()
     hf = to_transformers(model)
@@ -259,8 +259,8 @@ def test_fast_without_the_kernel_packs_every_role_and_with_it_gives_the_same_log
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Each role of mode 8 goes through the packed copies or the C++ kernel, whichever measured
     faster; both must give GPT.forward's logits. Forced each way here."""
-    from engine import kernels
     from engine.decoders import fast
+    from engine.kernels import cpu as kernels
 
     model = tiny()
     with torch.no_grad():  # biases start at zero: give them values a dropped bias would miss
@@ -296,8 +296,8 @@ def test_every_way_a_role_can_take_gives_f_linears_product() -> None:
     """Whichever way ``_choose`` picks for a role (timing decides, so a test cannot), its
     product is F.linear's: the packed copies, the kernel over the model's weights, the kernel
     over the interleaved copy -- for a decode step's rows and for a prefill's many."""
-    from engine import kernels
     from engine.decoders.fast import InterleavedLinear, KernelLinear, OwnLinear, _choose
+    from engine.kernels import cpu as kernels
 
     if not kernels.available()[0]:
         pytest.skip(f"the C++ kernel is not built: {kernels.available()[1]}")
@@ -331,8 +331,8 @@ def test_a_way_that_holds_no_copy_wins_only_within_three_percent(
         monkeypatch: pytest.MonkeyPatch, times: dict[str, float], want: str) -> None:
     """The choice is the fastest way, except that the kernel over the model's weights, then
     F.linear over them, take a tie within 3% (they hold no copy)."""
-    from engine import kernels
     from engine.decoders import fast
+    from engine.kernels import cpu as kernels
 
     if not kernels.available()[0]:
         pytest.skip(f"the C++ kernel is not built: {kernels.available()[1]}")

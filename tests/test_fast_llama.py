@@ -1,6 +1,6 @@
 """The Llama family through modes 8 (fast), 12 (int8 weights) and 13 (bf16 weights):
-``engine.step_llama``'s one-token step, mode 8's per-role products, the weight-only views, and
-the fused one-call step (``decode_layers_llama``).
+``engine.models.llama.step``'s one-token step, mode 8's per-role products, the weight-only views,
+and the fused one-call step (``decode_layers_llama``).
 
 Exact (mode 8): mode 1's greedy tokens over 40+ tokens and the gate, on llama-tiny and on
 SmolLM2's real weights with a real prompt. Lossy (12, 13): the gate, within each rung's stated
@@ -18,7 +18,8 @@ import shutil
 import pytest
 import torch
 
-from engine import families, kernels, modes, quant, quant_blocks
+from engine import families, modes
+from engine.cache import make_cache
 from engine.decoders import make_decoder
 from engine.decoders import weight_only as wo_decoder
 from engine.decoders.fast import (
@@ -29,20 +30,22 @@ from engine.decoders.fast import (
     OwnLinear,
     PackedLinear,
 )
-from engine.kv_cache import make_cache
-from engine.llama import Llama
-from engine.llama_weights import INSTALL, package_gguf
+from engine.kernels import cpu as kernels
 from engine.loop import decode
-from engine.state import ModelState
-from engine.step import attend_filled
-from engine.step_llama import (
+from engine.models.attention import attend_filled
+from engine.models.llama.model import Llama
+from engine.models.llama.step import (
     ROLES,
     decode_step_llama,
     fused_step_llama,
     role_modules,
     step_weights,
 )
-from engine.weights import WeightsError
+from engine.models.llama.weights import INSTALL, package_gguf
+from engine.models.loader import WeightsError
+from engine.models.state import ModelState
+from engine.quant import blocks as quant_blocks
+from engine.quant import weight_only as quant
 from instruments.checks.gate import Gate
 from instruments.costmodel import costs
 
@@ -126,7 +129,7 @@ def test_the_gate_passes_on_llama_tiny(tiny: ModelState, name: str) -> None:
 def test_the_gate_fails_a_step_that_forgets_rope(tiny: ModelState, monkeypatch) -> None:  # noqa: ANN001
     """The exact tolerance sees a step that skips the rotation (the gate would pass a broken
     Llama step otherwise)."""
-    from engine import step_llama
+    from engine.models.llama import step as step_llama
 
     monkeypatch.setattr(step_llama, "rope", lambda x, cos, sin: x)
     ModelState.of(tiny).drop(("packed",))
@@ -349,7 +352,7 @@ def test_fast_gives_mode1s_tokens_on_smollm2_for_a_real_prompt(smollm2: ModelSta
     """48 greedy tokens of mode 8 after a real prompt: each is the token the uncached model
     picks after the same prefix (one uncached forward checks them all), and the stream is
     varied (a stuck stream would prove little)."""
-    from engine.llama_tokenizer import load_tokenizer
+    from engine.models.llama.tokenizer import load_tokenizer
 
     ids = load_tokenizer().encode("The key-value cache in a transformer")
     prompt = torch.tensor([ids])

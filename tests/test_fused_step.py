@@ -1,6 +1,6 @@
-"""The fused decode step (``engine.step.fused_step``: one C++ call, ``layers.cpp``) against
-``decode_step`` with ``attend_filled``: the same ops in the same order, so the logits and the
-written cache must be equal bit for bit -- for every way a product can be stored (mode 8's four
+"""The fused decode step (``engine.models.gpt2.step.fused_step``: one C++ call, ``layers.cpp``)
+against ``decode_step`` with ``attend_filled``: the same ops in the same order, so the logits and
+the written cache must be equal bit for bit -- for every way a product can be stored (mode 8's four
 ways, chunked copies with padding, the weight-only int8 and bf16 rows), 1 and 3 sequences, at
 the first position and after a filled cache. Also GGUF Q8_0 / Q4_1 blocks (rungs 14, 15: kinds
 5 and 6, the integer way). The Llama family's fused step: tests/test_fast_llama.py."""
@@ -12,10 +12,13 @@ import shutil
 import pytest
 import torch
 
-from engine import kernels, quant, quant_blocks
 from engine.decoders import fast, weight_only
 from engine.decoders.blocks import BlockDecoder
-from engine.step import StepWeights, attend_filled, decode_step, fused_step, layer_norm_call
+from engine.kernels import cpu as kernels
+from engine.models.attention import attend_filled
+from engine.models.gpt2.step import StepWeights, decode_step, fused_step, layer_norm_call
+from engine.quant import blocks as quant_blocks
+from engine.quant import weight_only as quant
 
 from .conftest import small_model
 

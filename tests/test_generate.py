@@ -8,8 +8,8 @@ import torch
 
 from engine import Decoder, decode, generate, make_decoder
 from engine.loop import first_difference
-from engine.tokenizer import decode as detokenize
-from engine.tokenizer import encode
+from engine.models.gpt2.tokenizer import decode as detokenize
+from engine.models.gpt2.tokenizer import encode
 from instruments.measure.timing import StepClock
 
 from .conftest import random_prompt
@@ -100,7 +100,7 @@ def test_tokenizer_round_trip() -> None:
 def test_tokenizer_missing_files_message(monkeypatch, tmp_path) -> None:
     import tiktoken.load
 
-    from engine import tokenizer
+    from engine.models.gpt2 import tokenizer
 
     def offline(*_a, **_k):
         raise ConnectionError("no network")

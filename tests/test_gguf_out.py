@@ -101,7 +101,7 @@ def test_quantized_files_hold_blocks_within_their_rounding(tiny: torch.nn.Module
 def test_llama_file_reads_back_into_our_llama(tmp_path: Path) -> None:
     """q/k rows permuted to llama.cpp's order on writing, un-permuted by our loader on reading:
     the same weights come back."""
-    from engine.llama_weights import llama_from_gguf
+    from engine.models.llama.weights import llama_from_gguf
 
     model = families.load("llama-tiny", "random").model
     path = gguf_out.write_gguf(model, tmp_path / "l.gguf", "f32")
@@ -116,7 +116,7 @@ def test_llama_file_reads_back_into_our_llama(tmp_path: Path) -> None:
         back.model.layers[1].mlp.down_proj.weight[3, 5] += 1e-3
     assert not gguf_out.holds_file(back, path)
     w = np.arange(4 * 8 * 3).reshape(4 * 8, 3)  # 4 heads of 8 rows
-    from engine.llama_weights import unpermute_rows
+    from engine.models.llama.weights import unpermute_rows
 
     assert np.array_equal(unpermute_rows(torch.from_numpy(gguf_out.permute_rows(w, 4)), 4)
                           .numpy(), w)
@@ -124,7 +124,9 @@ def test_llama_file_reads_back_into_our_llama(tmp_path: Path) -> None:
 
 
 def test_package_file_rewritten_keeps_its_metadata_and_weights(tmp_path: Path) -> None:
-    from engine.gguf import GGUFFile  # reads SmolLM2's vocabulary far faster than gguf's reader
+    from engine.quant.gguf import (
+        GGUFFile,  # reads SmolLM2's vocabulary far faster than gguf's reader
+    )
 
     src = gguf_out.package_file()
     if src is None:

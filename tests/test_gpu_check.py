@@ -88,10 +88,16 @@ def test_a_stage_that_raises_keeps_its_rows_and_the_later_stages_run(
         got = stage(tmp_path, later)
         assert got["status"] in ("ok", "partial") and got["runs"], got
         assert all((tmp_path / p).is_file() for p in got["runs"])
-    kinds = sorted(r["kind"] for r in load_runs(tmp_path).runs)
-    assert kinds == ["floor_summary", "hardware", "latency_sweep", "latency_sweep", "memory"]
+    runs = load_runs(tmp_path).runs
+    kinds = sorted(r["kind"] for r in runs)
+    assert kinds == ["device_check", "floor_summary", "hardware", "latency_sweep",
+                     "latency_sweep", "memory"]
     assert summary(tmp_path)["failed"] == ["sweep-float32"]
     assert summary(tmp_path)["finished"] is True
+    (check,) = [r for r in runs if r["kind"] == "device_check"]  # the summary as a run too
+    rows = {r["stage"]: r for r in check["tables"]["stages"]}
+    assert rows["sweep-float32"]["status"] == "failed" and "planted" in rows["sweep-float32"][
+        "error"] and check["meta"]["failed"] == ["sweep-float32"]
 
 
 def test_stages_runs_a_subset_in_table_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -106,7 +112,8 @@ def test_stages_runs_a_subset_in_table_order(tmp_path: Path, monkeypatch: pytest
     assert ran == ["hardware", "memory"]
     assert all(s["why"] == "not selected (--stages)" for s in got["stages"]
                if s["name"] not in ran)
-    assert sorted(r["kind"] for r in load_runs(tmp_path).runs) == ["hardware", "memory"]
+    assert sorted(r["kind"] for r in load_runs(tmp_path).runs) == ["device_check", "hardware",
+                                                                   "memory"]
     assert {"torch", "triton", "transformers"} <= set(got["versions"])
     assert got["device"] == "cpu" and got["total_s"] >= 0
 
@@ -190,6 +197,8 @@ def test_the_shell_closes_the_summary_of_a_killed_check(tmp_path: Path) -> None:
     assert done.returncode == 1 and last_line(done.stdout) == "failed stages: peers"
     assert stage(tmp_path, "peers")["error"]["message"] == "killed at the 360 s limit"
     assert stage(tmp_path, "pages")["status"] == "skipped"
+    (check,) = load_runs(tmp_path).runs  # a killed check is a run too, its stage failed
+    assert [r["status"] for r in check["tables"]["stages"]] == ["ok", "failed", "skipped"]
 
 
 def test_the_llama_sweep_plans_eight_contexts_spanning_short_to_long(

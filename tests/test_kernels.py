@@ -1,4 +1,4 @@
-"""The CPU matrix-vector kernel (``engine.kernels``) against ``F.linear``.
+"""The CPU matrix-vector kernel (``engine.kernels.cpu``) against ``F.linear``.
 
 fp32 weights: equal up to float32 summation order (~1e-6 of the output's scale); bf16 and int8
 weights: equal to ``F.linear`` over the same weights dequantized to fp32 (the kernel converts in
@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine import kernels
+from engine.kernels import cpu as kernels
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from engine import GPT, families, make_decoder
-from engine.config import MASK_KINDS
-from engine.kv_cache import make_cache
-from engine.kv_variants import PagedKVCache, QuantizedKVCache
+from engine.cache import make_cache
+from engine.cache.paged import PagedKVCache
+from engine.cache.quantized import QuantizedKVCache
+from engine.models.config import MASK_KINDS
 from engine.modes import MODES
 from instruments.checks.bugs import private_view
 from instruments.checks.gate import Gate

@@ -1,5 +1,5 @@
-"""The from-scratch Llama (engine.llama) on SmolLM2-135M's real weights and on the llama-tiny
-shape: held to transformers' LlamaForCausalLM, cached against uncached, GQA's caches and
+"""The from-scratch Llama (engine.models.llama.model) on SmolLM2-135M's real weights and on the
+llama-tiny shape: held to transformers' LlamaForCausalLM, cached against uncached, GQA's caches and
 attention, positions, and every eager decode mode.
 
 Each test names the bug it was seen to fail on (planted by hand in a copy of the tree):
@@ -18,13 +18,13 @@ import torch
 import torch.nn.functional as F
 
 from engine import families, modes
-from engine.attention import make_attention
+from engine.cache import make_cache
 from engine.decoders import make_decoder
-from engine.kv_cache import make_cache
-from engine.llama import Llama
-from engine.llama_weights import INSTALL, load_llama, package_gguf, to_transformers
-from engine.state import ModelState, weights_version
-from engine.weights import WeightsError
+from engine.models.attention import make_attention
+from engine.models.llama.model import Llama
+from engine.models.llama.weights import INSTALL, load_llama, package_gguf, to_transformers
+from engine.models.loader import WeightsError
+from engine.models.state import ModelState, weights_version
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -48,8 +48,8 @@ def smollm2() -> Llama:
 
 
 @pytest.fixture(scope="module")
-def tok():  # the tokenizer of the same file (engine.llama_tokenizer)
-    from engine.llama_tokenizer import load_tokenizer
+def tok():  # the tokenizer of the same file (engine.models.llama.tokenizer)
+    from engine.models.llama.tokenizer import load_tokenizer
 
     return load_tokenizer()
 
@@ -189,7 +189,7 @@ def test_every_attention_variant_reads_kv_head_h_over_groups(kind: str) -> None:
 def test_explicit_mask_grows_past_its_first_triangles() -> None:
     """"seed" builds triangles of EAGER_POSITIONS first for a model of more positions (SmolLM2's
     8,192 would be 7.5 GiB) and grows them when a forward reaches past them."""
-    from engine.attention import EAGER_POSITIONS
+    from engine.models.attention import EAGER_POSITIONS
 
     cfg = families.config("llama-tiny", block_size=4 * EAGER_POSITIONS, n_layer=1)
     attend = make_attention("seed", cfg, "cpu")

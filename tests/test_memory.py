@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from engine import families
-from engine.config import GPTConfig
 from engine.decoders import make_decoder
-from engine.model import GPT
-from engine.state import ModelState
+from engine.models.config import GPTConfig
+from engine.models.gpt2.model import GPT
+from engine.models.state import ModelState
 from instruments.costmodel import costs
 from instruments.costmodel.costs import breakdown_formula, crossover_grid, peak_memory_estimate
 from instruments.measure.memory import (

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from engine import GPT, GPTConfig, WeightsError, families, generate
-from engine.attention import make_attention
 from engine.families import load
-from engine.weights import gpt_from_transformers
+from engine.models.attention import make_attention
+from engine.models.gpt2.weights import gpt_from_transformers
 from instruments.checks.correctness import logits_vs_transformers
 
 from .conftest import random_prompt, small_model
@@ -209,7 +209,7 @@ def test_fused_attention_after_a_cache_equals_causal_lower_right_bit_for_bit() -
     bit for bit, for several new tokens after a cache -- and not the top-left triangle."""
     from torch.nn.attention.bias import causal_lower_right
 
-    from engine.attention import FUSED
+    from engine.models.attention import FUSED
 
     gen = torch.Generator().manual_seed(0)
     for t, s in ((2, 9), (5, 133), (16, 40)):

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from engine import GPT, GPTConfig, families
-from engine.kv_cache import make_cache
-from engine.kv_variants import PagedKVCache
+from engine.cache import make_cache
+from engine.cache.paged import PagedKVCache
 from instruments.costmodel import kv_plan
 from instruments.experiments import EXPERIMENTS
 from instruments.experiments.planner import PlannerParams

@@ -150,7 +150,7 @@ def test_gpt2_parts_are_the_four_matrices_its_head_and_the_old_hollow_model() ->
     """The family-agnostic calibration times what GPT-2's always did: per layer c_attn, the
     attention's c_proj, c_fc and the MLP's c_proj, in every layout; the 50,257-row head; a
     hollow GPT of one head of 4 and a vocabulary of 8."""
-    from engine.config import GPTConfig
+    from engine.models.config import GPTConfig
     from instruments.measure import calibration
 
     model = lineup.load_model("tiny", "random").model

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from engine import modes
-from engine.config import LlamaConfig
 from engine.decoders import make_decoder
-from engine.llama import Llama
+from engine.models.config import LlamaConfig
+from engine.models.llama.model import Llama
 from instruments import lineup
 from instruments.costmodel import predict
 from instruments.measure import calibration, small_ops

@@ -15,8 +15,8 @@ import torch
 
 from engine import families
 from engine.cache import PrefixCache
-from engine.llama import Llama
 from engine.loop import generate
+from engine.models.llama.model import Llama
 from instruments.checks.gate import tolerance
 from tests.conftest import small_model
 from tests.prefix_fake import bugs

@@ -7,13 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import families, modes, quant
+from engine import families, modes
 from engine.decoders import make_decoder
 from engine.decoders import weight_only as wo_decoder
 from engine.loop import decode
-from engine.model import GPT
-from engine.quant import int8_linear, quantize_rows, weight_only
-from engine.state import ModelState
+from engine.models.gpt2.model import GPT
+from engine.models.state import ModelState
+from engine.quant import weight_only as quant
+from engine.quant.weight_only import int8_linear, quantize_rows, weight_only
 from instruments.checks.bugs import inject_bug, private_view
 from instruments.costmodel import costs
 from instruments.costmodel.predict import Calibration, predict_point
@@ -112,7 +113,7 @@ def test_each_mode_is_charged_its_own_bytes_per_weight() -> None:
 
 
 def test_a_bug_switched_on_in_the_model_is_in_the_view_made_then_and_only_then() -> None:
-    from engine.kv_cache import make_cache
+    from engine.cache import make_cache
 
     model = private_view(small_model())
     idx = random_prompt(12)
@@ -155,7 +156,7 @@ def test_logits_error_on_gpt2_shapes_with_random_weights(
 
 
 def test_speculation_runs_through_the_int8_rung_too() -> None:
-    from engine.speculative import speculative_decode
+    from engine.decoders.speculative import speculative_decode
 
     model = small_model()
     prompt = random_prompt(10, seed=3)
@@ -181,7 +182,7 @@ def test_a_cpu_step_multiplies_straight_through_the_kernel_as_the_module_does(
     """Where the C++ kernel is built, a weight-only decode step calls it directly with the
     stored rows, scale and bias (no module call, no separate bias add): the same product as the
     module, biases included; rows the kernel does not take go through the module."""
-    from engine import kernels
+    from engine.kernels import cpu as kernels
 
     if not kernels.available()[0]:
         pytest.skip(f"the C++ kernel is not built: {kernels.available()[1]}")
@@ -200,7 +201,8 @@ def test_a_cpu_step_multiplies_straight_through_the_kernel_as_the_module_does(
             want = view.transformer.h[0].mlp.c_fc(x)
             assert float((fc(x) - want).abs().max()) < 1e-4, rows
     # a whole step: the same logits as the step over the modules themselves
-    from engine.step import StepWeights, attend_filled, decode_step
+    from engine.models.attention import attend_filled
+    from engine.models.gpt2.step import StepWeights, decode_step
 
     tr = view.transformer
     modules = StepWeights(wo_decoder._Rows(tr.wte, model.config.n_embd), tr.wpe.weight.detach(),
@@ -221,7 +223,7 @@ def test_a_library_int8_kernel_is_trusted_per_shape_only_once_checked() -> None:
     """First light 2: torch's _weight_int8pack_mm on an H200 gave logits 107% off mode 1's for
     a 64-wide test shape. Each shape's first call checks it against the dequantized product;
     a kernel that disagrees is never used for that shape again."""
-    from engine import quant
+    from engine.quant import weight_only as quant
 
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(2, 64, generator=gen)

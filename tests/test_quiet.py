@@ -15,8 +15,8 @@ import time
 import pandas as pd
 import pytest
 
-from engine.config import GPTConfig
-from engine.model import GPT
+from engine.models.config import GPTConfig
+from engine.models.gpt2.model import GPT
 from instruments.experiments import get
 from instruments.experiments.latency import LatencyParams
 from instruments.measure import timing

@@ -365,7 +365,8 @@ def test_the_speculation_table_names_the_model_and_counts_the_predictions(copy: 
 
 
 def test_the_hosts_table_counts_the_runs_of_each_host_and_a_gpu(copy: Path) -> None:
-    assert "**On a GPU: no committed runs.**" in (copy / "README.md").read_text()
+    before = int(re.search(r"\*\*On a GPU: (\d+) committed runs?\.\*\*",
+                           (copy / "README.md").read_text())[1])
     run = new_run("hardware", collect_meta(model="gpt2", device="cuda", device_name="Test GPU",
                                            dtype="float32", platform="Linux-1.0-x86_64-x"), {})
     run["created_utc"] = "2026-12-05T10:00:00+00:00"
@@ -374,7 +375,7 @@ def test_the_hosts_table_counts_the_runs_of_each_host_and_a_gpu(copy: Path) -> N
     readme.write(copy)
     text = (copy / "README.md").read_text()
     assert "| Test GPU (Linux-1.0) | cuda | 1 | `gpu-check/` | 2026-12-05 |" in text
-    assert "**On a GPU: 1 committed run.**" in text
+    assert f"**On a GPU: {before + 1} committed runs.**" in text
 
 
 # ------------------------------------------------------------- tables typed by hand

@@ -20,11 +20,11 @@ import pytest
 import torch
 
 from engine import families, modes
-from engine.config import GPTConfig
 from engine.decoders.eager import Decoder
-from engine.model import GPT
+from engine.models.config import GPTConfig
+from engine.models.gpt2.model import GPT
+from engine.models.state import ModelState, Provenance
 from engine.modes import ModeSpec
-from engine.state import ModelState, Provenance
 from instruments import cli, experiments, lineup
 from instruments.checks.gate import Gate
 from instruments.costmodel import kv_plan, predict
@@ -135,7 +135,7 @@ def toy_family() -> Iterator[str]:
     families.register_family(families.Family(
         "toyfam", "Toy", "GPT-2's blocks under a test's name.", ToyConfig,
         "tests.test_registry:ToyModel", "tests.test_registry:load_toy",
-        "engine.weights:to_transformers", "engine.tokenizer:for_config"))
+        "engine.models.gpt2.weights:to_transformers", "engine.models.gpt2.tokenizer:for_config"))
     families.register_preset(families.Preset(
         "toy-1", "toyfam", dict(n_layer=2, n_head=2, n_embd=64, block_size=64,
                                 vocab_size=50257), ("random",), "seeded random weights"))

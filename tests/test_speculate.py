@@ -1,6 +1,6 @@
-"""Speculative decoding (``engine.speculative``) gives plain greedy decoding's tokens, token for
-token, on a lively random model, on gpt2 with random weights and on the small trained model
-(``tests/fixtures/bytes_stdlib``), where its acceptance is real and varied; the verify-curve
+"""Speculative decoding (``engine.decoders.speculative``) gives plain greedy decoding's tokens,
+token for token, on a lively random model, on gpt2 with random weights and on the small trained
+model (``tests/fixtures/bytes_stdlib``), where its acceptance is real and varied; the verify-curve
 formulas (``instruments.costmodel.speculation``); the ``speculate`` experiment and its refusals."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import torch
 
 from engine import families, modes
 from engine.decoders import Decoder, make_decoder
+from engine.decoders.speculative import propose, speculative_decode
 from engine.loop import decode
-from engine.model import GPT
-from engine.speculative import propose, speculative_decode
+from engine.models.gpt2.model import GPT
 from instruments.costmodel.speculation import (
     VerifyCurve,
     break_even,

@@ -12,7 +12,7 @@ import pytest
 
 from engine import make_decoder, modes
 from engine.decoders.compiled import CompiledDecoder
-from engine.state import ModelState
+from engine.models.state import ModelState
 from instruments.spine import ModelSpec
 
 from .conftest import random_prompt, small_model

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from engine import Decoder, families
-from engine.config import GPTConfig
-from engine.model import GPT
+from engine.models.config import GPTConfig
+from engine.models.gpt2.model import GPT
 from engine.modes import MODES, ModeSpec
 from instruments.checks.bugs import inject_bug
 from instruments.costmodel import costs

@@ -14,8 +14,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine import LlamaConfig, decode, make_decoder, quant_blocks
-from engine.llama import Llama, apply_rope, rope_angles
+from engine import LlamaConfig, decode, make_decoder
+from engine.models.llama.model import Llama, apply_rope, rope_angles
+from engine.quant import blocks as quant_blocks
 
 from .conftest import random_prompt, small_model
 from .triton_util import DEVICE, planted
@@ -199,3 +200,17 @@ def test_the_triton_step_over_gguf_blocks_is_exact_over_them(
     for i, logits in enumerate(got.logits):
         assert err(logits, want[:, 4 + i]) < 1e-4
     assert dec.extra_bytes > 0
+
+
+def test_the_triton_decoder_appends_several_tokens_through_the_forward() -> None:
+    """Speculative decoding's verify step on rungs 14-16 on a GPU: several tokens at once into
+    the captured cache, then a step through the kernels reads them."""
+    model = small_model(n_layer=2, block_size=64).to(DEVICE)
+    ids = random_prompt(12, vocab=model.config.vocab_size).to(DEVICE)
+    dec = TS.TritonDecoder(model, capacity=64, capture=DEVICE == "cuda")
+    dec.prefill(ids[:, :5])
+    got = dec.append(ids[:, 5:9])  # (1, 4, vocab)
+    step = dec.step(ids[:, 9:10])
+    with torch.no_grad():
+        want, _ = model(ids[:, :10], use_cache=False, logits="all")
+    assert err(got, want[:, 5:9]) < 1e-4 and err(step, want[:, 9]) < 1e-4

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from engine.config import ModelConfig
+from engine.models.config import ModelConfig
 from instruments import lineup
 from instruments.process import client
 from ui.state import Choice, current_choice

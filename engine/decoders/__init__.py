@@ -3,15 +3,21 @@
   eager        ``Decoder``: every step through the model's ``forward`` with a cache kind, a
                causal-mask variant and a logits choice (modes 1-5, 10, 11); the base class the
                others share ``seek``, ``rewind``, ``extend`` and the token buffer with
-  captured     ``CudaGraphDecoder``: ``engine.step``'s one-token step captured into a CUDA graph
-               over a static cache (mode 6)
+  captured     ``GraphDecoder``: a one-token step over static inputs captured into a CUDA graph
+               (what mode 6 and rung 16 share); ``CudaGraphDecoder``:
+               ``engine.models.gpt2.step``'s step so (mode 6)
   compiled     ``CompiledDecoder``: the same step through torch.compile, reading the cache only
                (modes 7, 9)
-  fast         ``FastDecoder``: the same step over per-role weight copies, one C++ call on a CPU
-               (mode 8)
-  weight_only  ``WeightOnlyDecoder``: mode 8's over ``engine.quant``'s int8 / bf16 view (12, 13)
-  blocks       the same over ``engine.quant_blocks``' GGUF Q8_0 / Q4_1 blocks, multiplied as
+  fast         ``FastDecoder``: the family's step over per-role weight copies, one C++ call on a
+               CPU (mode 8)
+  weight_only  ``WeightOnlyDecoder``: mode 8's over ``engine.quant.weight_only``'s int8 / bf16
+               view (12, 13)
+  blocks       the same over ``engine.quant.blocks``' GGUF Q8_0 / Q4_1 blocks, multiplied as
                stored (14, 15)
+  triton_step  ``TritonDecoder``: the whole step as our Triton kernels in one CUDA graph (16;
+               14-15 on a GPU)
+  speculative  not a decoder: speculative decoding over any decoder that appends several
+               tokens at once (drafts by prompt lookup, one verify forward)
 
 ``make_decoder(model, name, **kw)`` builds the decoder ``engine.modes.MODES[name]`` names
 (``factory``, ``options``; an eager decoder also gets the mode's ``cache`` kind), after checking
@@ -26,7 +32,7 @@ import inspect
 from typing import Any
 
 from .. import modes
-from ..state import ModelState
+from ..models.state import ModelState
 from .eager import Decoder
 
 __all__ = ["Decoder", "make_decoder"]

@@ -1,14 +1,14 @@
-"""Rungs 14 and 15's decoder: mode 8's step over GGUF blocks (``engine.quant_blocks``).
+"""Rungs 14 and 15's decoder: mode 8's step over GGUF blocks (``engine.quant.blocks``).
 
 ``BlockDecoder(model, storage="q8_0" | "q4_1")``: the prefill, seek, rewind and multi-token
 ``append`` through the model's ``forward`` over the block view (preallocated cache, fused
 attention; a prefill's rows dequantize a chunk of block rows at a time), each decode step
-through the family's one-token step (``engine.step.decode_step`` for GPT-2,
-``engine.step_llama.decode_step_llama`` for the Llama family) with every product
+through the family's one-token step (``engine.models.gpt2.step.decode_step`` for GPT-2,
+``engine.models.llama.step.decode_step_llama`` for the Llama family) with every product
 ``kernels.q8_0_linear`` / ``q4_1_linear`` over the blocks as stored, and on a CPU in fp32 with
 the kernel built the whole step in ONE C++ call (``decode_layers`` / ``decode_layers_llama``,
 product kinds Q8_0 / Q4_1). Where the blocks come from, which kernel way and why, and the bytes:
-``engine.quant_blocks``. ``decoder.sources`` counts the tensors taken from the model's GGUF file
+``engine.quant.blocks``. ``decoder.sources`` counts the tensors taken from the model's GGUF file
 byte for byte and those quantized here.
 
 ``block_decoder(model, storage=...)`` is the rungs' factory: this decoder on a CPU, and on a GPU
@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import quant_blocks
-from ..state import ModelState
+from ..models.state import ModelState
+from ..quant import blocks as quant_blocks
 from .weight_only import WeightOnlyDecoder, _direct, step_weights
 
 
@@ -34,6 +34,9 @@ def block_decoder(model: Any | ModelState, *, storage: str, batch_size: int = 1,
 
         return TritonDecoder(model, storage=storage, batch_size=batch_size, capacity=capacity)
     return BlockDecoder(model, storage=storage, batch_size=batch_size, capacity=capacity)
+
+
+block_decoder.appends = True  # type: ignore[attr-defined]  # both decoders it returns do
 
 
 class BlockDecoder(WeightOnlyDecoder):

@@ -1,15 +1,21 @@
-"""Mode 6: the one decode step captured once into a CUDA graph and replayed every step.
+"""Mode 6: the one decode step captured once into a CUDA graph and replayed every step; and
+``GraphDecoder``, what every captured step shares (mode 6's and rung 16's,
+``engine.decoders.triton_step``).
+
+``GraphDecoder``: a preallocated cache and static inputs made once for ``batch_size``
+sequences, the step over them captured after a few warm-up runs (``compile_s``, never inside a
+timed step), the prefill through the model's ``forward`` into the same cache; each step writes
+the token and position into the inputs and replays the graph.
 
 Contract: ``CudaGraphDecoder`` is a ``Decoder`` (``prefill(idx) -> (B, vocab)``, ``step(token) ->
-(B, vocab)``) that gives mode 1's greedy tokens in fp32; ``decoder.compile_s`` is the capture,
-never inside a timed step. It runs ``engine.step.decode_step`` over the model's own modules
-(``graph_step``) with a position
-that is a tensor: ``attend_static`` writes the new K/V row into the preallocated buffers with
-``index_copy_`` and attends over the whole capacity under a mask computed from the position, so
-every shape is fixed whatever the position. Where Triton compiles for the GPU, the attention is
-its decode kernel over rows 0..pos only (``engine.kernels.gpu.decode_attention``: first light
-measured SDPA over the whole 1,024-slot cache at 74% of the step); without Triton, SDPA over
-every slot under a mask.
+(B, vocab)``) that gives mode 1's greedy tokens in fp32. It runs
+``engine.models.gpt2.step.decode_step`` over the model's own modules (``graph_step``) with a
+position that is a tensor: ``attend_static`` writes the new K/V row into the preallocated
+buffers with ``index_copy_`` and attends over the whole capacity under a mask computed from the
+position, so every shape is fixed whatever the position. Where Triton compiles for the GPU, the
+attention is its decode kernel over rows 0..pos only (``engine.kernels.gpu.decode_attention``:
+first light measured SDPA over the whole 1,024-slot cache at 74% of the step); without Triton,
+SDPA over every slot under a mask.
 """
 
 from __future__ import annotations
@@ -20,11 +26,12 @@ from typing import Any
 
 import torch
 
+from ..cache import make_cache
 from ..kernels.gpu import triton_usable
-from ..kv_cache import make_cache
-from ..model import GPT
-from ..state import ModelState
-from ..step import attend_static, decode_step, model_weights
+from ..models.attention import attend_static
+from ..models.gpt2.model import GPT
+from ..models.gpt2.step import decode_step, model_weights
+from ..models.state import ModelState
 from .eager import Decoder
 
 
@@ -51,13 +58,71 @@ def capture_and_upload(graph: Any, step: Callable[[], torch.Tensor],
     return out
 
 
-class CudaGraphDecoder(Decoder):
+class GraphDecoder(Decoder):
+    """A decoder whose one-token step runs over static inputs and a preallocated cache, made once
+    for ``batch_size`` sequences and captured into a CUDA graph (``capture``), replayed every
+    step; uncaptured, the same step runs as it is (how the tests check it on a CPU). A way of
+    stepping says how its inputs take the token and position (``write_inputs``) and what the
+    step is (``run_step``: what is captured); the prefill goes through the model's ``forward``
+    into the same cache, rows 0..T-1 overwritten."""
+
+    appends = False  # its step is its own: one token per sequence
+
+    def __init__(self, model: Any, *, batch_size: int = 1, capacity: int | None = None) -> None:
+        super().__init__(model, batch_size=batch_size, capacity=capacity,
+                         cache_kind="prealloc", mask="none", logits="last")
+        self.cache = make_cache("prealloc", self.model, batch_size, self.capacity)
+        self.graph: Any = None
+        self.static_logits: torch.Tensor | None = None
+
+    def write_inputs(self, token: torch.Tensor, pos: int) -> None:
+        raise NotImplementedError
+
+    def run_step(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def _capture(self, warmups: int) -> None:
+        """``run_step`` captured into ``self.graph`` after ``warmups`` runs off the default
+        stream (capture requires it; Triton compiles its kernels there); ``compile_s`` is the
+        whole of it, never inside a timed step."""
+        start = time.perf_counter()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(warmups):
+                self.run_step()
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        self.static_logits = capture_and_upload(self.graph, self.run_step, torch.cuda.graph)
+        torch.cuda.synchronize()
+        self.compile_s = time.perf_counter() - start  # rows written here are overwritten later
+
+    @torch.no_grad()
+    def prefill(self, idx: torch.Tensor) -> torch.Tensor:
+        self._check_batch(idx)
+        self._start_seq(idx)
+        self.cache.crop(0)  # the captured buffers are reused: prefill overwrites rows 0..T-1
+        out, _ = self.model(idx, self.cache, logits="last")
+        return out[:, -1, :]
+
+    @torch.no_grad()
+    def step(self, token: torch.Tensor) -> torch.Tensor:
+        pos = self._next_position()
+        self.write_inputs(token, pos)
+        if self.graph is None:
+            logits = self.run_step().clone()  # a step's buffers are overwritten by the next
+        else:
+            self.graph.replay()
+            logits = self.static_logits.clone()  # type: ignore[union-attr]  # (as a replay's)
+        return self._stepped(token, logits)
+
+
+class CudaGraphDecoder(GraphDecoder):
     """Mode 6: ``graph_step`` captured once per decoder and replayed every step.
 
     ``capture=False`` runs the same step eagerly (how the tests check it on a CPU).
     """
-
-    appends = False  # its step is its own, not GPT.forward
 
     def attended_keys(self, length: int) -> int:
         # The decode kernel reads the filled rows; SDPA every slot, masked (shapes never change).
@@ -66,8 +131,7 @@ class CudaGraphDecoder(Decoder):
     def __init__(self, model: GPT | ModelState, *, batch_size: int = 1,
                  capacity: int | None = None, capture: bool = True,
                  triton: bool | None = None) -> None:
-        super().__init__(model, batch_size=batch_size, capacity=capacity,
-                         cache_kind="prealloc", mask="none", logits="last")
+        super().__init__(model, batch_size=batch_size, capacity=capacity)
         dev = self.model.device
         self.capture = capture and dev.type == "cuda"
         if capture and not self.capture:
@@ -75,56 +139,15 @@ class CudaGraphDecoder(Decoder):
         # The Triton decode attention wherever Triton can compile it; a test passes True to run
         # it on a CPU in Triton's interpreter.
         self.triton = triton_usable(dev) if triton is None else triton
-        self.cache = make_cache("prealloc", self.model, batch_size, self.capacity)
         self.static_token = torch.zeros(batch_size, 1, dtype=torch.long, device=dev)
         self.static_pos = torch.zeros(1, dtype=torch.long, device=dev)
-        self.graph: Any = None
         if self.capture:
-            self._capture()
+            self._capture(warmups=3)
 
-    @torch.no_grad()
-    def _capture(self) -> None:
-        start = time.perf_counter()
-        cache = self.cache
-        args = (self.model, cache.k_buf, cache.v_buf, self.static_token, self.static_pos,
-                self.triton)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up off the default stream, as capture requires
-            for _ in range(3):
-                graph_step(*args)
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        self.static_logits = capture_and_upload(self.graph, lambda: graph_step(*args),
-                                                torch.cuda.graph)
-        torch.cuda.synchronize()
-        self.compile_s = time.perf_counter() - start  # rows written here are overwritten later
-
-    @torch.no_grad()
-    def prefill(self, idx: torch.Tensor) -> torch.Tensor:
-        if idx.size(0) != self.static_token.size(0):
-            raise ValueError(f"this decoder was built for batch size "
-                             f"{self.static_token.size(0)}, got {idx.size(0)} sequences")
-        self._start_seq(idx)
-        self.cache.crop(0)  # re-use the captured buffers: prefill overwrites rows 0..T-1
-        out, _ = self.model(idx, self.cache, logits="last")
-        return out[:, -1, :]
-
-    @torch.no_grad()
-    def step(self, token: torch.Tensor) -> torch.Tensor:
-        assert self.seq is not None, "prefill first"
-        pos = self.cache.length
-        if pos + 1 > self.cache.capacity:
-            raise ValueError(f"KV cache holds at most {self.cache.capacity} tokens; "
-                             f"this step would need {pos + 1}")
+    def write_inputs(self, token: torch.Tensor, pos: int) -> None:
         self.static_token.copy_(token)
         self.static_pos.fill_(pos)
-        if self.graph is not None:
-            self.graph.replay()
-            logits = self.static_logits.clone()  # the next replay overwrites static_logits
-        else:
-            logits = graph_step(self.model, self.cache.k_buf, self.cache.v_buf,
-                                self.static_token, self.static_pos, self.triton)
-        self.cache.advance(1)
-        self._push(token)
-        return logits
+
+    def run_step(self) -> torch.Tensor:
+        return graph_step(self.model, self.cache.k_buf, self.cache.v_buf, self.static_token,
+                          self.static_pos, self.triton)

@@ -1,12 +1,12 @@
 """Modes 7 and 9 (torch.compile): the one decode step, compiled.
 
-Shares ``engine.step``'s decode step with modes 6 and 8 and the eager ``Decoder``'s prefill.
-Contract: ``CompiledDecoder`` is a ``Decoder`` (``prefill(idx) -> (B, vocab)``, ``step(token)
--> (B, vocab)``) that gives mode 1's greedy tokens in fp32. ``decoder.compile_s`` is the one-off
-compilation, never inside a timed step. It runs ``engine.step.decode_step`` over the model's own
-modules with a position that is a tensor, because ``GPT.forward`` takes positions as Python ints
-(a new graph per token). How the step meets the KV cache (mode 6, ``engine.decoders.captured``,
-writes it inside its graph instead):
+Shares ``engine.models.gpt2.step``'s decode step with modes 6 and 8 and the eager ``Decoder``'s
+prefill. Contract: ``CompiledDecoder`` is a ``Decoder`` (``prefill(idx) -> (B, vocab)``,
+``step(token) -> (B, vocab)``) that gives mode 1's greedy tokens in fp32. ``decoder.compile_s`` is
+the one-off compilation, never inside a timed step. It runs ``engine.models.gpt2.step.decode_step``
+over the model's own modules with a position that is a tensor, because ``GPT.forward`` takes
+positions as Python ints (a new graph per token). How the step meets the KV cache (mode 6,
+``engine.decoders.captured``, writes it inside its graph instead):
 
 - modes 7 and 9 (``_ReadOnlyStep``): ``attend_read_only`` only *reads* the cache and returns the
   new K/V rows; the caller writes them in place. Compiling a step that writes the cache either
@@ -16,9 +16,9 @@ writes it inside its graph instead):
   graph).
 
 Compiled steps are built once per (model, variant, batch size) and kept in the model's
-``engine.state.ModelState``, with a static cache of ``block_size`` tokens that every decoder of
-that key shares (one live sequence per key: a new prefill takes the buffers over; an older
-decoder then refuses to step).
+``engine.models.state.ModelState``, with a static cache of ``block_size`` tokens that every
+decoder of that key shares (one live sequence per key: a new prefill takes the buffers over; an
+older decoder then refuses to step).
 """
 
 from __future__ import annotations
@@ -32,10 +32,11 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ..kv_cache import PreallocKVCache
-from ..model import GPT
-from ..state import ModelState
-from ..step import attend_read_only, decode_step, model_weights
+from ..cache import PreallocKVCache
+from ..models.attention import attend_read_only
+from ..models.gpt2.model import GPT
+from ..models.gpt2.step import decode_step, model_weights
+from ..models.state import ModelState
 from .eager import Decoder
 
 VARIANTS = ("compiled", "fast_compiled", "eager")  # "eager": the same step, not compiled (tests)
@@ -179,9 +180,7 @@ class CompiledDecoder(Decoder):
 
     @torch.no_grad()
     def prefill(self, idx: torch.Tensor) -> torch.Tensor:
-        if idx.size(0) != self.runner.k_buf.size(1):
-            raise ValueError(f"this decoder was built for batch size {self.runner.k_buf.size(1)}"
-                             f", got a prompt of {idx.size(0)} sequences")
+        self._check_batch(idx)  # the shared buffers are this batch size's
         self._start_seq(idx)
         self.cache = _cache_over(self.runner.k_buf, self.runner.v_buf)
         self.runner.owner = weakref.ref(self)  # weak: the model must not keep decoders alive
@@ -197,11 +196,5 @@ class CompiledDecoder(Decoder):
         if not self.holds_sequence():
             raise RuntimeError("another decoder of this mode and batch size has started a "
                                "sequence on this model; prefill again to continue")
-        pos = self.cache.length
-        if pos + 1 > self.cache.capacity:
-            raise ValueError(f"KV cache holds at most {self.cache.capacity} tokens; "
-                             f"this step would need {pos + 1}")
-        logits = self.runner.step(token, pos)
-        self.cache.advance(1)
-        self._push(token)
-        return logits
+        pos = self._next_position()
+        return self._stepped(token, self.runner.step(token, pos))

@@ -8,8 +8,8 @@ Uncached modes keep the whole sequence and re-run it every step; cached modes ke
 This base class is modes 1-5, 10 and 11 (eager PyTorch through the model's ``forward`` -- any
 family's: GPT-2's or the Llama family's -- with a cache kind, a causal-mask variant and a logits
 choice); the other ways of stepping subclass it (``engine.decoders``). ``model`` is a model of
-``engine.families`` or its ``engine.state.ModelState``: what a decoder builds on the model (mask
-buffers, packed copies, compiled steps) is kept there, shared by every decoder of that model
+``engine.families`` or its ``engine.models.state.ModelState``: what a decoder builds on the model
+(mask buffers, packed copies, compiled steps) is kept there, shared by every decoder of that model
 (``decoder.state``).
 
 Decoders whose steps go through ``GPT.forward`` (``appends = True``: modes 1-5, 10, 11) also
@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import torch
 
-from ..kv_cache import make_cache
-from ..model import GPT
-from ..state import ModelState
+from ..cache import make_cache
+from ..models.gpt2.model import GPT
+from ..models.state import ModelState
 
 
 class Decoder:
@@ -52,7 +52,7 @@ class Decoder:
         self.capacity = capacity or self.model.config.block_size
         self.cache_kind = cache_kind
         self.mask = mask  # None: the model's own variant (its config's)
-        self.attention = self.state.attention(mask)  # engine.attention, buffers shared
+        self.attention = self.state.attention(mask)  # engine.models.attention, buffers shared
         self.logits = logits
         self.cache = None
         self.seq: torch.Tensor | None = None
@@ -82,6 +82,28 @@ class Decoder:
             self._tokens = torch.cat([self._tokens, torch.empty_like(self._tokens)], dim=1)
         self._tokens[:, n] = token[:, 0]
         self.seq = self._tokens[:, : n + 1]
+
+    def _check_batch(self, idx: torch.Tensor) -> None:
+        """A decoder whose buffers were made for ``batch_size`` sequences takes that many."""
+        if idx.size(0) != self.batch_size:
+            raise ValueError(f"this decoder was built for batch size {self.batch_size}, got "
+                             f"{idx.size(0)} sequences")
+
+    def _next_position(self) -> int:
+        """Where a one-token step of its own writes the new K/V row of its preallocated cache
+        (ValueError past the cache's capacity)."""
+        assert self.seq is not None and self.cache is not None, "prefill first"
+        pos = self.cache.length
+        if pos + 1 > self.cache.capacity:
+            raise ValueError(f"KV cache holds at most {self.cache.capacity} tokens; this step "
+                             f"would need {pos + 1}")
+        return pos
+
+    def _stepped(self, token: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """After a one-token step of its own: the cache one row longer, the token kept."""
+        self.cache.advance(1)
+        self._push(token)
+        return logits
 
     def rewind(self, length: int) -> None:
         """Forget every token from ``length`` on, so a step can be re-timed at the same context.

@@ -6,7 +6,7 @@ tokens in fp32; its logits match the model's ``forward`` (and so ``transformers`
 ``decoder.extra_bytes`` is the memory of the weight copies it holds besides the model. Both
 families: GPT-2 (``FastWeights``, below) and the Llama family (``FastLlamaWeights``: the same
 four ways chosen per role -- q, k, v, o, gate, up, down, head -- and the Llama step of
-``engine.step_llama``, fused into one ``decode_layers_llama`` call on a CPU).
+``engine.models.llama.step``, fused into one ``decode_layers_llama`` call on a CPU).
 
 Why it is faster (see the measured notes): at batch 1 a decode step is a chain of
 matrix-vector products that must stream all 494 MB of gpt2's Linear weights. The ``[out, in]``
@@ -18,21 +18,21 @@ cores, each streaming its own contiguous slab. The output projection gets the sa
 so results differ from ``F.linear`` by float32 rounding only. With one thread, ``chunks=1``
 falls back to ``torch.addmm`` on the ``[in, out]`` copy. ``PackedLinear.__call__`` is the one
 place that multiplies by the packed weights. Where the C++ matrix-vector kernel is built
-(``engine.kernels``), each role of matrix (q|k|v, attention projection, MLP up, MLP down, output
+(``engine.kernels.cpu``), each role of matrix (q|k|v, attention projection, MLP up, MLP down, output
 projection) is timed four ways when the copies are made -- the packed copies, ``F.linear`` over
 the model's own ``[out, in]`` weights (``OwnLinear``, no copy: fastest for some roles on an
 AVX-512 Xeon), the kernel over them (no copy), the kernel over an interleaved copy in which
 every four rows are one contiguous stream (``InterleavedLinear``) -- and takes the fastest
 (``FastWeights.choice``; ``scripts/bench_kernels.py`` times them per role). The step itself is
-``engine.step.decode_step`` (the one modes 6, 7 and 9 run too) over these copies, with
+``engine.models.gpt2.step.decode_step`` (the one modes 6, 7 and 9 run too) over these copies, with
 ``attend_filled`` over a preallocated cache, with no mask, the new token seeing every cached key:
 on a CPU in fp32 the C++ kernel writes the new row and attends in one call
-(``engine.kernels.attend``), elsewhere SDPA on 4-D views. There, with the kernel built, the
-whole step after the embedding is ONE call into C++ (``engine.step.fused_step``: the same ops,
-the same logits bit for bit, without the Python around ~160 calls; in 24-step loops side by side
-on the 2-core Xeon it took 2.1-2.4 ms off gpt2's fp32 step and 1.3-1.4 ms off int8's).
+(``engine.kernels.cpu.attend``), elsewhere SDPA on 4-D views. There, with the kernel built, the
+whole step after the embedding is ONE call into C++ (``engine.models.gpt2.step.fused_step``: the
+same ops, the same logits bit for bit, without the Python around ~160 calls; in 24-step loops side
+by side on the 2-core Xeon it took 2.1-2.4 ms off gpt2's fp32 step and 1.3-1.4 ms off int8's).
 
-The copies are built once per model (and chunk count) and kept in its ``engine.state.
+The copies are built once per model (and chunk count) and kept in its ``engine.models.state.
 ModelState``; an in-place write to a parameter makes them stale, and they are built again.
 """
 
@@ -45,26 +45,15 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .. import kernels, step_llama
-from ..llama import Llama
-from ..model import GPT
-from ..state import ModelState, weights_version
-from ..step import (
-    CHUNKED,
-    INTERLEAVED,
-    KERNEL,
-    LINEAR,
-    PACKED,
-    Fused,
-    Product,
-    StepWeights,
-    attend_filled,
-    decode_step,
-    fused_step,
-    kernel_attends,
-    layer_norm_call,
-)
-from ..step_llama import LlamaStepWeights, decode_step_llama, fused_step_llama
+from ..kernels import cpu as kernels
+from ..kernels.cpu import CHUNKED, INTERLEAVED, KERNEL, LINEAR, PACKED, Fused, Product
+from ..models.attention import attend_filled, kernel_attends
+from ..models.gpt2.model import GPT
+from ..models.gpt2.step import StepWeights, decode_step, fused_step, layer_norm_call
+from ..models.llama import step as step_llama
+from ..models.llama.model import Llama
+from ..models.llama.step import LlamaStepWeights, decode_step_llama, fused_step_llama
+from ..models.state import ModelState, weights_version
 from .eager import Decoder
 
 MAX_CHUNKS = 8  # beyond this the per-chunk slabs get too thin to stream well
@@ -132,7 +121,7 @@ class PackedLinear:
 
 @dataclass
 class KernelLinear:
-    """y = x @ W.T + b through ``engine.kernels``' C++ matrix-vector product over the model's
+    """y = x @ W.T + b through ``engine.kernels.cpu``' C++ matrix-vector product over the model's
     own ``[out, in]`` weight: no copy. More rows than the kernel takes go to ``F.linear``."""
 
     weight: torch.Tensor  # (out, in), the model's tensor
@@ -284,8 +273,8 @@ class FastWeights:
 
 class FastLlamaWeights:
     """Mode 8's weights for a Llama-family model: per role of matrix (q, k, v, o, gate, up,
-    down, the head tied to the embedding: ``engine.step_llama.ROLES``) the fastest of the same
-    four ways as GPT-2's (``_choose``: packed [in, out] copies, ``F.linear`` or the C++ kernel
+    down, the head tied to the embedding: ``engine.models.llama.step.ROLES``) the fastest of the
+    same four ways as GPT-2's (``_choose``: packed [in, out] copies, ``F.linear`` or the C++ kernel
     over the model's own weights, the kernel over an interleaved copy), measured here when the
     weights load; RMSNorm weights and the embedding are the model's own."""
 
@@ -362,18 +351,11 @@ class FastDecoder(Decoder):
 
     @torch.no_grad()
     def step(self, token: torch.Tensor) -> torch.Tensor:
-        assert self.seq is not None and self.cache is not None, "prefill first"
+        pos = self._next_position()
         cache = self.cache
-        pos = cache.length
-        if pos + 1 > cache.capacity:
-            raise ValueError(
-                f"KV cache holds at most {cache.capacity} tokens; this step would need {pos + 1}"
-            )
         if self.fused is not None and token.size(0) <= kernels.MAX_ROWS:
             logits = self.fused(token, pos, cache.k_buf, cache.v_buf)
         else:
             logits = self.python_step(self.step_weights, token, pos,
                                       attend_filled(cache.k_buf, cache.v_buf, pos))
-        cache.advance(1)
-        self._push(token)
-        return logits
+        return self._stepped(token, logits)

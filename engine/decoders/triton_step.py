@@ -11,30 +11,27 @@ CUDA graph. Five kernels a block, for both families:
 plus the embedding (and GPT-2's learned position) and the final norm with the output projection:
 62 kernels for gpt2's 12 blocks, 152 for SmolLM2's 30, against 150-210 launches of an eager step
 (first light on an H200). Weights as the model stores them (fp32 or bf16 rows), or GGUF Q8_0 /
-Q4_1 blocks read as stored (``storage``: the view of ``engine.quant_blocks``, the same blocks
+Q4_1 blocks read as stored (``storage``: the view of ``engine.quant.blocks``, the same blocks
 rungs 14-15 multiply on a CPU), dequantized in registers.
 
 ``TritonDecoder(model, batch_size=1, capacity=None, storage=None, capture=None)`` is a
-``Decoder``: the prefill (and seek, rewind) through the model's ``forward`` into a preallocated
-cache; each step the token and position are written into the graph's static buffers, the graph
-replays, and the logits are copied out. ``capture=False`` launches the same kernels one by one
-(a CPU under ``TRITON_INTERPRET=1``: how the tests check it).
+``GraphDecoder`` (``engine.decoders.captured``): the prefill (and seek, rewind) through the
+model's ``forward`` into a preallocated cache; each step the token and position are written
+into the graph's static buffers, the graph replays, and the logits are copied out.
+``capture=False`` launches the same kernels one by one (a CPU under ``TRITON_INTERPRET=1``: how
+the tests check it).
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from .. import quant_blocks
-from ..kv_cache import make_cache
-from ..llama import Llama
-from ..state import ModelState
-from .captured import capture_and_upload
-from .eager import Decoder
+from ..models.llama.model import Llama
+from ..models.state import ModelState
+from ..quant import blocks as quant_blocks
+from .captured import GraphDecoder
 
 
 def _norm(module: torch.nn.Module) -> tuple:
@@ -66,7 +63,7 @@ class TritonStep:
         self.logits = torch.zeros(B, self.head.out, dtype=dtype, device=dev)
         self.llama = isinstance(model, Llama)
         if self.llama:
-            from ..step_llama import rope_table
+            from ..models.llama.step import rope_table
 
             inner = model.model
             self.table = self.head if cfg.tied else Weight.of(inner.embed_tokens)
@@ -117,75 +114,35 @@ class TritonStep:
         return linear(x, self.head, self.logits, norm=self.final)
 
 
-class TritonDecoder(Decoder):
+class TritonDecoder(GraphDecoder):
     """Rung 16 (weights as stored by the model) and rungs 14-15 on a GPU (``storage``)."""
 
-    appends = False  # its step is its own: one token per sequence
+    # Several tokens at once go through the model's forward into the captured cache, as a
+    # prefill does (speculative decoding's verify step); one token goes through the graph.
+    appends = True
 
     def __init__(self, model: Any | ModelState, *, batch_size: int = 1,
                  capacity: int | None = None, storage: str | None = None,
                  capture: bool | None = None) -> None:
         state = ModelState.of(model)
         source = quant_blocks.block_view(state, storage) if storage else state
-        super().__init__(source, batch_size=batch_size, capacity=capacity,
-                         cache_kind="prealloc", mask="none", logits="last")
+        super().__init__(source, batch_size=batch_size, capacity=capacity)
         self.storage = storage
         dev = self.model.device
         self.capture = dev.type == "cuda" if capture is None else capture
         if self.capture and dev.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA GPU; the model is on " + str(dev))
-        self.cache = make_cache("prealloc", self.model, batch_size, self.capacity)
         self.kernel_step = TritonStep(self.model, batch_size, self.cache.k_buf, self.cache.v_buf)
         if storage:
             self.extra_bytes = self.model.stored_bytes()  # the blocks, besides the model
-        self.replay: Callable[[], torch.Tensor] = self.kernel_step.run
         if self.capture:
-            self._capture()
+            self._capture(warmups=2)  # compiles every kernel before the capture
 
-    @torch.no_grad()
-    def _capture(self) -> None:
-        start = time.perf_counter()
-        run = self.kernel_step.run
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # compiles every kernel before the capture
-            for _ in range(2):
-                run()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        logits = capture_and_upload(graph, run, torch.cuda.graph)
-
-        def replay() -> torch.Tensor:
-            graph.replay()
-            return logits
-
-        self.graph = graph
-        self.replay = replay
-        torch.cuda.synchronize()
-        self.compile_s = time.perf_counter() - start  # rows written here are overwritten later
-
-    @torch.no_grad()
-    def prefill(self, idx: torch.Tensor) -> torch.Tensor:
-        if idx.size(0) != self.kernel_step.token.size(0):
-            raise ValueError(f"this decoder was built for batch size "
-                             f"{self.kernel_step.token.size(0)}, got {idx.size(0)} sequences")
-        self._start_seq(idx)
-        self.cache.crop(0)  # the captured buffers are reused: prefill overwrites rows 0..T-1
-        out, _ = self.model(idx, self.cache, logits="last")
-        return out[:, -1, :]
-
-    @torch.no_grad()
-    def step(self, token: torch.Tensor) -> torch.Tensor:
-        assert self.seq is not None, "prefill first"
-        pos = self.cache.length
-        if pos + 1 > self.cache.capacity:
-            raise ValueError(f"KV cache holds at most {self.cache.capacity} tokens; "
-                             f"this step would need {pos + 1}")
+    def write_inputs(self, token: torch.Tensor, pos: int) -> None:
         ks = self.kernel_step
         ks.token.copy_(token[:, 0])
         ks.pos.fill_(pos)
         ks.lengths.fill_(pos + 1)
-        logits = self.replay().clone()  # the next replay overwrites the graph's logits
-        self.cache.advance(1)
-        self._push(token)
-        return logits
+
+    def run_step(self) -> torch.Tensor:
+        return self.kernel_step.run()

@@ -1,11 +1,13 @@
-"""Rungs 12 and 13's decoder: mode 8's over ``engine.quant``'s weight-only view of the model.
+"""Rungs 12 and 13's decoder: mode 8's over ``engine.quant.weight_only``'s weight-only view of the
+model.
 
-Both families: GPT-2's step (``engine.step``) or the Llama family's (``engine.step_llama``).
+Both families: GPT-2's step (``engine.models.gpt2.step``) or the Llama family's
+(``engine.models.llama.step``).
 Shares with ``engine.decoders.fast`` (which it subclasses) the decode step over one-call
 products and the fused C++ step; with ``engine.decoders.eager`` the prefill, seek, rewind and
 the multi-token ``append`` through the model's ``forward`` over the view (preallocated cache,
 fused attention). What the view stores and how one product runs (int8 rows times their scale, bf16
-rows widened in registers) is ``engine.quant``'s: this file only steps.
+rows widened in registers) is ``engine.quant.weight_only``'s: this file only steps.
 """
 
 from __future__ import annotations
@@ -16,13 +18,15 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .. import kernels, step_llama
-from ..llama import Llama
-from ..model import GPT
-from ..quant import Int8Linear, WeightOnlyModel, kernel, kernel_takes, weight_only
-from ..state import ModelState
-from ..step import KERNEL, Product, StepWeights, layer_norm_call
-from ..step_llama import LlamaStepWeights
+from ..kernels import cpu as kernels
+from ..kernels.cpu import KERNEL, Product
+from ..models.gpt2.model import GPT
+from ..models.gpt2.step import StepWeights, layer_norm_call
+from ..models.llama import step as step_llama
+from ..models.llama.model import Llama
+from ..models.llama.step import LlamaStepWeights
+from ..models.state import ModelState
+from ..quant.weight_only import Int8Linear, WeightOnlyModel, kernel, kernel_takes, weight_only
 from .eager import Decoder
 from .fast import FastDecoder, steps_of
 
@@ -44,10 +48,11 @@ class _Rows:
 
 class _KernelStep:
     """A weight-only Linear as a CPU decode step multiplies by it: its stored rows, scale and
-    bias straight into ``engine.kernels``' one call (no module call, no reshape, no separate
+    bias straight into ``engine.kernels.cpu``' one call (no module call, no reshape, no separate
     bias add: 49 of each per gpt2 step); rows the kernel does not take go through the module.
-    Where it applies, the decoder's step is ``engine.step.fused_step`` over ``product``; this
-    call is that step's Python form (``decode_step``), which the fused one must equal."""
+    Where it applies, the decoder's step is ``engine.models.gpt2.step.fused_step`` over
+    ``product``; this call is that step's Python form (``decode_step``), which the fused one must
+    equal."""
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module
@@ -66,17 +71,18 @@ class _KernelStep:
 
 
 def _direct(view: WeightOnlyModel) -> bool:
-    """Does a decode step of this view multiply through ``engine.kernels`` directly (fp32 on a
+    """Does a decode step of this view multiply through ``engine.kernels.cpu`` directly (fp32 on a
     CPU, the kernel built)?"""
     return view.device.type == "cpu" and view.dtype == torch.float32 and kernels.available()[0]
 
 
 def step_weights(view: WeightOnlyModel, wrap: Callable[[nn.Module], Any] | None = None
                  ) -> StepWeights | LlamaStepWeights:
-    """The view's modules as its family's one-token step's weights (``engine.step.decode_step``
-    or ``engine.step_llama.decode_step_llama``): mode 8's step, multiplying by the weight-only
-    Linears (each through ``wrap``: by default ``_KernelStep`` where the C++ kernel is built and
-    the view is fp32 on a CPU, else the module itself; norms as plain calls / weights)."""
+    """The view's modules as its family's one-token step's weights
+    (``engine.models.gpt2.step.decode_step`` or ``engine.models.llama.step.decode_step_llama``):
+    mode 8's step, multiplying by the weight-only Linears (each through ``wrap``: by default
+    ``_KernelStep`` where the C++ kernel is built and the view is fp32 on a CPU, else the module
+    itself; norms as plain calls / weights)."""
     if wrap is None:
         wrap = _KernelStep if _direct(view) else (lambda m: m)
     if isinstance(view, Llama):

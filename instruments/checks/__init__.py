@@ -2,8 +2,9 @@
 
   gate         every mode (and peer) against mode 1's logits at a short and a long context
   correctness  logits against ``transformers``, cached == uncached, multi-token append
-  bugs         the write-up's silent bugs, each a broken subclass of an engine module, switched
-               on one at a time in a private view of a model (never in the model others use)
+  bugs         the silent bugs of a KV cache, each a broken subclass of an engine module,
+               switched on one at a time in a private view of a model (never in the model others
+               use): the write-up's three in every family; ``bugs_llama`` the Llama family's own
 
 ``BUG_DESCRIPTIONS`` (kind -> what goes wrong) and ``BUG_FAMILIES`` (kind -> the model families
 it can be switched on in) are here, torch-free, for the pages to list; ``bugs_for(family)``.

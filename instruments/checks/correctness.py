@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.kv_cache import make_cache
+from engine.cache import make_cache
 from engine.loop import as_prompt_tensor, first_difference, generate
-from engine.model import GPT
-from engine.state import ModelState
+from engine.models.gpt2.model import GPT
+from engine.models.state import ModelState
 from instruments import lineup
 from instruments.checks.gate import tolerance
 

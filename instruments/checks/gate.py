@@ -30,8 +30,8 @@ import torch
 
 from engine import dtypes
 from engine.loop import decode, random_prompt
-from engine.model import GPT
-from engine.state import ModelState
+from engine.models.gpt2.model import GPT
+from engine.models.state import ModelState
 from instruments import lineup
 from instruments.lineup import make_decoder
 

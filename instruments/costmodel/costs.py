@@ -1,7 +1,7 @@
 """Analytic cost model: FLOPs and bytes per generation step, computed from a model's config alone.
 
-Any family's config (``engine.config``: GPT-2's or the Llama family's) describes its own Linears
-(``cfg.matrices()``: q|k|v fused or apart, GQA's narrower k and v, a 4x GELU MLP or SwiGLU's
+Any family's config (``engine.models.config``: GPT-2's or the Llama family's) describes its own
+Linears (``cfg.matrices()``: q|k|v fused or apart, GQA's narrower k and v, a 4x GELU MLP or SwiGLU's
 three), its head, its other parameters and the activations a block writes; the formulas below
 sum those, so GQA, SwiGLU and a 49,152-row head are costed as they are, not as GPT-2's shapes.
 
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from engine import dtypes
-from engine.config import ModelConfig
+from engine.models.config import ModelConfig
 from instruments.costmodel import kv_plan
 
 MASK_BYTE_KINDS = ("seed", "shared_bool", "none")
@@ -181,7 +181,7 @@ def weight_bytes(cfg: ModelConfig, dtype: Any) -> int:
 
 WEIGHT_STORAGES = ("", "int8", "bfloat16", "q8_0", "q4_1")  # "": the model dtype
 SCALE_BYTES = 4  # one fp32 scale per output channel of an int8 weight
-# GGUF's blocks of 32 weights (rungs 14, 15: engine.quant_blocks): Q8_0 32 int8 + an fp16
+# GGUF's blocks of 32 weights (rungs 14, 15: engine.quant.blocks): Q8_0 32 int8 + an fp16
 # scale = 34 bytes (8.5 bits a weight); Q4_1 16 bytes of nibbles + fp16 scale and minimum = 20
 # (5 bits). The head (tied embedding) stays Q8_0 in both, as llama.cpp's Q4_1 files store it.
 BLOCK_WEIGHTS = 32

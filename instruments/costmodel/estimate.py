@@ -22,7 +22,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from engine.config import GPTConfig
+from engine.models.config import GPTConfig
 from instruments import lineup
 from instruments.costmodel import costs
 

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from engine import dtypes
-from engine.config import ModelConfig
+from engine.models.config import ModelConfig
 
 DISTRIBUTIONS = ("long-tailed", "uniform", "fixed")
 LAYOUTS = {"contiguous": "contiguous, sized for the model's limit",

@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from engine.config import GPTConfig, ModelConfig
+from engine.models.config import GPTConfig, ModelConfig
 from instruments import lineup
 from instruments.costmodel import costs
 from instruments.experiments.inputs import (
@@ -56,7 +56,7 @@ from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, no_grad, reco
 if TYPE_CHECKING:
     from torch.profiler import ProfilerActivity
 
-    from engine.model import GPT
+    from engine.models.gpt2.model import GPT
     from instruments.measure.device import Peaks
 
 

@@ -27,7 +27,7 @@ import argparse
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.config import ModelConfig
+from engine.models.config import ModelConfig
 from instruments import lineup
 from instruments.costmodel import costs
 from instruments.experiments.inputs import (

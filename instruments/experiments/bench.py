@@ -26,7 +26,7 @@ import argparse
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.config import GPTConfig, ModelConfig
+from engine.models.config import GPTConfig, ModelConfig
 from instruments import lineup
 from instruments.costmodel import costs
 from instruments.experiments.inputs import MAX_BATCH, modes_usable, parse_modes, whole

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.config import GPTConfig, ModelConfig
+from engine.models.config import GPTConfig, ModelConfig
 from instruments.checks import bugs_for
 from instruments.experiments.inputs import whole
 from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, no_grad, record

@@ -26,7 +26,7 @@ import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from engine.config import GPTConfig, ModelConfig
+from engine.models.config import GPTConfig, ModelConfig
 from instruments import lineup
 from instruments.costmodel import costs
 from instruments.experiments.inputs import MAX_BATCH, modes_usable, parse_modes, whole
@@ -42,7 +42,7 @@ from instruments.spine import (
 from instruments.store.stats import mean_sd, percentile_fields
 
 if TYPE_CHECKING:
-    from engine.model import GPT
+    from engine.models.gpt2.model import GPT
 
 
 @dataclass

@@ -17,7 +17,7 @@ import argparse
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from engine.config import GPTConfig, ModelConfig
+from engine.models.config import GPTConfig, ModelConfig
 from instruments.experiments.inputs import (
     modes_usable,
     parse_modes,

@@ -14,7 +14,7 @@ import argparse
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from engine.config import GPTConfig, ModelConfig
+from engine.models.config import GPTConfig, ModelConfig
 from instruments.costmodel import costs
 from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, record
 

@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from engine.config import GPTConfig, ModelConfig
+from engine.models.config import GPTConfig, ModelConfig
 from instruments import lineup
 from instruments.costmodel import costs
 from instruments.experiments import end_to_end
@@ -65,7 +65,7 @@ from instruments.store.tables import format_summary, summary_table
 if TYPE_CHECKING:
     import torch
 
-    from engine.model import GPT
+    from engine.models.gpt2.model import GPT
     from instruments.measure.sampler import RetakeBudget, Sampler
 
 

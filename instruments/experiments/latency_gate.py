@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from instruments.spine import Tracker
 
 if TYPE_CHECKING:
-    from engine.model import GPT
+    from engine.models.gpt2.model import GPT
 
 
 class SweepGate:

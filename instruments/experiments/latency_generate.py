@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import torch
 
 from engine.loop import Step, decode
-from engine.model import GPT
+from engine.models.gpt2.model import GPT
 from instruments.lineup import make_decoder
 from instruments.measure.timing import StepClock
 from instruments.spine import Tracker

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.config import GPTConfig, ModelConfig
+from engine.models.config import GPTConfig, ModelConfig
 from instruments import lineup
 from instruments.experiments.inputs import contexts_within, modes_usable, parse_contexts, whole
 from instruments.experiments.utilization import weight_storage

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from engine import dtypes
-from engine.config import GPTConfig, ModelConfig
+from engine.models.config import GPTConfig, ModelConfig
 from instruments.costmodel import costs, kv_plan
 from instruments.experiments.inputs import (
     contexts_within,
@@ -37,7 +37,7 @@ from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, no_grad, reco
 if TYPE_CHECKING:
     import torch
 
-    from engine.model import GPT
+    from engine.models.gpt2.model import GPT
 
 
 @dataclass
@@ -133,7 +133,7 @@ def _cap_bytes(p: PlannerParams, device: torch.device, budget: int | None) -> in
 
 def _fit_rows(model: GPT, p: PlannerParams, budget: int | None, cap: int,
               tr: Tracker) -> None:
-    from engine.kv_cache import make_cache
+    from engine.cache import make_cache
     from instruments.measure import memory
 
     cfg, dev = model.config, model.device
@@ -158,8 +158,8 @@ def _fit_rows(model: GPT, p: PlannerParams, budget: int | None, cap: int,
 
 
 def _layout(model: GPT, layout: str, lengths: list[int], block_tokens: int) -> Any:
-    from engine.kv_cache import make_cache
-    from engine.kv_variants import PagedKVCache
+    from engine.cache import make_cache
+    from engine.cache.paged import PagedKVCache
 
     cfg = model.config
     if layout == "contiguous":

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from engine import dtypes
-from engine.config import GPTConfig, ModelConfig
+from engine.models.config import GPTConfig, ModelConfig
 from instruments import lineup
 from instruments.costmodel import costs
 from instruments.experiments.inputs import (
@@ -28,7 +28,7 @@ from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, no_grad, reco
 if TYPE_CHECKING:
     import torch
 
-    from engine.model import GPT
+    from engine.models.gpt2.model import GPT
 
 
 def precisions_for(device: str, dtypes: list[str]) -> list[str]:
@@ -174,7 +174,7 @@ def run(loaded: Loaded, params: PrecisionParams, progress: ProgressFn | None = N
 
 def _converted(model: GPT, dtype: torch.dtype) -> GPT:
     """A copy of ``model`` in ``dtype`` (the shared model itself is never changed)."""
-    from engine.model import GPT
+    from engine.models.gpt2.model import GPT
 
     out = GPT.empty(model.config, model.device, dtype)
     out.load_state_dict(model.state_dict())  # copies and casts; the head stays tied to wte

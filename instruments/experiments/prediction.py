@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from engine.config import GPTConfig, ModelConfig
+from engine.models.config import GPTConfig, ModelConfig
 from instruments import lineup
 from instruments.costmodel import predict
 from instruments.experiments import latency

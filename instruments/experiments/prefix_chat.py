@@ -26,7 +26,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
-from engine.config import ModelConfig
+from engine.models.config import ModelConfig
 from instruments.experiments.inputs import whole
 from instruments.experiments.prefix_parts import budget_for, drift, load_avg, serve
 from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, no_grad, record

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from engine.config import ModelConfig
+from engine.models.config import ModelConfig
 from instruments.costmodel.kv_plan import kv_bytes_per_token
 
 

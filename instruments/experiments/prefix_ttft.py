@@ -28,7 +28,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.config import ModelConfig
+from engine.models.config import ModelConfig
 from instruments.experiments.inputs import contexts_within, parse_contexts, whole
 from instruments.experiments.prefix_parts import (
     budget_for,
@@ -112,7 +112,7 @@ def summary(run: dict[str, Any]) -> list[str]:
 def _point(model: Any, cache: Any, n: int, share: float, p: PrefixTtftParams,
            sampler: Any, tr: Tracker) -> bool:
     """One (N, share) row; True if stopped."""
-    from engine.kv_cache import make_cache
+    from engine.cache import make_cache
 
     vocab = model.config.vocab_size
     want = min(round(share * n), n)

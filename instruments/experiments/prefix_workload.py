@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from engine.config import ModelConfig
+from engine.models.config import ModelConfig
 from instruments.experiments.inputs import whole
 from instruments.experiments.prefix_parts import budget_for, load_avg, serve, token_ids
 from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, no_grad, record

@@ -7,9 +7,9 @@ seeded random weights in turn and freed after). ``should_stop()`` is polled betw
 
 Speedup rows carry ``cached_ms`` (median decode step at ``context_len`` tokens in view),
 ``uncached_ms`` (median full forward of ``context_len`` tokens, last-position logits = mode 2),
-``speedup`` = uncached / cached and ``flop_ratio`` from ``engine.costs``. A point whose memory
-estimate exceeds half of what is free, or whose predicted time exceeds ``max_seconds`` per
-call, is skipped with the reason in its row (``skipped``).
+``speedup`` = uncached / cached and ``flop_ratio`` from ``instruments.costmodel.costs``. A point
+whose memory estimate exceeds half of what is free, or whose predicted time exceeds
+``max_seconds`` per call, is skipped with the reason in its row (``skipped``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from engine.config import GPTConfig, ModelConfig
+from engine.models.config import GPTConfig, ModelConfig
 from instruments import lineup
 from instruments.costmodel import costs
 from instruments.experiments.inputs import (
@@ -35,7 +35,7 @@ from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, no_grad, reco
 
 if TYPE_CHECKING:
 
-    from engine.model import GPT
+    from engine.models.gpt2.model import GPT
 
 BATCH_POINTS = (1, 2, 4, 8, 16, 32)  # the batch sizes a batch scope sweep grows through
 

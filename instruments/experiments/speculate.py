@@ -9,7 +9,7 @@
                context (1 is the memory-bound ideal, k the compute-bound line),
                ``speedup_vs_steps`` = k t(1) / t(k) (k single steps against one append)
   speculative  one row per draft length k: prompt-lookup speculative decoding
-               (``engine.speculative``) of ``new_tokens`` after the prompt, timed whole
+               (``engine.decoders.speculative``) of ``new_tokens`` after the prompt, timed whole
                (prefill included) against plain greedy decoding with the same mode
                (``plain_ms``; with mode 5, "over mode 5"): ``acceptance`` (accepted / drafted
                tokens), ``tokens_per_forward``, ``speedup_measured``, ``speedup_predicted``
@@ -37,7 +37,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from engine.config import GPTConfig, ModelConfig
+from engine.models.config import GPTConfig, ModelConfig
 from instruments import lineup
 from instruments.costmodel.speculation import VerifyCurve, loop_ms, speedups
 from instruments.experiments.inputs import contexts_within, modes_usable, parse_contexts, whole
@@ -46,7 +46,7 @@ from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, no_grad, reco
 if TYPE_CHECKING:
     import torch
 
-    from engine.model import GPT
+    from engine.models.gpt2.model import GPT
 
 KS = [1, 2, 4, 8, 16, 32]
 MAX_K = 64
@@ -228,7 +228,7 @@ def prompt_ids(model: GPT, text: str, new_tokens: int, chat: bool = False
     import torch
 
     from engine.loop import random_prompt
-    from engine.tokenizer import TokenizerError
+    from engine.models.gpt2.tokenizer import TokenizerError
 
     cfg = model.config
     room = cfg.block_size - new_tokens
@@ -262,7 +262,7 @@ def _drafting_ms(history: Any, forwards: list[Any], k: int, ngram: int, prompt_l
 
     import torch
 
-    from engine.speculative import draft_feed, keep
+    from engine.decoders.speculative import draft_feed, keep
 
     rows = torch.randn(k + 1, vocab, generator=torch.Generator().manual_seed(0))  # host: stand-in
     scratch = history.clone()
@@ -286,8 +286,8 @@ def _speculate(model: GPT, p: SpeculateParams, prompt: torch.Tensor, tr: Tracker
     import torch
 
     from engine.decoders import make_decoder
+    from engine.decoders.speculative import speculative_decode
     from engine.loop import decode, first_difference
-    from engine.speculative import speculative_decode
     n, t0 = p.new_tokens, prompt.size(1)
     dec = make_decoder(model, p.mode, capacity=t0 + n)
     prefill = _sampler(model, p, tr).point(lambda: dec.prefill(prompt))

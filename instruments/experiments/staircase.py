@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from engine.config import GPTConfig, ModelConfig
+from engine.models.config import GPTConfig, ModelConfig
 from instruments.experiments.inputs import (
     contexts_within,
     parse_contexts,
@@ -42,7 +42,7 @@ from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, no_grad, reco
 if TYPE_CHECKING:
     import torch
 
-    from engine.model import GPT
+    from engine.models.gpt2.model import GPT
 
 
 @dataclass

@@ -25,7 +25,7 @@ from instruments.costmodel import costs
 from instruments.store.stats import percentile_fields
 
 if TYPE_CHECKING:
-    from engine.model import GPT
+    from engine.models.gpt2.model import GPT
 
 
 def weight_storage(spec: Any) -> str:

@@ -146,7 +146,7 @@ def make_decoder(model: Any, name: str, **kwargs: Any) -> Any:
     """A decoder of mode ``name``, or the adapter of peer ``name`` (ValueError / PeerUnavailable
     when it cannot run here)."""
     if is_peer(name):
-        from engine.state import ModelState
+        from engine.models.state import ModelState
 
         if isinstance(model, ModelState):  # (a Llama's own ``.model`` is its module dict)
             model = model.model
@@ -177,7 +177,7 @@ installed = families.installed  # (are a preset's real weights installed, how to
 config = families.config
 config_from_dict = families.config_from_dict
 family_of = families.family_of
-load_model = families.load  # a preset with its weights: an engine.state.ModelState
+load_model = families.load  # a preset with its weights: an engine.models.state.ModelState
 model_class = families.model_class
 tokenizer = families.tokenizer  # a model's tokenizer: encode, decode, decode_each, chat
 reference = families.reference  # the family's transformers model holding a model's weights

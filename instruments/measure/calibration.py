@@ -7,7 +7,7 @@ the same for every model family: what differs is read off the model and its conf
 
   layers     variant = weight layout ("out_in": ``F.linear`` on the model's ``[out, in]``
              weights; "packed": mode 8's chosen products; "int8" / "bfloat16": the weight-only
-             rungs' modules, ``engine.quant``), x = rows: every block's Linear matmuls
+             rungs' modules, ``engine.quant.weight_only``), x = rows: every block's Linear matmuls
              (``lineup.block_linears``: GPT-2's q|k|v, o, MLP up and down; the Llama family's
              q, k and v -- k and v only n_kv_head heads wide --, o, gate, up, down) on x rows (1
              per sequence for a cached step, T for a forward)
@@ -18,9 +18,9 @@ the same for every model family: what differs is read off the model and its conf
              tokens of n_kv_head heads) and attended by n_head queries over S keys -- explicit
              scores with the write-up's mask ("seed"), ``scaled_dot_product_attention``
              ("fused"), or "prealloc_step": what the one-token steps' ``attend_filled`` runs
-             (modes 8, 12, 13, GPT-2's ``engine.step`` and the Llama family's
-             ``engine.step_llama`` alike: the C++ kernel on a CPU, grouped-query where K/V heads
-             are fewer)
+             (modes 8, 12, 13, GPT-2's ``engine.models.gpt2.step`` and the Llama family's
+             ``engine.models.llama.step`` alike: the C++ kernel on a CPU, grouped-query where K/V
+             heads are fewer)
   attention_full  variant "seed", x = T: an uncached forward's T queries over T keys
   small      x = rows: the family's operators that are no matmul and no attention, at their real
              widths (``SMALL_OPS``) -- GPT-2: layer norms, GELU, residual adds, the heads'
@@ -54,16 +54,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from engine.attention import Attention
-from engine.config import ModelConfig
+from engine.cache import make_cache
 from engine.decoders.fast import fast_weights
-from engine.kv_cache import make_cache
-from engine.llama import Llama
 from engine.loop import random_prompt
-from engine.model import GPT
-from engine.quant import STORAGES, weight_only
-from engine.state import ModelState
-from engine.step import attend_filled
+from engine.models.attention import Attention, attend_filled
+from engine.models.config import ModelConfig
+from engine.models.gpt2.model import GPT
+from engine.models.llama.model import Llama
+from engine.models.state import ModelState
+from engine.quant.weight_only import STORAGES, weight_only
 from instruments import lineup
 from instruments.costmodel import predict
 from instruments.measure.sampler import Sampler

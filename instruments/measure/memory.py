@@ -18,11 +18,11 @@ from typing import Any
 
 import torch
 
-from engine.attention import Attention
-from engine.kv_cache import make_cache
+from engine.cache import make_cache
 from engine.loop import random_prompt
-from engine.model import GPT
-from engine.state import ModelState
+from engine.models.attention import Attention
+from engine.models.gpt2.model import GPT
+from engine.models.state import ModelState
 from instruments.costmodel import costs
 
 MIB = 2**20

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from engine.llama import Llama, apply_rope, rope_angles
-from engine.model import GPT
+from engine.models.gpt2.model import GPT
+from engine.models.llama.model import Llama, apply_rope, rope_angles
 
 Randn = Callable[..., torch.Tensor]
 SmallOps = Callable[[Any, Randn, int], Callable[[], Any]]

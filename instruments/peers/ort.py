@@ -1,16 +1,17 @@
 """Peers ort_*: ONNX Runtime running transformers' GPT-2 exported with past keys/values.
 
-Export: the loaded weights in a ``GPT2LMHeadModel`` (``engine.weights.to_transformers``),
-wrapped so the graph takes ``input_ids`` (B, T) and, per layer, ``past_<i>_k`` / ``past_<i>_v``
-(B, heads, P, head size) and returns the last position's logits (B, vocab) and the presents
-(P + T rows). Exported by torch's TorchScript-based ONNX exporter (``dynamo=False``): the
-package's own GPT-2 exporter (``onnxruntime.transformers.models.gpt2``) passes past state as
-tuples, which transformers 5 no longer takes, and torch's newer exporter needs ``onnxscript``;
-this one needs only the ``onnx`` package and keeps the past length dynamic. One export per
-model and precision, into a temporary folder; ``extra_bytes`` is the size of what was written
-(the tied embedding is stored twice: as the input embedding and as the output projection).
-The session runs every graph optimization, with ``intra_op_num_threads`` = the run's threads
-(its threads spin after a run, as ORT ships; ``KVLAB_ORT_SPIN=0`` stops that).
+Export: the loaded weights in a ``GPT2LMHeadModel``
+(``engine.models.gpt2.weights.to_transformers``), wrapped so the graph takes ``input_ids`` (B, T)
+and, per layer, ``past_<i>_k`` / ``past_<i>_v`` (B, heads, P, head size) and returns the last
+position's logits (B, vocab) and the presents (P + T rows). Exported by torch's TorchScript-based
+ONNX exporter (``dynamo=False``): the package's own GPT-2 exporter
+(``onnxruntime.transformers.models.gpt2``) passes past state as tuples, which transformers 5 no
+longer takes, and torch's newer exporter needs ``onnxscript``; this one needs only the ``onnx``
+package and keeps the past length dynamic. One export per model and precision, into a temporary
+folder; ``extra_bytes`` is the size of what was written (the tied embedding is stored twice: as the
+input embedding and as the output projection). The session runs every graph optimization, with
+``intra_op_num_threads`` = the run's threads (its threads spin after a run, as ORT ships;
+``KVLAB_ORT_SPIN=0`` stops that).
 
 Steps feed the presents back as the next past: the graph concatenates the new key/value onto
 what it is given (ONNX Runtime's usual GPT-2 past/present). ``seek`` crops the arrays on a CPU;
@@ -24,7 +25,7 @@ from typing import Any
 
 import torch
 
-from engine.model import GPT
+from engine.models.gpt2.model import GPT
 from instruments.lineup import PeerUnavailable
 from instruments.peers.built import Built, engine_for, folder_bytes, hf_copy, temp_folder
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.model import GPT
+from engine.models.gpt2.model import GPT
 from instruments.lineup import PeerUnavailable
 from instruments.peers.built import Built, folder_bytes, temp_folder
 from instruments.peers.ort import ORTDecoder, _export

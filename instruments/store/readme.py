@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from instruments.store import device_checks as gpu
 from instruments.store import readme_blocks as mk
 from instruments.store import readme_code as code
 from instruments.store import readme_llama as llama
@@ -73,8 +74,6 @@ BLOCKS: dict[str, Block] = {
     "engine-speed": Block("engine-speed", speed.kernels,
                           f"`python scripts/bench_kernels.py` {_QUIET}"),
     "peers": Block("peers", speed.peers, f"`python scripts/bench_peers.py` {_QUIET}"),
-    "engine-speed-epyc": Block("engine-speed-epyc", speed.kernels, "`python scripts/"
-                               "bench_kernels.py` on the 2-core AMD EPYC (kept as measured)"),
     "peers-history": Block("peers", speed.peers_history, f"`python scripts/bench_peers.py` "
                            f"{_QUIET}"),
     "speculate": Block("speculate", speed.speculation, "`python scripts/bench_speculate.py` "
@@ -110,6 +109,14 @@ BLOCKS: dict[str, Block] = {
                                "`python scripts/bench_prefix.py` (it waits for a quiet host and "
                                "writes its runs here)")
        for part in ("targets", "ttft", "chat", "workload")},
+    "gpu-checks": Block("gpu", gpu.checks_block, "`scripts/gpu_check.sh --out docs/runs/gpu/"
+                        "<date>-<gpu>` on a GPU machine (its run files and logs)",
+                        recursive=True),
+    "gpu-brief": Block("gpu", gpu.brief_block, "`scripts/gpu_check.sh --out docs/runs/gpu/"
+                       "<date>-<gpu>` on a GPU machine", recursive=True),
+    "gpu-modes": Block("gpu-first-light", gpu.modes_block, "first light's sweeps (../shared/"
+                       "gpu-runs/2026-12-04/README.md) and each device check's",
+                       recursive=True, more=("gpu",)),
 }
 # A marker is a line of its own (a marker quoted inside a sentence is prose, not a block).
 _BLOCK = re.compile(r"^<!-- generated: (?P<name>\S+) -->\n(?P<body>.*?)^<!-- end: (?P=name) -->$",

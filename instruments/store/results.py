@@ -61,9 +61,12 @@ class LoadResult:
 
 # ----------------------------------------------------------------------------------- building
 def _git_rev() -> str | None:
-    """The checkout's commit; a copy of the tree without its own ``.git`` (how a GPU machine
-    gets it) says ``KVLAB_GIT_REV`` instead: git there would answer for whatever repository
-    encloses the copy (first light's runs carry another repository's commit)."""
+    """The commit of the code that runs: ``KVLAB_GIT_REV`` when the caller that copied the tree
+    says it (a GPU machine gets a copy whose ``.git``, if any, may be older than the tree:
+    runs there carried the session's first commit), else the checkout's own, never that of a
+    repository enclosing a copy (first light's runs carried another repository's commit)."""
+    if os.environ.get("KVLAB_GIT_REV"):
+        return os.environ["KVLAB_GIT_REV"]
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--show-toplevel", "--short=12", "HEAD"],
@@ -78,7 +81,7 @@ def _git_rev() -> str | None:
     lines = out.stdout.split() if out is not None and out.returncode == 0 else []
     if len(lines) == 2 and Path(lines[0]).resolve() == REPO_ROOT.resolve():
         return lines[1]
-    return os.environ.get("KVLAB_GIT_REV") or None
+    return None
 
 
 def _package_version(name: str) -> str | None:

@@ -26,7 +26,9 @@ thread's traceback (faulthandler) to ``OUT/<stage>.hang.txt`` and the log, and r
 no ``except Exception`` swallows it). A stage still stuck ``KILL_AFTER_S`` later is inside C
 code: the watchdog writes the summary (that stage failed, the rest skipped), prints the last
 line and ends the process with status 1.
-summary.json: the facts (device, versions, git revision, command), then per stage its status
+summary.json (and, when the check ends, the same as a run file of kind "device_check":
+``instruments.store.device_checks``): the facts (device, versions, git revision, command,
+platform), then per stage its status
 (pending, running, then ok / partial / failed / skipped), budget, seconds, run files (relative
 to OUT), why (skipped or partial), error and details, and the check's total seconds. The exit
 status is 1 when a stage failed, else 0; the last line printed is ``failed stages: a, b`` (or
@@ -196,6 +198,7 @@ class Runner:
                     rec.update(status="skipped", why=why_rest, seconds=rec["seconds"] or 0.0)
             self.summary["finished"] = True
             self.write()
+            save_check_run(self.out, self.summary)
             return last_line(self.summary)
 
     def write(self) -> None:
@@ -303,7 +306,23 @@ def close(out: Path, why: str) -> int:
     summary["failed"] = [r["name"] for r in summary["stages"] if r["status"] == "failed"]
     summary["finished"] = True
     write_json(path, summary)
+    save_check_run(out, summary)
     return last_line(summary)
+
+
+def save_check_run(out: Path, summary: dict[str, Any]) -> None:
+    """The summary as a run file too (kind "device_check"), so the docs can read the check
+    with its runs; a failure to write it is said, never raised (summary.json is written)."""
+    root = str(Path(__file__).resolve().parents[2])
+    if root not in sys.path:  # run alone as scripts/device_check/runner.py --close
+        sys.path.insert(0, root)
+    try:
+        from instruments.store import results
+        from instruments.store.device_checks import check_run
+
+        results.save_run(check_run(summary), out)
+    except Exception as exc:  # noqa: BLE001 - the check's own summary must survive this
+        print(f"  the check's run file was not saved: {type(exc).__name__}: {exc}", flush=True)
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ class Weight:
         bias = getattr(module, "bias", None)
         bias = None if bias is None else bias.detach()
         blocks = getattr(module, "blocks", None)
-        if blocks is not None:  # engine.quant_blocks.BlockLinear
+        if blocks is not None:  # engine.quant.blocks.BlockLinear
             return cls(blocks, module.ggml_type, blocks.size(0), module.in_features, bias)
         w = module.weight.detach()
         return cls(w, "dense", w.size(0), w.size(1), bias)

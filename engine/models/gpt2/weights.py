@@ -1,0 +1,203 @@
+"""Getting weights into our GPT-2: OpenAI's through ``transformers``, a local folder, or random.
+
+``load_gpt2(name, weights, device=..., dtype=..., mask=..., seed=..., hub_id=...) ->
+ModelState`` is the GPT-2 family's loader (``engine.families.load`` is the one entry point for
+every family): what every family's loader does -- test shapes, random weights, the fallback of
+"auto", the provenance -- is ``engine.models.loader.load_preset``'s; here is where GPT-2's own
+weights come from.
+``weights`` is "random" (seeded, real shapes), "pretrained" (hub id = the preset name, or
+``hub_id``), "auto" (pretrained if it can be had quickly, else random), or a path to a local
+checkpoint folder. Checkpoints are read as safetensors only: never unpickled. Failures raise
+``WeightsError`` with a message that says what to do.
+
+``to_transformers(model)`` is the reference the gate compares with: a ``GPT2LMHeadModel``
+holding our weights (Conv1D weights transposed).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from ..config import GPTConfig
+from ..loader import WeightsError, load_preset
+from ..state import ModelState
+from .model import GPT
+
+WEIGHT_CHOICES = ("auto", "pretrained", "random")
+# transformers' GPT-2 uses Conv1D, whose weight is stored [in, out]: the transpose of nn.Linear.
+_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+def config_from_hf(hf_config: object, mask: str = "none") -> GPTConfig:
+    return GPTConfig(
+        n_layer=hf_config.n_layer,  # type: ignore[attr-defined]
+        n_head=hf_config.n_head,  # type: ignore[attr-defined]
+        n_embd=hf_config.n_embd,  # type: ignore[attr-defined]
+        block_size=hf_config.n_positions,  # type: ignore[attr-defined]
+        vocab_size=hf_config.vocab_size,  # type: ignore[attr-defined]
+        mask=mask,
+    )
+
+
+def gpt_from_transformers(
+    hf_model: nn.Module,
+    *,
+    mask: str = "none",
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+) -> GPT:
+    """Copy a ``GPT2LMHeadModel``'s weights into a new GPT (Conv1D weights transposed)."""
+    cfg = config_from_hf(hf_model.config, mask)
+    src = {k: v for k, v in hf_model.state_dict().items() if not k.endswith((".attn.bias",
+                                                                              ".masked_bias"))}
+    some = next(iter(src.values()))
+    model = GPT.empty(cfg, device or some.device, dtype or some.dtype)
+    dst = model.state_dict()
+    missing = [k for k in dst if k not in src and k != "lm_head.weight"]
+    if missing:
+        raise WeightsError(
+            f"checkpoint lacks {len(missing)} GPT-2 tensors (first: {missing[0]}); "
+            "is it a GPT2LMHeadModel checkpoint?"
+        )
+    with torch.no_grad():
+        for name, target in dst.items():
+            if name == "lm_head.weight":
+                continue  # tied to wte
+            value = src[name]
+            if name.endswith(_CONV1D):
+                value = value.t()
+            if value.shape != target.shape:
+                raise WeightsError(
+                    f"{name}: checkpoint shape {tuple(value.shape)} does not fit the model's "
+                    f"{tuple(target.shape)}"
+                )
+            target.copy_(value)
+    return model.eval()
+
+
+def _hub_reachable(timeout_s: float = 2.0) -> bool:
+    if os.environ.get("HF_HUB_OFFLINE") in ("1", "true", "True"):
+        return False
+    try:
+        with socket.create_connection(("huggingface.co", 443), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def _cached(source: str) -> bool:
+    """Whether the Hugging Face cache holds ``source``'s config, so that "auto" with no copy and
+    no network falls back to random weights without importing transformers' GPT-2 (5 s of a
+    measuring process's start on a 2-core CPU). The hub's folder for ``source`` is looked for
+    first (where the hub's own settings put it): where it is missing, the hub's file functions
+    are not imported (0.3 s more)."""
+    if os.environ.get("TRANSFORMERS_CACHE"):  # a cache of transformers' own: let it look
+        return True
+    try:
+        from huggingface_hub.constants import HF_HUB_CACHE
+    except ImportError:  # pragma: no cover - a dependency of transformers
+        return True  # cannot tell: let transformers look
+    if not os.path.isdir(os.path.join(HF_HUB_CACHE, "models--" + source.replace("/", "--"))):
+        return False
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(source, "config.json"), str)
+
+
+def _from_pretrained(source: str, *, local_only: bool) -> nn.Module:
+    try:
+        from transformers import GPT2LMHeadModel
+    except ImportError as exc:  # pragma: no cover - transformers is a requirement
+        raise WeightsError("the transformers package is needed to load pretrained weights") from exc
+    try:
+        return GPT2LMHeadModel.from_pretrained(
+            source, local_files_only=local_only, use_safetensors=True
+        )
+    except Exception as exc:  # transformers raises OSError, ValueError, HTTP errors...
+        raise WeightsError(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)) \
+            from exc
+
+
+def load_gpt2(name: str = "gpt2", weights: str = "auto", *, hub_id: str | None = None,
+              **options: Any) -> ModelState:
+    """The model ``name`` with the asked-for weights, in a state whose ``provenance`` says where
+    the weights came from (shown everywhere the model is); ``options``: ``device``, ``dtype``,
+    ``mask``, ``seed`` (``engine.models.loader.load_preset``)."""
+    return load_preset(name, weights, "gpt2", functools.partial(_real, source=hub_id or name),
+                       **options)
+
+
+def _real(weights: str, *, source: str, device: str | torch.device, dtype: torch.dtype,
+          mask: str) -> tuple[GPT, str]:
+    """GPT-2's own weights: a checkpoint folder, or ``source`` from the Hugging Face cache or
+    hub (WeightsError saying what to do when they cannot be had)."""
+    if weights not in WEIGHT_CHOICES:
+        return _from_folder(Path(weights).expanduser(), mask, device, dtype)
+    try:
+        if weights == "auto" and not _cached(source) and not _hub_reachable():
+            raise WeightsError("no network and no cached copy")
+        try:
+            hf = _from_pretrained(source, local_only=True)  # the Hugging Face cache first
+        except WeightsError:
+            if weights == "auto" and not _hub_reachable():
+                raise WeightsError("no network and no cached copy") from None
+            hf = _from_pretrained(source, local_only=False)
+    except WeightsError as exc:
+        if weights == "pretrained":
+            raise WeightsError(
+                f"pretrained weights for {source!r} could not be loaded ({exc}). "
+                "Connect to the internet once so transformers can download them into the "
+                "Hugging Face cache, or download them elsewhere with "
+                f"GPT2LMHeadModel.from_pretrained({source!r}).save_pretrained(FOLDER) and "
+                "pass that folder as the weights; or choose random weights."
+            ) from exc
+        raise WeightsError(f"pretrained weights for {source!r} unavailable ({exc})") from exc
+    model = gpt_from_transformers(hf, mask=mask, device=device, dtype=dtype)
+    return model, f"pretrained ({source})"
+
+
+def _from_folder(folder: Path, mask: str, device: str | torch.device,
+                 dtype: torch.dtype) -> tuple[GPT, str]:
+    """A checkpoint folder written by ``save_pretrained``: safetensors only, never unpickled."""
+    if not folder.is_dir():
+        raise WeightsError(
+            f"{folder} is not a folder. Pass a folder written by "
+            "GPT2LMHeadModel.save_pretrained (config.json + model.safetensors), "
+            "'pretrained', or 'random'."
+        )
+    if not (folder / "config.json").exists() or not any(folder.glob("*.safetensors")):
+        raise WeightsError(
+            f"{folder} is not a checkpoint folder: it needs config.json and a "
+            ".safetensors file (pickled .bin files are not loaded). Use random weights, "
+            "or save a model there with save_pretrained."
+        )
+    hf = _from_pretrained(str(folder), local_only=True)
+    model = gpt_from_transformers(hf, mask=mask, device=device, dtype=dtype)
+    return model, f"local checkpoint ({folder.name})"
+
+
+def to_transformers(model: GPT) -> nn.Module:
+    """A ``transformers`` ``GPT2LMHeadModel`` holding our model's weights (the reference)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = model.config
+    hf_cfg = GPT2Config(
+        n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd, n_positions=cfg.block_size,
+        vocab_size=cfg.vocab_size, activation_function="gelu_new", layer_norm_epsilon=1e-5,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+    )
+    hf = GPT2LMHeadModel(hf_cfg).to(model.dtype).eval()
+    src = model.state_dict()
+    with torch.no_grad():
+        for name, target in hf.state_dict().items():
+            if name not in src:
+                continue  # attention bias buffers and the tied head
+            value = src[name].t() if name.endswith(_CONV1D) else src[name]
+            target.copy_(value.to("cpu"))
+    return hf

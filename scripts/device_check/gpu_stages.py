@@ -1,0 +1,116 @@
+"""The device check's stages about the GPU path itself (imported by scripts/device_check/stages.py):
+
+  batch_curve     step time and tokens/s against the batch, with the weights' and the cache's
+                  reads as floors (``instruments.experiments.batch_curve``)
+  sdpa_backends   mode 5 and mode 8 in bf16 decoding new lengths, with our SDPA backends and with
+                  cuDNN's allowed: why the engine keeps it off (first light: mode 8 at 74-76 ms a
+                  step); partial when it could not time all four decodes
+  triton_tiles    gpt2's products alone under a few tile sizes beside ``blocks``' own pick
+  no_sdpa, no_triton  why the last two cannot run on a device (the stages table's ``skip``)
+Each is handed the check's context (``stages.Check``) and saves its run through it.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from instruments.experiments import get
+from instruments.measure.device import describe_device
+from instruments.store import results
+
+
+def batch_curve(check: Any) -> None:  # step and tokens/s against the batch, with the floors
+    fp32, exp = check.model("float32"), get("batch_curve")
+    params = exp.defaults(check.args.device, fp32.model.config)
+    if check.args.tiny:
+        params.contexts, params.batches, params.repeats = [16, 64], [1, 2], 2
+    run = check.experiment("batch_curve", fp32, params, show=True)
+    for line in exp.summary(run)[-2 * len(params.contexts):]:
+        print("  " + line)
+
+
+def sdpa_backends(check: Any) -> None:
+    """Why the engine keeps SDPA off cuDNN on a GPU: mode 5 and mode 8 in bf16 decoding 32 new
+    lengths in a row (every step a length not seen before), per-step ms with our backends and
+    with cuDNN's allowed too (first light: mode 8 at 74-76 ms a step)."""
+    from torch.nn.attention import SDPBackend
+
+    import engine.models.attention as attention
+    from engine.loop import decode, random_prompt
+    from instruments.lineup import make_decoder
+    from instruments.measure.timing import StepClock
+
+    loaded = check.model("bfloat16")
+    model, ours = loaded.model, attention.GPU_BACKENDS
+    rows = []
+    for label, backends in (("ours (no cuDNN)", ours),
+                            ("cuDNN allowed", (SDPBackend.CUDNN_ATTENTION, *ours))):
+        attention.GPU_BACKENDS = backends
+        try:
+            for mode in ("prealloc_fused", "fast"):
+                if check.stop():
+                    break
+                dec = make_decoder(model, mode, capacity=160)
+                gen = decode(dec, random_prompt(model, 1, 96, 1), 33,
+                             timer=StepClock(model.device))
+                steps = sorted(gen.step_ms[1:])  # the decode steps, the prefill left out
+                rows.append({"backends": label, "mode": mode, "steps": len(steps),
+                             "median_ms": steps[len(steps) // 2], "max_ms": steps[-1],
+                             "samples_ms": gen.step_ms[1:]})
+                print(f"  {label:16s} {mode:15s}: median {rows[-1]['median_ms']:.3f} ms, "
+                      f"max {rows[-1]['max_ms']:.3f} ms over {len(steps)} new lengths")
+        finally:
+            attention.GPU_BACKENDS = ours
+    if len(rows) < 4:  # a verdict needs both backends on both modes
+        check.runner.partial(f"stopped after {len(rows)} of 4 decodes: no comparison to make")
+    meta = results.collect_meta(model=check.name, device=check.args.device, dtype="bfloat16",
+                                device_name=str(describe_device(check.args.device)["name"]),
+                                batch_size=1, config=model.config.to_dict())
+    check.save(results.new_run("sdpa_backends", meta, {"steps": rows}))
+
+
+def triton_tiles(check: Any) -> None:
+    """gpt2's four products alone (q|k|v's width, the MLP's up and down, the output
+    projection) in fp32 and bf16 at batch 1 under a few tile sizes beside ``blocks``' own pick:
+    microseconds (triton.testing.do_bench) and the read bandwidth they reach."""
+    import triton
+
+    from engine.kernels.gpu.linear import Weight, blocks, linear
+
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16):
+        for n, k in ((2304, 768), (3072, 768), (768, 3072), (50257, 768)):
+            if check.stop():
+                break
+            dev = check.args.device
+            w = torch.randn(n, k, device=dev, dtype=dtype)
+            x, out = torch.randn(1, k, device=dev, dtype=dtype), torch.empty(1, n, device=dev,
+                                                                             dtype=dtype)
+            picked, weight = blocks(1, n, k), Weight(w, "dense", n, k)
+            for tiles in dict.fromkeys([picked, (1, 1, 1024), (1, 2, 1024), (1, 4, 512),
+                                        (1, 8, 256), (1, 16, 512), (1, 32, 128)]):
+                us = 1e3 * triton.testing.do_bench(
+                    functools.partial(linear, x, weight, out, tiles=tiles), warmup=5, rep=20)
+                gbps = w.numel() * w.element_size() / (us * 1e3)
+                rows.append({"dtype": str(dtype).removeprefix("torch."), "N": n, "K": k,
+                             "tiles": list(tiles), "picked": tiles == picked, "us": us,
+                             "read_gbps": gbps})
+                print(f"  {rows[-1]['dtype']:8s} {n:5d}x{k:4d} tiles {tiles}: {us:7.1f} us, "
+                      f"{gbps:6.0f} GB/s{'  (picked)' if tiles == picked else ''}")
+    meta = results.collect_meta(model=check.name, device=check.args.device, dtype="float32",
+                                device_name=str(describe_device(check.args.device)["name"]),
+                                batch_size=1)
+    check.save(results.new_run("triton_tiles", meta, {"products": rows}))
+
+
+def no_triton(args: Any) -> str | None:
+    from engine.kernels.gpu import triton_usable
+
+    return None if triton_usable(args.device) else "Triton compiles for a CUDA GPU only here"
+
+
+def no_sdpa(args: Any) -> str | None:
+    return None if args.device.startswith("cuda") else "cuDNN's attention exists on a GPU only"
