@@ -1,13 +1,20 @@
 """KV Cache Lab's engine: from-scratch models (GPT-2, the Llama family) with their KV caches, and
 the one decode loop.
 
-A plain library: the family table (``families``), the models, the caches, the causal-mask
-variants, weights loading, the tokenizers, the decode modes (``modes``: one ``ModeSpec`` each),
-the decoders (one module per way of stepping), the one decode step of modes 6-9 and 12-13, the
-loop that runs them, and ``ModelState`` (everything built on one model besides its weights). It
-measures nothing and imports nothing of ``instruments`` or the UI. The public names below are
-loaded on first use, so that the torch-free modules (``config``, ``families``, ``modes``,
-``dtypes``, ``tokenizer``) can be imported without importing torch.
+A plain library, one room per kind of thing, in the order a token meets them:
+  models/    the families (``gpt2/``, ``llama/``: model, weights, tokenizer, one-token step) and
+             what they share (shapes, the model skeleton, the weight-loading skeleton, attention,
+             ``ModelState``)
+  cache/     the KV caches (contiguous, paged, quantized) behind one interface; the prefix cache
+             (a radix tree over reference-counted blocks, shared across requests)
+  decoders/  one module per way of stepping, all with the same calls; speculative decoding
+  quant/     the weight formats of the lossy rungs (int8 / bf16 rows, GGUF blocks) and GGUF files
+  kernels/   ours: ``cpu/`` (C++, built once per machine) and ``gpu/`` (Triton)
+and the spine: ``families`` (the family table), ``modes`` (the mode table: one ``ModeSpec``
+each), ``loop`` (the one decode loop), ``dtypes``. It measures nothing and imports nothing of
+``instruments`` or the UI. The public names below are loaded on first use, so that the
+torch-free modules (``families``, ``modes``, ``dtypes``, ``models.config``,
+``models.gpt2.tokenizer``) can be imported without importing torch.
 """
 
 from __future__ import annotations
@@ -16,14 +23,14 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "GPTConfig": "config", "LlamaConfig": "config",
+    "GPTConfig": "models.config", "LlamaConfig": "models.config",
     "Decoder": "decoders", "make_decoder": "decoders",
     "Generation": "loop", "Step": "loop", "decode": "loop", "generate": "loop",
-    "ConcatKVCache": "kv_cache", "PreallocKVCache": "kv_cache", "make_cache": "kv_cache",
-    "make_attention": "attention",
-    "GPT": "model",
-    "ModelState": "state", "Provenance": "state",
-    "WeightsError": "weights", "load": "families",
+    "ConcatKVCache": "cache", "PreallocKVCache": "cache", "make_cache": "cache",
+    "make_attention": "models.attention",
+    "GPT": "models.gpt2.model",
+    "ModelState": "models.state", "Provenance": "models.state",
+    "WeightsError": "models.loader", "load": "families",
 }
 __all__ = sorted(_EXPORTS)
 
