@@ -5,7 +5,8 @@ A plain library, one room per kind of thing, in the order a token meets them:
   models/    the families (``gpt2/``, ``llama/``: model, weights, tokenizer, one-token step) and
              what they share (shapes, the model skeleton, the weight-loading skeleton, attention,
              ``ModelState``)
-  cache/     the KV caches (contiguous, paged, quantized) behind one interface
+  cache/     the KV caches (contiguous, paged, quantized) behind one interface; the prefix cache
+             (a radix tree over reference-counted blocks, shared across requests)
   decoders/  one module per way of stepping, all with the same calls; speculative decoding
   quant/     the weight formats of the lossy rungs (int8 / bf16 rows, GGUF blocks) and GGUF files
   kernels/   ours: ``cpu/`` (C++, built once per machine) and ``gpu/`` (Triton)

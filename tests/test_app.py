@@ -20,8 +20,8 @@ from streamlit.testing.v1 import AppTest
 from instruments.store.results import collect_meta, load_runs, new_run, save_run
 from ui.apptest import APP, charts, configure_sweep, no_traceback, open_page, wait_job
 
-PAGES = ["overview", "generate", "sweep", "flops", "floor", "memory", "planner", "correctness",
-         "results"]
+PAGES = ["overview", "generate", "sweep", "flops", "floor", "memory", "planner", "prefix",
+         "correctness", "results"]
 pytestmark = pytest.mark.timeout(180)
 
 

@@ -37,6 +37,8 @@ GUIDE = [
      "Weights, KV cache, masks and workspace; when the cache outgrows the weights (Figure 6)."),
     ("views/planner.py", "KV memory planner",
      "How many sequences fit here; what paged blocks, int8 KV or fewer KV heads would save."),
+    ("views/prefix.py", "Prefix cache",
+     "A prompt's KV kept and reused: TTFT against the cached prefix, a chat, a workload."),
     ("views/correctness.py", "Correctness lab",
      "Checks against transformers, and the silent bugs each check can or cannot see."),
     ("views/results.py", "Results",

@@ -1,12 +1,14 @@
-"""The KV caches behind one interface, and ``make_cache``.
+"""The KV caches behind one interface, and ``make_cache``; the prefix cache that reuses KV rows
+across requests.
 
   contiguous  ``ConcatKVCache`` (grows by ``torch.cat``: the write-up's) and ``PreallocKVCache``
               (sized once, written in place: what the one-token steps and CUDA graphs need)
   paged       ``PagedKVCache``: fixed-size blocks of a shared pool, a block table per sequence
   quantized   ``QuantizedKVCache``: rows stored as int8 (a scale per token and head), fp16 or
               bf16, read back in the model's dtype
-A cache that reuses what other requests computed (a prefix cache over paged blocks) belongs here
-too, beside the paged one it would extend.
+  prefix      ``PrefixCache``: a radix tree of token ids over reference-counted blocks of a
+              ``BlockPool`` (``blocks``), serving ``Request`` objects (``request``), checked by
+              ``invariants``
 
 ``make_cache(kind, model, batch_size, capacity)`` builds any kind of ``CACHE_KINDS`` sized for a
 model's shapes, on its device and in its dtype. Every cache exposes what attention uses:
@@ -19,11 +21,31 @@ Time runs along dim 2, oldest first: the mask slice and the positions depend on 
 holds ``cfg.n_kv_head`` heads: GPT-2's every head, a GQA model's fewer (SmolLM2: 3 for its 9
 query heads), never copies repeated per query head -- attention reads each K/V head for its
 whole group (``engine.models.attention``).
+
+The prefix cache: ``PrefixCache(model, budget_bytes, block_tokens=16)`` holds the K/V rows of
+prompts it has seen in ``budget_bytes // block_bytes`` blocks, on the model's device and in its
+dtype, for any family whose ``forward(idx, cache, logits=...)`` writes a cache through
+``length`` / ``update`` / ``advance`` (GPT-2, the Llama family). Serving one request:
+
+  hit = cache.lookup(ids)                  longest cached prefix (at most len(ids) - 1 tokens)
+  req = cache.admit(ids, max_new, hit)     shares the hit's blocks, copies the block where it
+                                           diverges, takes its own for the rest (LRU leaves are
+                                           evicted to make room; ``BudgetError`` / ValueError
+                                           before anything is touched when it cannot fit)
+  logits = req.prefill(model)              computes only the uncached tokens (exact: the same
+                                           logits as a full prefill within fp32 rounding)
+  tokens = req.greedy(model, logits, n)    or ``req.step(model, token)``
+  cache.finish(req) | cache.cancel(req)    leave its rows to the tree | drop them
+
+``cache.check()`` raises ``InvariantError`` on any inconsistency; ``cache.snapshot()`` and
+``cache.events`` are the tree and its evictions as rows. The engine measures nothing:
+``instruments/experiments/prefix_*.py`` time it. The prefix cache's names load on first use.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+import importlib
+from typing import Any, Protocol
 
 import torch
 
@@ -33,6 +55,14 @@ from .contiguous import ConcatKVCache, KVCache, PreallocKVCache
 # cache kind -> storage dtype of the quantized cache (engine.cache.quantized.QuantizedKVCache)
 QUANTIZED_KINDS = {"kv_int8": "int8", "kv_float16": "float16", "kv_bfloat16": "bfloat16"}
 CACHE_KINDS = ("prealloc", "concat", "paged", *QUANTIZED_KINDS)
+
+# the prefix cache's names -> their module here, imported on first use
+_PREFIX_EXPORTS = {
+    "BlockPool": "blocks", "PoolExhausted": "blocks",
+    "PrefixCache": "prefix", "Hit": "prefix", "Node": "prefix", "BudgetError": "prefix",
+    "InvariantError": "invariants",
+    "Request": "request", "RequestCancelled": "request",
+}
 
 
 class Shaped(Protocol):
@@ -68,3 +98,9 @@ def make_cache(kind: str, model: Shaped, batch_size: int = 1,
         return QuantizedKVCache(*shape, storage=QUANTIZED_KINDS[kind],
                                 device=model.device, dtype=model.dtype)
     raise ValueError(f"unknown cache kind {kind!r}; allowed: {', '.join(CACHE_KINDS)}")
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _PREFIX_EXPORTS:
+        raise AttributeError(f"module 'engine.cache' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"engine.cache.{_PREFIX_EXPORTS[name]}"), name)

@@ -33,6 +33,7 @@ from instruments.store import device_checks as gpu
 from instruments.store import readme_blocks as mk
 from instruments.store import readme_code as code
 from instruments.store import readme_llama as llama
+from instruments.store import readme_prefix as prefix
 from instruments.store import readme_speed as speed
 from instruments.store import readme_tables
 from instruments.store.readme_blocks import ReadmeError, Run, rel
@@ -104,6 +105,10 @@ BLOCKS: dict[str, Block] = {
                                "bench_speculate.py --models smollm2-135m --threads 1 "
                                f"--results-dir docs/runs/speculate-smollm2` {_QUIET}"),
     "models": Block(None, code.models, source="the family table (engine/families.py)"),
+    **{f"prefix-{part}": Block("prefix", getattr(prefix, f"prefix_{part}"),
+                               "`python scripts/bench_prefix.py` (it waits for a quiet host and "
+                               "writes its runs here)")
+       for part in ("targets", "ttft", "chat", "workload")},
     "gpu-checks": Block("gpu", gpu.checks_block, "`scripts/gpu_check.sh --out docs/runs/gpu/"
                         "<date>-<gpu>` on a GPU machine (its run files and logs)",
                         recursive=True),

@@ -5,8 +5,9 @@
 (``engine.families.tokenizer``). The object has the surface every family's tokenizer has
 (``engine.models.gpt2.tokenizer``): ``encode(text)``, ``decode(ids)``, ``decode_each(ids)`` (one
 string per token), ``chat(user_text)`` (the prompt with the stored chat template),
-``chat_template``, ``eos_id``, ``name``; module-level ``encode``, ``decode``, ``decode_each`` and
-``chat_prompt(user_text)`` use the package's.
+``chat_template``, ``eos_id``, ``name``; ``chat_messages(messages)`` is a whole conversation in
+the template; module-level ``encode``, ``decode``, ``decode_each`` and ``chat_prompt(user_text)``
+use the package's.
 
 What is built: a ``tokenizers.Tokenizer`` -- byte-level BPE over the file's 49,152 tokens and
 48,900 merges, with SmolLM2's pre-tokenizer: every digit split off on its own, then GPT-2's
@@ -139,6 +140,15 @@ class SmolTokenizer:
             bos_token=self._piece(self.bos_id), eos_token=self._piece(self.eos_id))
 
     chat_prompt = chat
+
+    def chat_messages(self, messages: list[dict[str, str]]) -> str:
+        """A whole conversation (``{"role", "content"}`` dicts: system, user, assistant turns)
+        in the stored chat template, ready for the next assistant turn."""
+        if not self.chat_template:
+            raise ValueError("this model's file holds no chat template; allowed: plain prompts")
+        return _template(str(self.chat_template)).render(
+            messages=messages, add_generation_prompt=True,
+            bos_token=self._piece(self.bos_id), eos_token=self._piece(self.eos_id))
 
     def _piece(self, i: int | None) -> str:
         return "" if i is None else (self.tokenizer.id_to_token(i) or "")

@@ -1,0 +1,126 @@
+"""The block pool under the prefix cache: K/V rows in fixed-size blocks, reference-counted.
+
+``BlockPool(n_layer, n_kv_head, head_dim, block_tokens, n_blocks, device=, dtype=)`` holds every
+block of every layer in two tensors (K and V) of shape (L, n_kv, n_blocks, block_tokens, hs),
+on the model's device and in its dtype. A block id names the same slot in every layer, so one id
+stands for a block of ``block_tokens`` positions of a whole model (as vLLM's block tables do).
+
+  take() -> id          a free block, its count 1 (``PoolExhausted`` when none is free)
+  ref(id) / unref(id)   one more / one fewer holder; at 0 the block goes back to the free list
+  copy(id) -> id        a fresh block holding the same rows (copy-on-write: a holder that must
+                        write into a shared block writes into its copy instead)
+  write(ids, start, k, v)   rows (L, n_kv, T, hs) written at positions start..start+T-1 of the
+                        sequence whose block table is ``ids`` (one id per ``block_tokens``
+                        positions, from position 0)
+  read_into(ids, length, k_out, v_out)  the first ``length`` rows of that table copied into
+                        contiguous (L, n_kv, >= length, hs) tensors
+  block_bytes, used, used_bytes(), nbytes()
+
+Nothing here knows about tokens or trees: ``engine.cache.prefix`` decides who holds what. The
+pool only refuses what would corrupt it (taking from an empty free list, unref of a free block).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class PoolExhausted(RuntimeError):
+    """No free block is left; the caller evicts, or says the budget is too small."""
+
+
+class BlockPool:
+    """Fixed-size K/V blocks of a whole model, each with a reference count."""
+
+    def __init__(self, n_layer: int, n_kv_head: int, head_dim: int, block_tokens: int,
+                 n_blocks: int, *, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32) -> None:
+        if block_tokens < 1 or n_blocks < 1:
+            raise ValueError(f"a pool needs blocks of at least 1 token and at least 1 block; "
+                             f"got {block_tokens} tokens x {n_blocks} blocks")
+        shape = (n_layer, n_kv_head, n_blocks, block_tokens, head_dim)
+        # empty, not zeros: a block's rows are written before any holder reads them, and an
+        # untouched page of a large budget then costs no memory until a block lands on it
+        self.k = torch.empty(shape, device=device, dtype=dtype)
+        self.v = torch.empty(shape, device=device, dtype=dtype)
+        self.block_tokens, self.n_blocks = block_tokens, n_blocks
+        self.refs = [0] * n_blocks
+        self.free = list(range(n_blocks - 1, -1, -1))  # pop() hands out 0, 1, 2, ...
+        self.block_bytes = 2 * self.k[:, :, 0].numel() * self.k.element_size()
+
+    @property
+    def used(self) -> int:
+        """Blocks held by someone (the tree or a running request)."""
+        return self.n_blocks - len(self.free)
+
+    def used_bytes(self) -> int:
+        return self.used * self.block_bytes
+
+    def nbytes(self) -> int:
+        """Bytes of the whole pool: the budget it was sized to."""
+        return self.n_blocks * self.block_bytes
+
+    def take(self) -> int:
+        if not self.free:
+            raise PoolExhausted(f"all {self.n_blocks} blocks of {self.block_tokens} tokens "
+                                "are in use")
+        block = self.free.pop()
+        self.refs[block] = 1
+        return block
+
+    def ref(self, block: int) -> None:
+        if self.refs[block] < 1:
+            raise ValueError(f"block {block} is free; only a held block gains a holder")
+        self.refs[block] += 1
+
+    def unref(self, block: int) -> bool:
+        """One holder fewer; True when that was the last and the block is free again."""
+        if self.refs[block] < 1:
+            raise ValueError(f"block {block} is already free")
+        self.refs[block] -= 1
+        if self.refs[block] == 0:
+            self.free.append(block)
+            return True
+        return False
+
+    def copy(self, block: int) -> int:
+        """A fresh block with ``block``'s rows (every layer, K and V)."""
+        new = self.take()
+        self.k[:, :, new] = self.k[:, :, block]
+        self.v[:, :, new] = self.v[:, :, block]
+        return new
+
+    def _runs(self, ids: list[int], start: int, end: int
+              ) -> list[tuple[int, int, int, int, int]]:
+        """Positions start..end-1 of table ``ids`` as runs of consecutive block ids: (first
+        block, blocks in the run, first and last + 1 row in the run's flattened rows, the
+        position of its first row)."""
+        bt, out, pos = self.block_tokens, [], start
+        while pos < end:
+            j = pos // bt
+            run = 1
+            while (j + run) * bt < end and ids[j + run] == ids[j] + run:
+                run += 1
+            hi = min((j + run) * bt, end)
+            out.append((ids[j], run, pos - j * bt, hi - j * bt, pos))
+            pos = hi
+        return out
+
+    def write(self, ids: list[int], start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Rows k, v (L, n_kv, T, hs) written at positions start..start+T-1 of table ``ids``:
+        one slice per run of consecutive blocks, no index tensors."""
+        for first, run, lo, hi, pos in self._runs(ids, start, start + k.size(2)):
+            at = pos - start
+            self.k[:, :, first : first + run].flatten(2, 3)[:, :, lo:hi] = k[:, :, at:at + hi - lo]
+            self.v[:, :, first : first + run].flatten(2, 3)[:, :, lo:hi] = v[:, :, at:at + hi - lo]
+
+    def read_into(self, ids: list[int], length: int, k_out: torch.Tensor,
+                  v_out: torch.Tensor) -> None:
+        """Rows 0..length-1 of table ``ids`` copied into k_out, v_out (L, n_kv, >= length, hs):
+        one slice per run of consecutive block ids (a request's blocks are handed out in
+        order), so one pass over the rows and no gathered temporary."""
+        for first, run, lo, hi, pos in self._runs(ids, 0, length):
+            k_out[:, :, pos:pos + hi - lo] = self.k[:, :, first : first + run].flatten(2, 3)[
+                :, :, lo:hi]
+            v_out[:, :, pos:pos + hi - lo] = self.v[:, :, first : first + run].flatten(2, 3)[
+                :, :, lo:hi]
