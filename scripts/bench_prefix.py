@@ -30,7 +30,8 @@ from instruments import cli  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = {
-    "ttft": ["prefix_ttft", "--prompt-lens", "256,1024", "--tree-tokens", "8192"],
+    "ttft": ["prefix_ttft", "--prompt-lens", "256,1024", "--tree-tokens", "8192",
+             "--repeats", "5"],
     "chat": ["prefix_chat", "--turns", "8", "--answer-tokens", "48"],
     "workload": ["prefix_workload", "--requests", "100", "--rate", "1.0"],
 }

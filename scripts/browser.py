@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -102,7 +103,9 @@ def sweep_page(pw, url: str, model: str):  # noqa: ANN001, ANN201 (playwright ob
     page.goto(f"{url}/sweep")
     page.wait_for_selector('h1:has-text("Latency sweep")', timeout=120_000)
     settle(page)
-    for label, option in (("Preset", model), ("Weights", "random")):
+    # A preset's option reads "gpt2 (GPT-2)" (ui.state's label): matched by its name.
+    for label, option in (("Preset", re.compile(rf"^{re.escape(model)} \(")),
+                          ("Weights", "random")):
         page.locator('[data-testid="stSelectbox"]', has_text=label).first.click()
         page.get_by_role("option", name=option, exact=True).click()
         settle(page, 300_000)  # the model loads in the measuring process

@@ -133,3 +133,26 @@ def test_a_cheap_point_takes_samples_until_they_add_up_to_point_ms() -> None:
     assert fewer.samples_ms == approx(steps[:3])
     slow, _ = point([300.0, 301.0, 302.0], point_ms=250.0, cheap_repeats=5)
     assert slow.samples_ms == approx([300.0, 301.0])  # an expensive point: unchanged
+
+
+def test_rounds_interleave_the_steps_so_a_drift_falls_on_each_alike() -> None:
+    """Three steps of equal cost on a host that slows by 1 ms every sample: interleaved, their
+    medians stay within one round's drift of each other, and every round takes each step once
+    (rotated); one step timed after another would put the whole drift between them."""
+    clock, order = Clock(), []
+    watch = Watch(clock, {4})
+    slow = iter(range(1000))
+
+    def step(name: str):
+        def run() -> None:
+            order.append(name)
+            clock.now_s += (10.0 + next(slow)) / 1e3
+        return run
+
+    sampler = Sampler("cpu", watch=watch, clock=clock)  # type: ignore[arg-type]
+    got = sampler.rounds({n: (step(n), None) for n in "abc"}, 5)
+    assert order == list("abc" "bca" "cab" "abc" "bca")
+    medians = [got[n].median_ms for n in "abc"]
+    assert max(medians) - min(medians) <= 3.0  # sequential points: 5 ms apart each
+    assert [got[n].disturbed_kept for n in "abc"] == [0, 0, 1]  # the 5th sample: c's second
+    assert all(len(got[n].samples_ms) == 5 and got[n].confirmed_by == "rounds" for n in "abc")

@@ -18,7 +18,9 @@ cache holds, served side by side with what it should cost (kind "prefix_ttft").
 Before the points, ``tree_tokens`` tokens of other prompts are served into the tree, so each
 lookup walks a tree of that size. Each point's prompt is its own (seeded); its first P tokens
 were served before as the start of another prompt, so the tree holds exactly P of them. A timed
-request is cancelled after each sample: the tree stays as it was.
+request is cancelled after each sample: the tree stays as it was. The served request, the
+extend and the cold prefill are timed in ``repeats`` interleaved rounds (``Sampler.rounds``), so
+their ratios are measured side by side.
 """
 
 from __future__ import annotations
@@ -144,14 +146,21 @@ def _point(model: Any, cache: Any, n: int, share: float, p: PrefixTtftParams,
         ref.crop(cached)
         model(new_ids, ref, logits="last")
 
-    got = sampler.point(one, drop)
-    last = served[-1] if served else None
-    drop()
-    ext = sampler.point(extend) if got is not None else None
-    alone = sampler.point(lambda: model(new_ids, use_cache=False, logits="last")) \
-        if ext is not None else None
-    if alone is None or last is None:
+    kept: list[Any] = []
+
+    def keep() -> None:  # the last served request kept for its logits, then nothing held
+        kept[:] = served[-1:] or kept
+        drop()
+
+    # Interleaved, so the ratios between them are taken side by side on a drifting host.
+    points = sampler.rounds({"served": (one, keep), "extend": (extend, keep),
+                             "alone": (lambda: model(new_ids, use_cache=False, logits="last"),
+                                       keep)}, p.repeats)
+    keep()
+    if points is None or not kept:
         return True
+    got, ext, alone = points["served"], points["extend"], points["alone"]
+    last = kept[0]
     lookup_ms = statistics.median(lookups)
     ttft = got.median_ms
     row = {"prompt_len": n, "cached_share": share, "cached_tokens": cached,

@@ -23,8 +23,10 @@ is kept); a flagged sample in line is kept and counted ``flagged_consistent``; o
 by (the first, without a prediction) waits for the next sample, or is retaken when no other
 sample will come. A prediction also stands in for one sample: samples within ``error`` of it need
 one agreeing sample fewer (``confirmed_by`` "prediction"; "samples" when two or more agreeing
-samples ended the point; None when they never agreed). Every experiment, the calibration and the
-scripts take their samples here; ``time_call`` below is this with a fixed count.
+samples ended the point; None when they never agreed). ``rounds`` instead interleaves several
+steps' samples round by round, for ratios measured side by side. Every experiment, the
+calibration and the scripts take their samples here; ``time_call`` below is this with a fixed
+count.
 
 A cheap point buys more samples: with ``point_ms`` > 0 a point keeps sampling, past ``repeats``
 if need be, until its kept samples add up to ``point_ms`` or there are ``cheap_repeats`` of them
@@ -182,6 +184,34 @@ class Sampler:
                 break
         out.finish()
         return out.point
+
+    def rounds(self, steps: dict[str, tuple[Step, Callable[[], Any] | None]],
+               rounds: int) -> dict[str, Point] | None:
+        """``rounds`` samples of each named ``(step, prepare)``, interleaved: round r takes one
+        sample of every step, their order rotated by r, so a host that drifts slows them alike
+        and their ratios are measured side by side. No retakes (a retake would not be beside
+        the others): a flagged sample is kept and counted ``disturbed_kept``. None when asked
+        to stop."""
+        if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+            raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
+        names = list(steps)
+        if not self._warm:
+            for _ in range(self.warmup):
+                for step, prepare in steps.values():
+                    if prepare is not None:
+                        prepare()
+                    step()
+            synchronize(self.device)
+            self._warm = True
+        out = {name: Point([], confirmed_by="rounds") for name in names}
+        for r in range(rounds):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                if self.should_stop is not None and self.should_stop():
+                    return None
+                ms, why = self.take(*steps[name])
+                out[name].samples_ms.append(ms)
+                out[name].disturbed_kept += why is not None
+        return out
 
     def _retake_allowed(self, ms: float) -> bool:
         return self.watch is not None and (self.budget is None or self.budget.allows(ms / 1e3))

@@ -74,8 +74,6 @@ BLOCKS: dict[str, Block] = {
     "engine-speed": Block("engine-speed", speed.kernels,
                           f"`python scripts/bench_kernels.py` {_QUIET}"),
     "peers": Block("peers", speed.peers, f"`python scripts/bench_peers.py` {_QUIET}"),
-    "peers-history": Block("peers", speed.peers_history, f"`python scripts/bench_peers.py` "
-                           f"{_QUIET}"),
     "speculate": Block("speculate", speed.speculation, "`python scripts/bench_speculate.py` "
                        f"{_QUIET}"),
     "first-run": Block("sweep", speed.first_run, "`python scripts/bench_sweep.py`",

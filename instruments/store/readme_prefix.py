@@ -49,9 +49,9 @@ def prefix_ttft(runs: list[Run], root: Path) -> str:
     run = newest(runs, "prefix_ttft", root)
     rows = table(run, "ttft", root)
     n = max(r["prompt_len"] for r in rows)
-    head = ["P", "TTFT (ms)", "÷ alone+lookup", "÷ extend+lookup", "lookup share"]
+    head = ["P", "TTFT (ms)", "÷ alone+lookup", "÷ extend+lookup"]
     body = [[r["cached_tokens"], _ms(r["ttft_ms"]), f"{r['over_predicted']:.2f}",
-             f"{r['over_extend']:.2f}", f"{r['lookup_share']:.2%}"]
+             f"{r['over_extend']:.2f}"]
             for r in rows if r["prompt_len"] == n]
     return "\n".join([f"N = {n:,}: {_where(run, root)}", "", *md_table(head, body)])
 

@@ -6,9 +6,6 @@ Makers as in ``instruments.store.readme_blocks`` (``make(runs, root) -> str``):
   kernels      the newest ``kernels`` run (``scripts/bench_kernels.py``): every matrix-vector
                candidate per kind of matrix, ms and × a ``sum()`` of the same fp32 bytes; and
                its ``attention`` table (SDPA against our ``attend``) where it has one
-  peers_history  every ``peers`` run of its folders, one line each: host, threads, the read
-               floor, our fastest exact step against CTranslate2 fp32 and the floor, and
-               ``int8_weights`` against CTranslate2 int8, per context
   sweep_bench  ``scripts/bench_sweep.py``'s runs (subfolders): the default sweep from the
                browser against issue 25's goals (``instruments.store.sweep_bench``)
   first_run    the same runs of several hosts, one line per host: how long a new user's first
@@ -22,7 +19,6 @@ Makers as in ``instruments.store.readme_blocks`` (``make(runs, root) -> str``):
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from instruments.store.readme_blocks import (
     Run,
@@ -32,7 +28,6 @@ from instruments.store.readme_blocks import (
     md_table,
     newest,
     rel,
-    span,
     table,
 )
 from instruments.store.sweep_bench import (
@@ -171,35 +166,6 @@ def _history_values(run: Run, root: Path) -> tuple[dict[int, list[float | None]]
                   ours.get("x_floor") if ours else None,
                   q["latency_ms"] / cq["latency_ms"] if q and cq else None]
     return out, fastest
-
-
-def peers_history(runs: list[Run], root: Path) -> str:
-    """Every peers run of the folder, per host and thread count (oldest first): how many runs,
-    when, and the span over them of the same-run ratios the peers page is about."""
-    groups: dict[tuple[str, Any], list[dict[int, list[float | None]]]] = {}
-    dates: dict[tuple[str, Any], list[str]] = {}
-    exact: set[str] = set()
-    for run in sorted((r for r in runs if r.get("kind") == "peers"),
-                      key=lambda r: str(r["created_utc"])):
-        key = (host(run), (run.get("meta") or {}).get("threads"))
-        values, fastest = _history_values(run, root)
-        groups.setdefault(key, []).append(values)
-        dates.setdefault(key, []).append(str(run["created_utc"]))
-        exact |= fastest
-    ctx = sorted({t for got in groups.values() for values in got for t in values})
-    rows = []
-    for key, got in groups.items():
-        cells = ["/".join(span([v.get(t, [None] * 4)[i] for v in got], spec) for t in ctx)
-                 for i, spec in enumerate((".1f", ".2f", ".2f", ".2f"))]
-        rows.append([key[0], key[1], len(got), days(dates[key]), *cells])
-    return "\n".join([f"Our fastest exact step ({', '.join(f'`{e}`' for e in sorted(exact)) or '–'}"
-                      ") against CTranslate2 fp32 and the read floor, and `int8_weights` against "
-                      "CTranslate2 int8, each inside one run; per host and thread count, the "
-                      "span over its runs, one figure or span per context "
-                      f"({'/'.join(str(t) for t in ctx)} tokens):", "",
-                      *md_table(["host", "threads", "runs", "dates",
-                                 "read of the fp32 weights (ms)", "÷ CTranslate2 fp32",
-                                 "× the floor", "`int8_weights` ÷ CTranslate2 int8"], rows)])
 
 
 def first_run(runs: list[Run], root: Path) -> str:
