@@ -151,3 +151,16 @@ def test_the_cli_refuses_bad_input_in_one_line(argv: list[str], says: str, tmp_p
     err = capsys.readouterr().err.strip()
     assert says in err and len(err.splitlines()) == 1, err
     assert not list(tmp_path.glob("*.json"))
+
+
+def test_a_prompt_as_long_as_the_context_is_timed_at_every_share(tmp_path: Path) -> None:
+    """N = the model's whole context with (nearly) all of it cached: the prompt that puts the
+    prefix into the tree must fit the context too (the GPU's defaults reach SmolLM2's 8,192)."""
+    from instruments import cli
+    from instruments.store.results import load_runs
+
+    assert cli.main(["prefix_ttft", "--model", "tiny", "--prompt-lens", "128", "--shares",
+                     "0.97,1", "--tree-tokens", "0", "--repeats", "1", "--results-dir",
+                     str(tmp_path), "--no-progress"]) == 0
+    rows = load_runs(tmp_path).runs[0]["tables"]["ttft"]
+    assert [r["cached_tokens"] for r in rows] == [124, 127] and all(r["exact"] for r in rows)

@@ -1,6 +1,7 @@
 """The one job section every measuring page uses: start, queue, progress, Stop, result.
 
-Contract: ``start(key, experiment, params, what)`` sends a request for the sidebar's model to
+Contract: ``start(key, experiment, params, what)`` (``start_checked``: a params object, checked
+first) sends a request for the sidebar's model to
 its device's measuring process (``instruments.process.client.submit``: queued behind other sessions'
 runs, saved to ``results_dir()`` when it ends) and keeps the ``Job`` in
 ``st.session_state[key]``. ``section(key, draw, empty=...)`` then shows, while the job runs, an
@@ -55,6 +56,20 @@ def start(key: str, experiment: str, params: dict[str, Any], what: str,
                         keep_alive=lambda: session_alive(sid))
     st.session_state[key] = job
     return job
+
+
+def start_checked(key: str, experiment: str, params: Any, what: str, cfg: Any,
+                  device: str) -> Job | None:
+    """``start`` for an experiment's params object: its ``check(cfg, device)`` first; a refusal
+    is the page's error line and nothing starts."""
+    from instruments.experiments import to_dict
+
+    try:
+        params.check(cfg, device)
+    except ValueError as exc:
+        st.error(str(exc))
+        return None
+    return start(key, experiment, to_dict(params), what)
 
 
 def get(key: str) -> Job | None:

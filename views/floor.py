@@ -14,7 +14,6 @@ import streamlit as st
 
 from instruments import lineup
 from instruments.costmodel import predict
-from instruments.experiments import to_dict
 from instruments.experiments.attribution import AttributionParams
 from instruments.experiments.inputs import parse_contexts
 from instruments.experiments.precision import PrecisionParams, precisions_for
@@ -51,12 +50,7 @@ usable, unavailable = mode_choices(choice.device, cfg.family)
 
 
 def _start(key: str, experiment: str, params: object, what: str) -> None:
-    try:
-        params.check(cfg, choice.device)  # type: ignore[attr-defined]
-    except ValueError as exc:
-        st.error(str(exc))
-        return
-    jobs.start(key, experiment, to_dict(params), what)
+    jobs.start_checked(key, experiment, params, what, cfg, choice.device)
 
 
 def _contexts(text: str) -> list[int] | None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from instruments.experiments import to_dict
 from instruments.experiments.inputs import parse_contexts
 from instruments.experiments.prefix_chat import USER_TURNS, PrefixChatParams
 from instruments.experiments.prefix_ttft import SHARES, PrefixTtftParams
@@ -38,12 +37,7 @@ block = cfg.block_size
 
 
 def _start(key: str, experiment: str, params: object, what: str) -> None:
-    try:
-        params.check(cfg, choice.device)  # type: ignore[attr-defined]
-    except ValueError as exc:
-        st.error(str(exc))
-        return
-    jobs.start(key, experiment, to_dict(params), what)
+    jobs.start_checked(key, experiment, params, what, cfg, choice.device)
 
 
 tab_ttft, tab_chat, tab_load = st.tabs(["TTFT against the cached prefix", "Multi-turn chat",

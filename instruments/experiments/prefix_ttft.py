@@ -120,7 +120,9 @@ def _point(model: Any, cache: Any, n: int, share: float, p: PrefixTtftParams,
     want = min(round(share * n), n)
     ids = token_ids(vocab, n, p.seed * 1_000_003 + n * 1_009 + want)
     if want:  # another prompt starting with the same `want` tokens, served into the tree
-        tail = token_ids(vocab, TAIL, p.seed + want, first=(ids[want] + 1) if want < n else None)
+        # (its own tail shortened where the model's context ends: N may be the whole context)
+        tail = token_ids(vocab, min(TAIL, model.config.block_size - want), p.seed + want,
+                         first=(ids[want] + 1) if want < n else None)
         warm = serve(model, cache, ids[:want] + tail, 0)
         cache.finish(warm.request)
     full = full_logits(model, ids)

@@ -6,6 +6,9 @@
                   cuDNN's allowed: why the engine keeps it off (first light: mode 8 at 74-76 ms a
                   step); partial when it could not time all four decodes
   triton_tiles    gpt2's products alone under a few tile sizes beside ``blocks``' own pick
+  prefix          the prefix cache on SmolLM2: TTFT against the cached prefix (the served
+                  request, the extend and the cold prefill in interleaved rounds), then the
+                  multi-turn chat with and without reuse (``instruments.experiments.prefix_*``)
   no_sdpa, no_triton  why the last two cannot run on a device (the stages table's ``skip``)
 Each is handed the check's context (``stages.Check``) and saves its run through it.
 """
@@ -17,8 +20,10 @@ from typing import Any
 
 import torch
 
+from instruments import lineup
 from instruments.experiments import get
 from instruments.measure.device import describe_device
+from instruments.spine import ModelSpec, load
 from instruments.store import results
 
 
@@ -30,6 +35,26 @@ def batch_curve(check: Any) -> None:  # step and tokens/s against the batch, wit
     run = check.experiment("batch_curve", fp32, params, show=True)
     for line in exp.summary(run)[-2 * len(params.contexts):]:
         print("  " + line)
+
+
+def prefix(check: Any) -> None:
+    """SmolLM2's real weights where installed (the chat needs its template), else seeded random
+    ones; llama-tiny in the dry run."""
+    name = "llama-tiny" if check.args.tiny else "smollm2-135m"
+    weights = "random" if check.args.tiny or not lineup.installed(name)[0] else "package"
+    loaded = load(ModelSpec(name, weights, check.args.device, "float32"))
+    cfg = loaded.model.config
+    exp = get("prefix_ttft")
+    params = exp.params(sorted({min(n, cfg.block_size) for n in (256, 1024, 4096)}),
+                        [0.0, 0.5, 0.96875], 2048 if check.args.tiny else 8192, repeats=3)
+    run = check.experiment("prefix_ttft", loaded, params, show=True)
+    for line in exp.summary(run):
+        print("  " + line)
+    if weights == "package":
+        chat = get("prefix_chat")
+        run = check.experiment("prefix_chat", loaded, chat.params(turns=8, answer_tokens=32))
+        for line in chat.summary(run)[-2:]:
+            print("  " + line)
 
 
 def sdpa_backends(check: Any) -> None:
