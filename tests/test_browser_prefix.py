@@ -3,7 +3,8 @@ the real app and draws -- TTFT against the cached prefix with the prediction bes
 chat with and without reuse, the workload's budgets and its radix tree. Screenshots
 (``prefix``, ``prefix_chat``, ``prefix_tree``) go to a temporary folder and, when
 ``SCREENSHOT_DIR`` is set, there too (``docs/screenshots``). ``KVLAB_BROWSER_PREFIX_MODEL``
-picks the preset (default llama-tiny, a test shape: seconds; smollm2-135m for real weights).
+picks the preset (default llama-tiny, a test shape: seconds; smollm2-135m for real weights);
+``KVLAB_BROWSER_RESULTS`` names a new results folder (the pages show where they saved).
 
 Skipped when Chromium or Playwright is missing.
 """
@@ -35,8 +36,9 @@ def pick(page, label: str, option: str) -> None:  # noqa: ANN001
 
 
 def test_the_prefix_page_runs_its_three_experiments(tmp_path: Path) -> None:
-    results = tmp_path / "results"
-    results.mkdir()
+    # Screenshots for the docs name a folder a user would have, not pytest's temporary one.
+    results = Path(os.environ.get("KVLAB_BROWSER_RESULTS") or tmp_path / "results")
+    results.mkdir(parents=True)  # a fresh folder: the kinds below are this run's alone
     tiny = MODEL != "smollm2-135m"
     with streamlit_server(results, tiny=tiny) as (url, _), sync_api.sync_playwright() as pw:
         page = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS).new_page(
