@@ -238,3 +238,19 @@ def test_serving_and_point_tables_speak_the_fields_names() -> None:
     assert "joules_per_token" not in serving_table(e2e).columns  # no counter: no column
     assert pp_tg_sentence(e2e) == "concat: pp8 2,000.0, tg63 500.0 tokens/s"
     assert serving_table(e2e.drop(columns="ttft_ms")).empty  # an older run
+
+
+def test_a_gpus_prediction_parts_are_two_bars_host_beside_the_stacked_kernels() -> None:
+    from ui.figures_predict import parts_figure
+
+    row = {"mode": "prealloc_fused", "context_len": 128, "measured_ms": 2.2, "predicted_ms": 2.0,
+           "weights_ms": 0.1, "attention_ms": 0.3, "small_ops_ms": 0.05,
+           "dispatch_host_ms": 2.0}
+    gpu = parts_figure(pd.DataFrame([{**row, "bound": "host"}]), "prealloc_fused")
+    bars = [t for t in gpu.data if t.type == "bar"]
+    assert gpu.layout.barmode == "group"
+    assert {t.offsetgroup for t in bars} == {"host", "device"}
+    device = [t for t in bars if t.offsetgroup == "device"]
+    assert [float(t.base[0]) for t in device] == pytest.approx([0.0, 0.1, 0.4])  # stacked
+    cpu = parts_figure(pd.DataFrame([{**row, "bound": None}]), "prealloc_fused")
+    assert cpu.layout.barmode == "stack" and all(t.offsetgroup is None for t in cpu.data)

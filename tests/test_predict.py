@@ -215,3 +215,58 @@ def test_a_part_too_small_to_matter_is_never_blamed() -> None:
     v = verdicts(compare(cal, rows))[0]
     assert v["within"] is False and v["off_part"] == "context"
     assert "missing from the sum" in v["sentence"]
+
+
+def split_rows(host_ms: float, per_token_ms: float) -> list[dict]:
+    """A GPU-like calibration: each real part's kernels ("device") and the hollow step's issue
+    time ("host"), besides the CPU's real and hollow rows (which the split must not use)."""
+    rows = synthetic()
+    for x in GRID:
+        for part, variant, ms in (("layers", "out_in", 0.08), ("head", "out_in", 0.02),
+                                  ("small", "", 0.01),
+                                  ("attention", "prealloc_fused", per_token_ms * x)):
+            rows.append({"part": part, "variant": variant, "scale": "device", "x": x, "ms": ms})
+        rows.append({"part": "hollow", "variant": "prealloc_fused", "scale": "host", "x": x,
+                     "ms": host_ms})
+    return rows
+
+
+def test_on_a_gpu_the_step_is_the_larger_of_the_hosts_issue_and_the_kernels() -> None:
+    host_bound = predict_point(Calibration(split_rows(2.0, 1e-4)), "prealloc_fused", 128)
+    assert host_bound["weights_ms"] == pytest.approx(0.10)  # the kernels, not real - hollow
+    assert host_bound["attention_ms"] == pytest.approx(0.0128)
+    assert host_bound["dispatch_host_ms"] == pytest.approx(2.0)
+    assert host_bound["predicted_ms"] == pytest.approx(2.0) and host_bound["bound"] == "host"
+    device_bound = predict_point(Calibration(split_rows(0.05, 1e-3)), "prealloc_fused", 1024)
+    assert device_bound["predicted_ms"] == pytest.approx(0.08 + 0.02 + 0.01 + 1.024)
+    assert device_bound["bound"] == "device"
+    assert predict_point(Calibration(synthetic()), "prealloc_fused", 128)["bound"] is None
+    rows = compare(Calibration(split_rows(2.0, 1e-4)),
+                   [{"mode": "prealloc_fused", "context_len": 128, "latency_ms": 2.2}])
+    assert rows[0]["bound"] == "host" and rows[0]["residual_ms"] == pytest.approx(0.2)
+
+
+def test_a_split_calibration_runs_its_busy_and_issue_rows_on_a_cpu() -> None:
+    """What a GPU's calibration adds (busy time of each real part, issue time of each hollow
+    step), run here through the CPU's profiler: the same code that runs on cuda."""
+    from engine.models.gpt2.model import GPT, GPTConfig
+    from instruments.measure.calibration import calibrate
+
+    model = GPT.random(GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=64,
+                                 vocab_size=256), seed=0)
+    rows = calibrate(model, ["prealloc_fused"], batch=1, max_context=8, repeats=1, busy=True)
+    by = {(r["part"], r["scale"]) for r in rows}
+    assert {("layers", "device"), ("head", "device"), ("small", "device"),
+            ("attention", "device"), ("hollow", "host")} <= by
+    for r in rows:
+        if r["scale"] == "device":
+            assert r["ms"] > 0 and r["kernels"] >= 1
+        if r["scale"] == "host":  # a hollow step of 2 layers issues dozens of operators
+            assert r["ms"] > 0 and r["kernels"] >= 10
+    layers = next(r for r in rows if r["part"] == "layers" and r["scale"] == "device")
+    assert layers["kernels"] == 2 * 4  # one top-level operator per Linear: q|k|v, o, up, down
+    p = predict_point(Calibration(rows), "prealloc_fused", 8)
+    assert p["bound"] in ("host", "device") and p["predicted_ms"] == pytest.approx(
+        max(p["dispatch_host_ms"], p["weights_ms"] + p["attention_ms"] + p["small_ops_ms"]))
+    assert not any(r["scale"] in ("device", "host") for r in calibrate(
+        model, ["prealloc_fused"], batch=1, max_context=2, repeats=1))  # a CPU's default

@@ -112,16 +112,26 @@ def parts_figure(df: pd.DataFrame, mode: str) -> go.Figure:
     if part.empty:
         return style(fig, X_TITLE, "time (ms)", legend=None)
     x = part["context_len"].astype(str)  # categories: every bar readable
+    split = "bound" in part and part["bound"].notna().any()  # a GPU's: host and device apart
+    base = pd.Series(0.0, index=part.index)
     for col in PARTS:
-        fig.add_trace(go.Bar(x=x, y=part[col], name=PART_LABELS[col],
+        side = "host" if col == "dispatch_host_ms" else "device"
+        fig.add_trace(go.Bar(x=x, y=part[col], name=PART_LABELS[col] + (
+                                 f" ({side})" if split else ""),
                              marker_color=PART_COLORS[col],
+                             offsetgroup=side if split else None,
+                             base=None if not split or side == "host" else base.copy(),
                              hovertemplate="%{x} tokens<br>%{y:.3f} ms<extra>"
                              + PART_LABELS[col] + "</extra>"))
+        if split and side == "device":
+            base = base + part[col].astype(float)
     fig.add_trace(go.Scatter(x=x, y=part["measured_ms"], mode="lines+markers",
                              name="measured (median)", line=dict(color="black", width=2)))
     fig = style(fig, X_TITLE, "time per step or forward (ms)", legend="predicted part",
                 height=440)
-    fig.update_layout(barmode="stack")
+    # On a GPU the prediction is the taller of the two bars (the host issues while the device
+    # runs); elsewhere the parts add up, one stacked bar.
+    fig.update_layout(barmode="group" if split else "stack")
     return fig
 
 

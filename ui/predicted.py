@@ -114,7 +114,7 @@ def overlay(job: Job, fig: go.Figure, modes: list[str]) -> str | None:
     write under the chart, or None when there is no calibration or the user turned it off."""
     points, when = predicted_for(job.run or {}, modes)
     if points.empty or not st.toggle("predicted", True, key=f"sweep_predicted_{job.id}",
-                                      help="The sum of the parts calibrated on this machine in "
+                                      help="The step predicted from the parts calibrated on this machine in "
                                       "the Floor lab's Predicted step."):
         return None
     add_prediction(fig, points)
@@ -138,8 +138,12 @@ def draw(job: Job) -> None:
         return
     verdicts = predict.verdicts(df.to_dict("records"))
     st.plotly_chart(prediction_figure(df), width="stretch")
+    split = "bound" in df and df["bound"].notna().any()
     st.caption("Solid: the measured median step (uncached modes: the forward of the whole "
-               "sequence). Dashed: the sum of the parts, each timed alone on this device.")
+               "sequence). Dashed: " + (
+                   "the larger of the host's time to issue the step and the device's time in "
+                   "its kernels, each part timed alone on this GPU." if split else
+                   "the sum of the parts, each timed alone on this device."))
     for v in verdicts:
         icon = (":material/check_circle:" if v["within"] else ":material/remove_circle:"
                 if v["within"] is None else ":material/cancel:")
@@ -153,5 +157,7 @@ def draw(job: Job) -> None:
         st.caption("Weights: every Linear matmul at the rows the mode multiplies. Attention: "
                    "the KV cache's write (or concatenation, gather, dequantization) and the "
                    "attention over the context. Small operators: norms, GELU, residual adds, "
-                   "embeddings. Dispatch and host loop: the same step on the hollow model.")
+                   "embeddings. Dispatch and host loop: the same step on the hollow model"
+                   + (" (its issue time; the other parts are their kernels' time, and the "
+                      "taller bar is the prediction)." if split else "."))
     st.dataframe(verdict_table(verdicts), hide_index=True)

@@ -21,10 +21,19 @@ sweep of the same machine. For a mode at context t, batch B:
                     heads' re-assembly, the embeddings; the Llama family's RMSNorms, RoPE on q
                     and k, SiLU x up, residual adds, the heads' re-assembly, the embedding
 Each size part is (real - hollow) of its calibration at that size, interpolated log-log
-between the calibrated grid points; the hollow model is of the model's own family. Nothing here
-depends on the family: the calibration (``instruments.measure.calibration``) times each part on
-the model it is given. ``GOALS``: the prediction is judged within 15% of the
-measured median for cached modes and 25% for uncached ones.
+between the calibrated grid points; the hollow model is of the model's own family.
+
+On a GPU the host only queues kernels, and the two run side by side: where the calibration has
+the device's busy time of each real part and the host's time to issue the hollow step (its
+"device" and "host" rows: on cuda), the three size parts are those kernel times and
+
+  predicted_ms = max(dispatch_host_ms, weights_ms + attention_ms + small_ops_ms)
+
+``bound`` says which side sets it ("host": the kernels wait for their launches).
+
+Nothing here depends on the family: the calibration (``instruments.measure.calibration``)
+times each part on the model it is given. ``GOALS``: the prediction is judged within 15% of
+the measured median for cached modes and 25% for uncached ones.
 
 Which modes are predicted, and how, is read off each mode's ``ModeSpec`` (``recipe(mode)``: its
 cache kind and attention, weight layout or storage, whether it projects every position); a mode
@@ -108,6 +117,9 @@ class Calibration:
             key = (str(r["part"]), str(r.get("variant", "")), str(r.get("scale", "real")))
             self.series.setdefault(key, []).append((float(r["x"]), float(r["ms"])))
 
+    def has(self, part: str, variant: str, scale: str) -> bool:
+        return (part, variant, scale) in self.series
+
     def at(self, part: str, variant: str, scale: str, x: float) -> float:
         key = (part, variant, scale)
         if key not in self.series:
@@ -128,24 +140,33 @@ def predict_point(cal: Calibration, mode: str, context: int, batch: int = 1) -> 
     r = recipe(mode)
     if r is None:
         return {"predicted_ms": None, "why": why_not(mode)}
+    split = cal.has("hollow", mode, "host")  # a GPU's calibration: host and device apart
+
+    def size(part: str, variant: str, x: float) -> float:
+        return cal.at(part, variant, "device", x) if split else cal.size_part(part, variant, x)
+
     try:
         if r.cached:
             rows = head_rows = batch
-            attention = cal.size_part("attention", r.attention, context)
+            attention = size("attention", r.attention, context)
         else:
             rows = batch * context
             head_rows = rows if r.head_all else batch
-            attention = cal.size_part("attention_full", "seed", context)
+            attention = size("attention_full", "seed", context)
         parts = {
-            "weights_ms": (cal.size_part("layers", r.layout, rows)
-                           + cal.size_part("head", r.layout, head_rows)),
+            "weights_ms": size("layers", r.layout, rows) + size("head", r.layout, head_rows),
             "attention_ms": attention,
-            "small_ops_ms": cal.size_part("small", "", rows),
-            "dispatch_host_ms": cal.at("hollow", mode, "hollow", context),
+            "small_ops_ms": size("small", "", rows),
+            "dispatch_host_ms": cal.at("hollow", mode, "host" if split else "hollow", context),
         }
     except KeyError as exc:
         return {"predicted_ms": None, "why": f"not calibrated: {exc.args[0]}"}
-    return {**parts, "predicted_ms": sum(parts.values()), "why": ""}
+    if not split:
+        return {**parts, "predicted_ms": sum(parts.values()), "bound": None, "why": ""}
+    device_ms = parts["weights_ms"] + parts["attention_ms"] + parts["small_ops_ms"]
+    host_ms = parts["dispatch_host_ms"]
+    return {**parts, "predicted_ms": max(host_ms, device_ms),
+            "bound": "host" if host_ms >= device_ms else "device", "why": ""}
 
 
 def predict_generation(cal: Calibration, mode: str, prompt_len: int, new_tokens: int,
@@ -184,7 +205,7 @@ def compare(cal: Calibration, latency_rows: Iterable[dict[str, Any]]) -> list[di
             "context_len": t, "batch_size": batch, "measured_ms": measured,
             "predicted_ms": pred, "residual_ms": residual,
             "residual_share": None if residual is None or measured <= 0 else residual / measured,
-            **{k: p.get(k) for k in PARTS}, "why": p["why"],
+            **{k: p.get(k) for k in PARTS}, "bound": p.get("bound"), "why": p["why"],
         })
     return out
 

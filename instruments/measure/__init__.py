@@ -7,5 +7,6 @@
   specs        listed datasheet peaks (torch-free)
   memory       weights / KV cache / mask buffers / workspace, by tensor bytes and allocator
   calibration  the parts of a decode step, each timed alone (summed by ``costmodel.predict``)
+  busy         the device's own time in a call (kernels on a GPU), apart from the host's
   energy       the device's energy counter around timed work (NVML, RAPL), or why there is none
 """

@@ -34,9 +34,13 @@ the same for every model family: what differs is read off the model and its conf
              module calls and the Python of the step and its loop
 
 Every part except "hollow" is timed twice: at the model's real widths (``scale`` "real") and on
-the hollow model ("hollow"). The predictor charges ``hollow`` step time once and, for each part,
-only real - hollow: the work that grows with the widths, without counting a part's dispatch
-twice. x values are a geometric grid (``grid``); the predictor interpolates between them.
+the hollow model ("hollow"). With ``busy`` (the default on cuda, where the host only queues the
+kernels) each real part also gets a "device" row, the time its kernels kept the device busy
+(``instruments.measure.busy``), and each hollow step a "host" row: the host's time to issue it,
+synchronised before and not after, with ``kernels`` (its launches) beside it. The predictor
+charges ``hollow`` step time once and, for each part, only real - hollow: the work that grows
+with the widths, without counting a part's dispatch twice (on cuda: see ``predict``). x values
+are a geometric grid (``grid``); the predictor interpolates between them.
 Samples: ``repeats`` timed calls after one warm-up (2 for a piece over half a second), more
 while they disagree by more than 10%; on a CPU, a call that another process disturbed is
 taken again. A piece this module cannot time (a weight storage it does not know, a family
@@ -65,6 +69,7 @@ from engine.models.state import ModelState
 from engine.quant.weight_only import STORAGES, weight_only
 from instruments import lineup
 from instruments.costmodel import predict
+from instruments.measure.busy import busy_ms
 from instruments.measure.sampler import Sampler
 from instruments.measure.small_ops import SMALL_OPS
 
@@ -348,14 +353,18 @@ def plan(model_modes: list[str], batch: int, max_context: int) -> list[tuple[str
 def calibrate(model: GPT | Llama, model_modes: list[str], batch: int, max_context: int,
               repeats: int = 3, tick: Tick | None = None,
               skip: set[tuple[str, str, int]] | None = None,
-              missing: list[str] | None = None) -> list[dict[str, Any]]:
+              missing: list[str] | None = None, busy: bool | None = None
+              ) -> list[dict[str, Any]]:
     """Time every part ``model_modes`` need (see the module docstring); rows as described.
 
     ``skip``: (part, variant, x) pieces already calibrated. ``tick(message)`` is called before
     each piece; when it returns True calibration stops and the rows so far are returned. A
     piece that cannot be timed for this model (``NotCalibrated``) is left out, and why is
-    added to ``missing`` (once) when given.
+    added to ``missing`` (once) when given. ``busy``: also the "device" and "host" rows (default:
+    on cuda).
     """
+    if busy is None:
+        busy = model.device.type == "cuda"
     hollow = hollow_model(model)
     scales = {"real": _Parts(model, batch, True), "hollow": _Parts(hollow, batch, False)}
     rows: list[dict[str, Any]] = []
@@ -377,5 +386,28 @@ def calibrate(model: GPT | Llama, model_modes: list[str], batch: int, max_contex
             samples = _sample(fn, model.device, repeats, prepare)
             rows.append({"part": part, "variant": variant, "scale": scale, "x": x,
                          "ms": statistics.median(samples), "samples_ms": samples})
+            if busy and (scale == "real" or part == "hollow"):
+                rows.append(_split_row(part, variant, x, fn, prepare, model.device, repeats))
             del fn
     return rows
+
+
+def _split_row(part: str, variant: str, x: int, fn: Callable[[], Any],
+               prepare: Callable[[], Any] | None, device: torch.device,
+               repeats: int) -> dict[str, Any]:
+    """A real part's "device" row (its kernels' busy time), or a hollow step's "host" row (the
+    time to issue it: clock read after a synchronize, and again when the call returns, before
+    its kernels have run), each with the kernels (launches) a call."""
+    used = busy_ms(fn, device, repeats, prepare)
+    if part != "hollow":
+        return {"part": part, "variant": variant, "scale": "device", "x": x, "ms": used.ms,
+                "samples_ms": used.samples_ms, "kernels": used.kernels}
+
+    def issue() -> float:
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e3
+
+    samples = _sample(issue, device, repeats, prepare)
+    return {"part": part, "variant": variant, "scale": "host", "x": x,
+            "ms": statistics.median(samples), "samples_ms": samples, "kernels": used.kernels}

@@ -273,6 +273,10 @@ def prediction(check: Check) -> None:  # what does the sum of calibrated parts m
         passes=2))
     for v in run["tables"].get("verdicts", []):
         print("  " + v["sentence"])
+    for r in run["tables"].get("calibration", []):  # on cuda: each launch's host time
+        if r["scale"] == "host" and r.get("kernels"):
+            print(f"  {r['variant']} at {r['x']}: issued in {r['ms']:.3f} ms, "
+                  f"{r['kernels']:.0f} launches, {r['ms'] * 1e3 / r['kernels']:.1f} µs each")
 
 
 def bench(check: Check) -> None:  # pp / tg tokens/s ± sd, and joules per token where counted
@@ -365,7 +369,7 @@ _MEASURING = {  # the order is the registry's: the compile, likeliest to overrun
     "staircase": (staircase, None, "the matmul staircase against T"),
     "memory": (memory, None, "the KV cache by formula, tensors and allocator"),
     "planner": (planner, None, "the predicted batch allocated for real; KV storages"),
-    "prediction": (prediction, None, "calibrated parts summed against each measured step"),
+    "prediction": (prediction, None, "calibrated parts (host and kernels apart) against each step"),
     "bench": (bench, None, "llama-bench's pp512 / tg128, joules per token"),
     "peers": (peers, None, "other engines on the same weights, where installed"),
     "speculate": (speculate, None, "the verify curve and prompt-lookup drafts"),
