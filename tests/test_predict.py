@@ -261,8 +261,10 @@ def test_a_split_calibration_runs_its_busy_and_issue_rows_on_a_cpu() -> None:
     for r in rows:
         if r["scale"] == "device":
             assert r["ms"] > 0 and r["kernels"] >= 1
-        if r["scale"] == "host":  # a hollow step of 2 layers issues dozens of operators
-            assert r["ms"] > 0 and r["kernels"] >= 10
+    hosts = [r for r in rows if r["scale"] == "host"]
+    assert all(r["ms"] > 0 for r in hosts)
+    assert hosts[0]["kernels"] >= 10  # a hollow step of 2 layers issues dozens of operators
+    assert all(r["kernels"] is None for r in hosts[1:])  # counted once a mode
     layers = next(r for r in rows if r["part"] == "layers" and r["scale"] == "device")
     assert layers["kernels"] == 2 * 4  # one top-level operator per Linear: q|k|v, o, up, down
     p = predict_point(Calibration(rows), "prealloc_fused", 8)
@@ -270,3 +272,21 @@ def test_a_split_calibration_runs_its_busy_and_issue_rows_on_a_cpu() -> None:
         max(p["dispatch_host_ms"], p["weights_ms"] + p["attention_ms"] + p["small_ops_ms"]))
     assert not any(r["scale"] in ("device", "host") for r in calibrate(
         model, ["prealloc_fused"], batch=1, max_context=2, repeats=1))  # a CPU's default
+
+
+def test_a_cuda_spans_kernels_are_counted_through_its_nested_operators() -> None:
+    """On CUDA the kernels hang off the operators that launched them, nested (aten::linear ->
+    aten::addmm -> the GEMM): every level counts; a CPU span counts its top-level operators."""
+    from types import SimpleNamespace as Ev
+
+    from instruments.measure.busy import span_busy_us
+
+    def op(name: str, kernels: int = 0, children: tuple = (), us: float = 0.0) -> Ev:
+        return Ev(name=name, kernels=[object()] * kernels, cpu_children=list(children),
+                  time_range=Ev(start=0.0, end=us))
+
+    linear = op("aten::linear", 0, (op("aten::t"), op("aten::addmm", 1, (), 5.0)), 7.0)
+    span = op("kvlab::busy", 0, (linear, op("aten::add", 1, (), 1.0)))
+    span.device_time_total = 4.5
+    assert span_busy_us(span, cuda=True) == (4.5, 2)
+    assert span_busy_us(span, cuda=False) == (8.0, 2)

@@ -114,8 +114,8 @@ def overlay(job: Job, fig: go.Figure, modes: list[str]) -> str | None:
     write under the chart, or None when there is no calibration or the user turned it off."""
     points, when = predicted_for(job.run or {}, modes)
     if points.empty or not st.toggle("predicted", True, key=f"sweep_predicted_{job.id}",
-                                      help="The step predicted from the parts calibrated on this machine in "
-                                      "the Floor lab's Predicted step."):
+                                      help="The step predicted from the parts calibrated on "
+                                      "this machine in the Floor lab's Predicted step."):
         return None
     add_prediction(fig, points)
     return (f"the step predicted from the parts calibrated here on {when} UTC (Floor lab, "

@@ -1,28 +1,27 @@
 """Busy time: how long the device itself works on a call, apart from the host that issues it.
 
-``busy_ms(fn, device, repeats, prepare)`` -> ``Busy(ms, samples_ms, kernels)``: each call of
-``fn`` in a ``torch.profiler`` session of its own (``prepare`` and a synchronize before it,
-outside the session, so no other work is counted), and the time the trace shows the device
-busy summed. On CUDA that is every kernel, copy and set the call ran (its device events, the
-clock of the GPU), ``kernels`` their count; on a CPU, where the host runs the operators
-itself, the time inside the call's top-level ATen (and ``kvlab::``) operators, ``kernels``
-their count. A step's device time on a GPU is the sum of its kernels when the host keeps the
-queue full; when it does not, the step takes the host's issue time instead -- the two
-``instruments.costmodel.predict`` compares on cuda.
-
-``trace_busy_us(events, cuda)`` is the sum over a trace's events (µs, count), apart so it can be
-read on any trace.
+``busy_ms(fn, device, repeats, prepare)`` -> ``Busy(ms, samples_ms, kernels)``: ``repeats``
+calls of ``fn`` in one ``torch.profiler`` session, each inside a span of its own (``prepare``
+runs before each, outside the span; the session ends after a synchronize, so every kernel a
+call queued has run and is in the trace). A call's busy time is read off its span
+(``span_busy_us``): on CUDA the time of every kernel, copy and set that the span's operators
+launched (the profiler ties each to its launch, however late it ran: ``device_time_total``),
+``kernels`` their count; on a CPU, where the host runs the operators itself, the time inside
+the span's top-level ATen (and ``kvlab::``) operators, ``kernels`` their count. A step's time
+on a GPU is its kernels' when the host keeps the queue full, and the host's time to issue it
+when it does not: the two ``instruments.costmodel.predict`` compares on cuda.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from instruments.measure.timing import synchronize
 
+SPAN = "kvlab::busy"
 TOP_OPS = ("aten::", "kvlab::")  # a CPU's operators: ATen's and our C++ kernel's
 
 
@@ -33,47 +32,40 @@ class Busy:
     kernels: float  # device kernels (CUDA) or top-level operators (CPU) per call, median
 
 
-def trace_busy_us(events: Iterable[Any], cuda: bool) -> tuple[float, int]:
-    """(µs busy, count) over a profiler trace's events: device events on CUDA (annotations of
-    ``record_function`` spans, mirrored on the GPU, are no work and are left out); top-level
-    operators on a CPU (nested ones are inside their parent's time)."""
-    import torch
-
-    total_us, count = 0.0, 0
-    for e in events:
-        if cuda:
-            if (e.device_type != torch.autograd.DeviceType.CUDA
-                    or getattr(e, "is_user_annotation", False)):
-                continue
-        elif (e.device_type != torch.autograd.DeviceType.CPU or e.cpu_parent is not None
-              or not e.name.startswith(TOP_OPS)):
-            continue
-        total_us += e.time_range.end - e.time_range.start
-        count += 1
-    return total_us, count
+def _launched(event: Any) -> int:
+    """Kernels launched by ``event`` and the operators inside it."""
+    return len(event.kernels) + sum(_launched(c) for c in event.cpu_children)
 
 
-def busy_ms(fn: Callable[[], Any], device: Any, repeats: int = 3,
+def span_busy_us(span: Any, cuda: bool) -> tuple[float, int]:
+    """(µs busy, kernels or operators) of one call's span in a profiler trace."""
+    if cuda:
+        return float(span.device_time_total), _launched(span)
+    ops = [c for c in span.cpu_children if c.name.startswith(TOP_OPS)]
+    return float(sum(c.time_range.end - c.time_range.start for c in ops)), len(ops)
+
+
+def busy_ms(fn: Callable[[], Any], device: Any, repeats: int = 2,
             prepare: Callable[[], Any] | None = None) -> Busy:
-    """The device's busy time for one call of ``fn`` (see the module docstring), after one
-    untraced warm-up call."""
+    """The device's busy time for a call of ``fn`` (see the module docstring); the caller has
+    warmed it up."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     cuda = torch.device(device).type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    if prepare is not None:
-        prepare()
-    fn()
-    samples, counts = [], []
-    for _ in range(max(1, repeats)):
-        if prepare is not None:
-            prepare()
+    synchronize(device)
+    with profile(activities=activities) as prof:
+        for _ in range(max(1, repeats)):
+            if prepare is not None:
+                prepare()
+            with record_function(SPAN):
+                fn()
         synchronize(device)
-        with profile(activities=activities) as prof:
-            fn()
-            synchronize(device)
-        us, n = trace_busy_us(prof.events(), cuda)
-        samples.append(us / 1e3)
-        counts.append(n)
-    return Busy(statistics.median(samples), samples, statistics.median(counts))
+    cpu = torch.autograd.DeviceType.CPU
+    spans = [e for e in prof.events() if e.name == SPAN and e.device_type == cpu]
+    if not spans:
+        raise RuntimeError("the profiler recorded none of the calls' spans")
+    read = [span_busy_us(s, cuda) for s in spans]
+    return Busy(statistics.median(us for us, _ in read) / 1e3, [us / 1e3 for us, _ in read],
+                statistics.median(n for _, n in read))

@@ -368,6 +368,7 @@ def calibrate(model: GPT | Llama, model_modes: list[str], batch: int, max_contex
     hollow = hollow_model(model)
     scales = {"real": _Parts(model, batch, True), "hollow": _Parts(hollow, batch, False)}
     rows: list[dict[str, Any]] = []
+    counted: set[str] = set()  # modes whose hollow step's launches were counted (once each)
     for part, variant, x in plan(model_modes, batch, max_context):
         if skip and (part, variant, x) in skip:
             continue
@@ -387,21 +388,26 @@ def calibrate(model: GPT | Llama, model_modes: list[str], batch: int, max_contex
             rows.append({"part": part, "variant": variant, "scale": scale, "x": x,
                          "ms": statistics.median(samples), "samples_ms": samples})
             if busy and (scale == "real" or part == "hollow"):
-                rows.append(_split_row(part, variant, x, fn, prepare, model.device, repeats))
+                rows.append(_split_row(part, variant, x, fn, prepare, model.device, repeats,
+                                       launches=variant not in counted))
+                if part == "hollow":
+                    counted.add(variant)
             del fn
     return rows
 
 
 def _split_row(part: str, variant: str, x: int, fn: Callable[[], Any],
-               prepare: Callable[[], Any] | None, device: torch.device,
-               repeats: int) -> dict[str, Any]:
-    """A real part's "device" row (its kernels' busy time), or a hollow step's "host" row (the
-    time to issue it: clock read after a synchronize, and again when the call returns, before
-    its kernels have run), each with the kernels (launches) a call."""
-    used = busy_ms(fn, device, repeats, prepare)
+               prepare: Callable[[], Any] | None, device: torch.device, repeats: int,
+               launches: bool) -> dict[str, Any]:
+    """A real part's "device" row (its kernels' busy time, their count), or a hollow step's
+    "host" row: the time to issue it (clock read after a synchronize, and again when the call
+    returns, before its kernels have run), its launches counted where ``launches`` (once a
+    mode: they do not change with the context)."""
     if part != "hollow":
+        used = busy_ms(fn, device, repeats, prepare)
         return {"part": part, "variant": variant, "scale": "device", "x": x, "ms": used.ms,
                 "samples_ms": used.samples_ms, "kernels": used.kernels}
+    kernels = busy_ms(fn, device, 1, prepare).kernels if launches else None
 
     def issue() -> float:
         start = time.perf_counter()
@@ -410,4 +416,4 @@ def _split_row(part: str, variant: str, x: int, fn: Callable[[], Any],
 
     samples = _sample(issue, device, repeats, prepare)
     return {"part": part, "variant": variant, "scale": "host", "x": x,
-            "ms": statistics.median(samples), "samples_ms": samples, "kernels": used.kernels}
+            "ms": statistics.median(samples), "samples_ms": samples, "kernels": kernels}
