@@ -290,3 +290,23 @@ def test_a_cuda_spans_kernels_are_counted_through_its_nested_operators() -> None
     span.device_time_total = 4.5
     assert span_busy_us(span, cuda=True) == (4.5, 2)
     assert span_busy_us(span, cuda=False) == (8.0, 2)
+
+
+def test_a_profiler_that_fails_costs_the_split_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the profiler cannot time a part (CUPTI missing on a GPU node), the calibration
+    keeps its real and hollow rows, drops the split and says why: the predictor sums."""
+    from engine.models.gpt2.model import GPT, GPTConfig
+    from instruments.measure import calibration
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED")
+
+    monkeypatch.setattr(calibration, "busy_ms", broken)
+    model = GPT.random(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16,
+                                 vocab_size=64), seed=0)
+    missing: list[str] = []
+    rows = calibration.calibrate(model, ["prealloc_fused"], batch=1, max_context=4, repeats=1,
+                                 busy=True, missing=missing)
+    assert {r["scale"] for r in rows} == {"real", "hollow"}
+    assert any("host and kernels apart" in m and "CUPTI" in m for m in missing)
+    assert predict_point(Calibration(rows), "prealloc_fused", 4)["bound"] is None
