@@ -186,6 +186,10 @@ def test_a_real_prediction_run_on_the_tiny_model() -> None:
         assert p["residual_ms"] == pytest.approx(p["measured_ms"] - p["predicted_ms"])
         assert math.isfinite(p["residual_share"])
     assert {v["mode"] for v in t["verdicts"]} == set(params.modes)
+    # The parts that do not grow with the context, timed again beside each of the 3 passes.
+    again = {(r["variant"], r.get("pass")) for r in t["calibration"] if r["part"] == "layers"}
+    assert {p for v, p in again if v == "out_in"} == {None, 1, 2, 3}
+    assert not any(r.get("pass") for r in t["calibration"] if r["part"] == "attention")
     # The calibration is reused by the next run in the same process.
     again = prediction.run(loaded, params)
     assert "calibration reused" in " ".join(again["meta"]["notes"])
@@ -310,3 +314,13 @@ def test_a_profiler_that_fails_costs_the_split_only(monkeypatch: pytest.MonkeyPa
     assert {r["scale"] for r in rows} == {"real", "hollow"}
     assert any("host and kernels apart" in m and "CUPTI" in m for m in missing)
     assert predict_point(Calibration(rows), "prealloc_fused", 4)["bound"] is None
+
+
+def test_a_part_timed_again_counts_by_the_median_of_its_timings() -> None:
+    """The re-timings beside each pass pool with the calibration, as the passes' samples do:
+    one drifted timing moves nothing."""
+    rows = [{"part": "layers", "variant": "out_in", "scale": s, "x": 1, "ms": ms}
+            for s, ms in (("real", 10.0), ("real", 12.0), ("real", 30.0), ("hollow", 1.0))]
+    cal = Calibration(rows)
+    assert cal.at("layers", "out_in", "real", 1) == 12.0
+    assert cal.size_part("layers", "out_in", 1) == 11.0

@@ -109,13 +109,18 @@ def interpolate(points: Iterable[tuple[float, float]], x: float) -> float:
 
 
 class Calibration:
-    """Lookup over calibration rows: ``at(part, variant, scale, x)`` in ms."""
+    """Lookup over calibration rows: ``at(part, variant, scale, x)`` in ms. Rows of the same
+    part and size timed more than once (re-timed beside each measuring pass) count by their
+    median, as the passes' samples do."""
 
     def __init__(self, rows: Iterable[dict[str, Any]]) -> None:
-        self.series: dict[tuple[str, str, str], list[tuple[float, float]]] = {}
+        timed: dict[tuple[str, str, str], dict[float, list[float]]] = {}
         for r in rows:
             key = (str(r["part"]), str(r.get("variant", "")), str(r.get("scale", "real")))
-            self.series.setdefault(key, []).append((float(r["x"]), float(r["ms"])))
+            timed.setdefault(key, {}).setdefault(float(r["x"]), []).append(float(r["ms"]))
+        self.series: dict[tuple[str, str, str], list[tuple[float, float]]] = {
+            key: [(x, statistics.median(ms)) for x, ms in by_x.items()]
+            for key, by_x in timed.items()}
 
     def has(self, part: str, variant: str, scale: str) -> bool:
         return (part, variant, scale) in self.series
