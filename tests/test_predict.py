@@ -300,12 +300,12 @@ def test_a_profiler_that_fails_costs_the_split_only(monkeypatch: pytest.MonkeyPa
     """Where the profiler cannot time a part (CUPTI missing on a GPU node), the calibration
     keeps its real and hollow rows, drops the split and says why: the predictor sums."""
     from engine.models.gpt2.model import GPT, GPTConfig
-    from instruments.measure import calibration
+    from instruments.measure import busy, calibration
 
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED")
 
-    monkeypatch.setattr(calibration, "busy_ms", broken)
+    monkeypatch.setattr(busy, "busy_ms", broken)
     model = GPT.random(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16,
                                  vocab_size=64), seed=0)
     missing: list[str] = []

@@ -10,11 +10,15 @@ launched (the profiler ties each to its launch, however late it ran: ``device_ti
 the span's top-level ATen (and ``kvlab::``) operators, ``kernels`` their count. A step's time
 on a GPU is its kernels' when the host keeps the queue full, and the host's time to issue it
 when it does not: the two ``instruments.costmodel.predict`` compares on cuda.
+
+``split_row(...)`` is the calibration's row of either (``instruments.measure.calibration``): a
+real part's "device" row, or a hollow step's "host" row -- the time to issue it.
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -69,3 +73,29 @@ def busy_ms(fn: Callable[[], Any], device: Any, repeats: int = 2,
     read = [span_busy_us(s, cuda) for s in spans]
     return Busy(statistics.median(us for us, _ in read) / 1e3, [us / 1e3 for us, _ in read],
                 statistics.median(n for _, n in read))
+
+
+Sample = Callable[[Callable[[], Any], Any, int, Callable[[], Any] | None], list[float]]
+
+
+def split_row(part: str, variant: str, x: int, fn: Callable[[], Any],
+              prepare: Callable[[], Any] | None, device: Any, repeats: int, launches: bool,
+              sample: Sample) -> dict[str, Any]:
+    """A real part's "device" row (its kernels' busy time, their count), or a hollow step's
+    "host" row: the time to issue it (a synchronize, then the call, not its kernels: timed by
+    the calibration's own ``sample``), its launches counted where ``launches`` (once a mode:
+    the context does not change them)."""
+    if part != "hollow":
+        used = busy_ms(fn, device, repeats, prepare)
+        return {"part": part, "variant": variant, "scale": "device", "x": x, "ms": used.ms,
+                "samples_ms": used.samples_ms, "kernels": used.kernels}
+    kernels = busy_ms(fn, device, 1, prepare).kernels if launches else None
+
+    def issue() -> float:
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e3
+
+    samples = sample(issue, device, repeats, prepare)
+    return {"part": part, "variant": variant, "scale": "host", "x": x,
+            "ms": statistics.median(samples), "samples_ms": samples, "kernels": kernels}

@@ -69,7 +69,7 @@ from engine.models.state import ModelState
 from engine.quant.weight_only import STORAGES, weight_only
 from instruments import lineup
 from instruments.costmodel import predict
-from instruments.measure.busy import busy_ms
+from instruments.measure import busy as busy_time
 from instruments.measure.sampler import Sampler
 from instruments.measure.small_ops import SMALL_OPS
 
@@ -386,8 +386,8 @@ def calibrate(model: GPT | Llama, model_modes: list[str], batch: int, max_contex
                          "ms": statistics.median(samples), "samples_ms": samples})
             if busy and (scale == "real" or part == "hollow"):
                 try:
-                    rows.append(_split_row(part, variant, x, fn, prepare, model.device,
-                                           repeats, launches=variant not in counted))
+                    rows.append(busy_time.split_row(part, variant, x, fn, prepare, model.device,
+                                                    repeats, variant not in counted, _sample))
                 except Exception as exc:  # noqa: BLE001 -- a profiler that fails costs the split only
                     busy, rows = False, [r for r in rows if r["scale"] in ("real", "hollow")]
                     if missing is not None:
@@ -397,24 +397,3 @@ def calibrate(model: GPT | Llama, model_modes: list[str], batch: int, max_contex
             del fn
     return rows
 
-
-def _split_row(part: str, variant: str, x: int, fn: Callable[[], Any],
-               prepare: Callable[[], Any] | None, device: torch.device, repeats: int,
-               launches: bool) -> dict[str, Any]:
-    """A real part's "device" row (its kernels' busy time, their count), or a hollow step's
-    "host" row: the time to issue it (a synchronize, then the call, not its kernels), its
-    launches counted where ``launches`` (once a mode: the context does not change them)."""
-    if part != "hollow":
-        used = busy_ms(fn, device, repeats, prepare)
-        return {"part": part, "variant": variant, "scale": "device", "x": x, "ms": used.ms,
-                "samples_ms": used.samples_ms, "kernels": used.kernels}
-    kernels = busy_ms(fn, device, 1, prepare).kernels if launches else None
-
-    def issue() -> float:
-        start = time.perf_counter()
-        fn()
-        return (time.perf_counter() - start) * 1e3
-
-    samples = _sample(issue, device, repeats, prepare)
-    return {"part": part, "variant": variant, "scale": "host", "x": x,
-            "ms": statistics.median(samples), "samples_ms": samples, "kernels": kernels}
