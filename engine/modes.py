@@ -186,11 +186,13 @@ for _spec in (
              dict(variant="fast_compiled"), attention="read_only", appends=False,
              predicted=NOT_COMPILED, needs="compiler", slow_setup=True, families=_GPT2_STEP,
              why_not=_GPT2_STEP_WHY),
-    ModeSpec("paged", 10, "10 · paged KV cache (blocks of 16 tokens, gathered per step)",
+    ModeSpec("paged", 10, "10 · paged KV cache (blocks of 16 tokens, a table per sequence)",
              "#393b79", "Keys/values in 16-token blocks of a shared pool, handed out as "
-             "positions need them (a block table per sequence, as vLLM does); every step gathers "
-             "the blocks back in order for fused attention -- the copy a paged-attention kernel "
-             "avoids. Exact.", _EAGER, dict(mask="none"), cache="paged",
+             "positions need them (a block table per sequence, as vLLM does). On a CPU every "
+             "step gathers the blocks back in order for fused attention -- the copy a "
+             "paged-attention kernel avoids, and what the step shows; on a GPU with Triton our "
+             "decode attention reads them in place through the table (vLLM's way; a prefill "
+             "still gathers). Exact.", _EAGER, dict(mask="none"), cache="paged",
              roles=frozenset({"planner_step"})),
     ModeSpec("int8_kv", 11, "11 · int8 KV cache (a scale per token and head)", "#637939",
              "Keys/values stored as int8 with one absmax scale per token and head (a quarter of "

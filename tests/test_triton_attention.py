@@ -1,7 +1,8 @@
 """The Triton decode attention (engine/kernels/gpu/decode_attention.py) against torch on a CPU,
 under TRITON_INTERPRET=1: multi-head and grouped-query heads, a context of 1, the last slot,
-lengths that differ across the batch, tiles and splits cut at ragged edges, fp32 and bf16; and
-each check fails on a planted bug (a mask edge off by one, a wrong GQA group, a split's start)."""
+lengths that differ across the batch, tiles and splits cut at ragged edges, fp32 and bf16; the
+same over a paged pool read through a shuffled block table; and each check fails on a planted
+bug (a mask edge off by one, a wrong GQA group, a split's start, a wrong block or sequence)."""
 
 from __future__ import annotations
 
@@ -70,6 +71,67 @@ def test_decode_attention_in_bf16_is_within_bf16_rounding() -> None:
     assert worst_error(da, 2, [37, 80], 80, torch.bfloat16) < 2e-2
 
 
+def paged(k: torch.Tensor, v: torch.Tensor, bt: int, seed: int = 1
+          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The cache (B, n_kv, T_max, hs) cut into blocks of ``bt`` rows, stored in a pool in a
+    shuffled order among spare blocks of garbage: (k_pool, v_pool, table)."""
+    B, n_kv, t_max, hs = k.shape
+    per_seq = -(-t_max // bt)
+    n_blocks = B * per_seq + 3  # three blocks nobody holds
+    order = torch.randperm(n_blocks, generator=torch.Generator().manual_seed(seed))
+    table = order[: B * per_seq].view(B, per_seq)
+    pools = []
+    for src, junk in ((k, 50.0), (v, 1e4)):
+        pool = torch.full((n_blocks, n_kv, bt, hs), junk, dtype=src.dtype)
+        padded = torch.full((B, n_kv, per_seq * bt, hs), junk, dtype=src.dtype)
+        padded[:, :, :t_max] = src.cpu()
+        pool[table.flatten()] = padded.view(B, n_kv, per_seq, bt, hs).transpose(1, 2).reshape(
+            B * per_seq, n_kv, bt, hs)
+        pools.append(pool.to(DEVICE))
+    return pools[0], pools[1], table.to(DEVICE)
+
+
+def worst_paged_error(mod: ModuleType, n_kv: int, lengths: list[int], t_max: int,
+                      bt: int = 16) -> float:
+    q, k, v, lens = case(n_kv, lengths, t_max)
+    k_pool, v_pool, table = paged(k, v, bt)
+    got = mod.decode_attention(q, k_pool, v_pool, lens, table=table)
+    assert got.shape == q.shape
+    return float((got.double().cpu() - reference(q, k, v, lens)).abs().max())
+
+
+PAGED_CASES = [  # (K/V heads, lengths, cache rows, block rows): block edges, 2 blocks a tile
+    (4, [16], 80, 16), (4, [17, 1], 80, 16), (2, [80, 33], 80, 16), (1, [65], 80, 16),
+    (2, [5, 7], 7, 4), (4, [300, 129], 300, 16),
+]
+
+
+@pytest.mark.parametrize(("n_kv", "lengths", "t_max", "bt"), PAGED_CASES)
+def test_paged_decode_attention_reads_the_blocks_in_table_order(
+        n_kv: int, lengths: list[int], t_max: int, bt: int) -> None:
+    assert worst_paged_error(da, n_kv, lengths, t_max, bt) < 1e-5
+
+
+def test_a_paged_call_with_a_bad_table_says_what_is_allowed() -> None:
+    q, k, v, lens = case(2, [4, 4], 16)
+    k_pool, v_pool, table = paged(k, v, 4)
+    with pytest.raises(ValueError, match="table \\(B, blocks\\) of block ids"):
+        da.decode_attention(q, k_pool, v_pool, lens, table=table[:1])
+
+
+@pytest.mark.parametrize(("old", "new", "bug"), [
+    ("b * st_b + t // PAGE, mask", "b * st_b + t // PAGE // 2, mask", "wrong block of the table"),
+    ("tab_ptr + b * st_b", "tab_ptr + 0 * st_b", "every sequence reads the first one's table"),
+    ("k_rows = blk * sk_b + (t % PAGE) * sk_t", "k_rows = blk * sk_b + (t % PAGE // 2) * sk_t",
+     "wrong row inside a block"),
+])
+def test_each_paged_check_fails_on_a_planted_bug(old: str, new: str, bug: str,
+                                                 tmp_path: Path) -> None:
+    mod = planted(da, old, new, tmp_path)
+    worst = max(worst_paged_error(mod, *c) for c in PAGED_CASES)
+    assert not worst < 1e-3, f"the checks missed a planted bug: {bug}"
+
+
 def test_the_grid_depends_on_the_capacity_only() -> None:
     """A CUDA graph replays one grid at every position: splits come from T_max, not lengths."""
     assert da.splits_for(1024, 12) == da.splits_for(1024, 12)
@@ -112,3 +174,76 @@ def test_mode_6_with_the_kernel_gives_mode_1s_tokens() -> None:
     dec = CudaGraphDecoder(model, capture=DEVICE == "cuda", triton=True)
     assert dec.attended_keys(9) == 9  # it reads the filled rows, not the capacity
     assert torch.equal(decode(dec, prompt, 12).tokens, want)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_the_paged_cache_read_in_place_gives_mode_1s_tokens(
+        family: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mode 10's cache read in place (its GPU path): every step's attention through the block
+    table -- never ``update``'s gather -- gives mode 1's tokens and logits, GPT-2's heads and
+    the Llama family's grouped ones, a batch of 2, across block edges (prompt 5, 20 steps)."""
+    from engine import decode, make_decoder
+    from engine.cache.paged import PagedKVCache
+    from engine.decoders.eager import Decoder
+    from engine.models.llama.model import Llama, LlamaConfig
+
+    from .conftest import random_prompt, small_model
+
+    if family == "gpt2":
+        model = small_model(n_layer=2, block_size=64)
+    else:
+        model = Llama.random(LlamaConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=32,
+                                         n_hidden=64, block_size=64, vocab_size=256), seed=0,
+                             std=0.2)
+    model = model.to(DEVICE)
+    prompt = random_prompt(5, batch=2, vocab=model.config.vocab_size).to(DEVICE)
+    want = decode(make_decoder(model, "uncached"), prompt, 20, keep_logits=True)
+    gathers = []
+    real_update = PagedKVCache.update
+
+    def update(self: PagedKVCache, layer: int, k: torch.Tensor, v: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        gathers.append(k.size(2))
+        return real_update(self, layer, k, v)
+
+    monkeypatch.setattr(PagedKVCache, "update", update)
+    dec = Decoder(model, batch_size=2, capacity=64, cache_kind="paged", reads="in_place")
+    got = decode(dec, prompt, 20, keep_logits=True)
+    assert set(gathers) == {5}  # the prefill gathered; no step did
+    assert dec.cache.reads == "in_place" and dec.cache.allocated == 2  # 24 rows: 2 blocks
+    assert torch.equal(got.tokens, want.tokens)
+    worst = max(float((a.cpu() - b.cpu()).abs().max())
+                for a, b in zip(got.logits, want.logits, strict=True))
+    assert worst < 1e-4
+
+
+def test_a_paged_cache_reads_in_place_only_where_triton_compiles() -> None:
+    from engine.cache import make_cache
+    from engine.cache.paged import default_reads
+
+    from .conftest import small_model
+
+    assert default_reads("cpu") == "gather"  # the interpreter is for tests, not for timing
+    assert default_reads("cuda") == "in_place"  # triton is installed here
+    model = small_model(n_layer=1, block_size=32)
+    assert make_cache("paged", model, 1, 32).reads == "gather"
+    with pytest.raises(ValueError, match="allowed: gather, in_place"):
+        make_cache("paged", model, 1, 32, reads="scatter")
+    with pytest.raises(ValueError, match="only a paged cache"):
+        make_cache("prealloc", model, 1, 32, reads="in_place")
+
+
+def test_the_device_checks_paged_comparison_times_both_ways_after_comparing_logits() -> None:
+    """The ``paged-reads`` stage's measurement (a GPU stage) run here under the interpreter:
+    one row per point, both ways' samples interleaved, the logits compared first."""
+    from scripts.device_check.gpu_stages import time_paged_reads
+
+    from .conftest import small_model
+
+    model = small_model(n_layer=2, block_size=64).to(DEVICE)
+    rows = time_paged_reads(model, ((2, 20), (1, 100)), rounds=2)
+    assert [(r["batch_size"], r["context_len"]) for r in rows] == [(2, 20), (1, 63)]
+    for r in rows:
+        assert r["logits_rel_diff"] < 1e-5
+        assert len(r["gather_samples_ms"]) == len(r["in_place_samples_ms"]) == 2
+        assert r["speedup"] == r["gather_ms"] / r["in_place_ms"] > 0

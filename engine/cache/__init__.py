@@ -10,13 +10,16 @@ across requests.
               ``BlockPool`` (``blocks``), serving ``Request`` objects (``request``), checked by
               ``invariants``
 
-``make_cache(kind, model, batch_size, capacity)`` builds any kind of ``CACHE_KINDS`` sized for a
+``make_cache(kind, model, batch_size, capacity, reads=None)`` builds any kind of ``CACHE_KINDS`` sized for a
 model's shapes, on its device and in its dtype. Every cache exposes what attention uses:
   ``cache.length``              tokens already cached (positions 0..length-1)
   ``cache.update(layer, k, v)`` store the new keys/values (B, n_kv, T_new, hs) after the old
                                  ones and return all keys/values so far, old first
   ``cache.advance(T_new)``      called once per forward, after every layer has updated
   ``cache.crop(length)``        forget everything from ``length`` on (for re-using a prefill)
+A cache that reads itself in place (``cache.in_place``: the paged cache on a GPU) also has
+  ``cache.attend(layer, q, k, v)`` a one-token step's write and attention in one call
+(``engine.models.attention.through_cache`` picks which).
 Time runs along dim 2, oldest first: the mask slice and the positions depend on it. A cache
 holds ``cfg.n_kv_head`` heads: GPT-2's every head, a GQA model's fewer (SmolLM2: 3 for its 9
 query heads), never copies repeated per query head -- attention reads each K/V head for its
@@ -77,10 +80,13 @@ class Shaped(Protocol):
 
 
 def make_cache(kind: str, model: Shaped, batch_size: int = 1,
-               capacity: int | None = None) -> KVCache:
+               capacity: int | None = None, *, reads: str | None = None) -> KVCache:
     """An empty cache of ``kind`` for ``batch_size`` sequences of ``model``; ``capacity`` tokens
     (default: the model's limit) for the kinds sized once (all but "concat"). Each layer holds
-    ``cfg.n_kv_head`` heads (fewer than the query heads under GQA)."""
+    ``cfg.n_kv_head`` heads (fewer than the query heads under GQA). ``reads``: how a "paged"
+    cache is read ("gather" | "in_place", ``engine.cache.paged``; None: its device's default)."""
+    if reads is not None and kind != "paged":
+        raise ValueError(f"only a paged cache is read in more than one way; {kind!r} is not")
     cfg = model.config
     cap = cfg.block_size if capacity is None else capacity
     shape = (cfg.n_layer, batch_size, cfg.n_kv_head, cap, cfg.head_dim)
@@ -91,7 +97,7 @@ def make_cache(kind: str, model: Shaped, batch_size: int = 1,
     if kind == "paged":
         from .paged import PagedKVCache  # noqa: PLC0415 (rarely used)
 
-        return PagedKVCache(*shape, device=model.device, dtype=model.dtype)
+        return PagedKVCache(*shape, device=model.device, dtype=model.dtype, reads=reads)
     if kind in QUANTIZED_KINDS:
         from .quantized import QuantizedKVCache  # noqa: PLC0415 (rarely used)
 

@@ -3,11 +3,17 @@ positions need them (as vLLM does); the same small API as ``engine.cache.contigu
 
 ``PagedKVCache``: keys/values live in fixed-size blocks of ``block_tokens`` tokens in one pool;
 each sequence has a block table, and a block is taken from the free list only when a position
-first needs it (as vLLM hands out blocks). Attention needs the keys in order, so ``update``
-gathers the sequence's blocks into contiguous (B, n_kv, S, hs) tensors every call -- the copy a
-paged-attention kernel avoids, and what this mode's step time shows. Exact: the same values as
-a contiguous cache. It holds ``n_kv_head`` heads per layer (``engine.cache.make_cache`` passes
-the model's ``cfg.n_kv_head``: GPT-2's every head, a GQA model's fewer).
+first needs it (as vLLM hands out blocks). Exact: the same values as a contiguous cache. It
+holds ``n_kv_head`` heads per layer (``engine.cache.make_cache`` passes the model's
+``cfg.n_kv_head``: GPT-2's every head, a GQA model's fewer). How a step reads it (``reads``):
+
+  "gather"    ``update`` gathers the sequence's blocks into contiguous (B, n_kv, S, hs) tensors
+              every call for torch's attention -- the copy a paged-attention kernel avoids, and
+              what this cache's step time shows on a CPU
+  "in_place"  a one-token step writes its row and attends over the blocks where they lie:
+              ``attend`` runs our Triton decode attention through the block table
+              (``engine.kernels.gpu.decode_attention``); several tokens at once (a prefill, an
+              append) still gather. The default on a CUDA GPU with Triton (``default_reads``)
 """
 
 from __future__ import annotations
@@ -16,13 +22,30 @@ import math
 
 import torch
 
+READS = ("gather", "in_place")
+
+
+def default_reads(device: torch.device | str) -> str:
+    """How a paged cache on ``device`` is read unless told: in place where our Triton kernels
+    compile (a CUDA GPU with ``triton``), else gathered."""
+    from ..kernels.gpu import triton_usable  # noqa: PLC0415 (torch-only; imports no triton)
+
+    return "in_place" if triton_usable(device) else "gather"
+
 
 class PagedKVCache:
     kind = "paged"
 
     def __init__(self, n_layer: int, batch_size: int, n_kv_head: int, capacity: int,
                  head_dim: int, *, block_tokens: int = 16, pool_blocks: int | None = None,
-                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> None:
+                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                 reads: str | None = None) -> None:
+        reads = default_reads(device) if reads is None else reads
+        if reads not in READS:
+            raise ValueError(f"unknown way to read a paged cache {reads!r}; allowed: "
+                             f"{', '.join(READS)}")
+        self.reads, self.in_place = reads, reads == "in_place"
+        self._lengths: torch.Tensor | None = None  # (B,) int32: the in-place step's lengths
         self.block_tokens = block_tokens
         self.blocks_per_seq = math.ceil(capacity / block_tokens)
         # By default the pool can hold every sequence at full capacity; a smaller pool (what a
@@ -56,8 +79,8 @@ class PagedKVCache:
             self.table[seq, j] = self.free.pop()
         self.held[seq] = max(self.held[seq], need)
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> int:
+        """The new rows into their blocks (reserved at layer 0); the length after them."""
         B, n_kv, T, hs = k.shape
         start, end = self.length, self.length + T
         if layer == 0:
@@ -68,6 +91,26 @@ class PagedKVCache:
         off = (pos % self.block_tokens).expand(B, T)  # (B, T) its slot in the block
         self.k_pool[layer][blk, :, off] = k.transpose(1, 2)  # (B, T, n_kv, hs)
         self.v_pool[layer][blk, :, off] = v.transpose(1, 2)
+        return end
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+               ) -> torch.Tensor:
+        """A one-token step read in place: write k, v (B, n_kv, 1, hs), then y (B, nh, 1, hs),
+        q (B, nh, 1, hs) over every row so far, through the block table (``reads`` "in_place")."""
+        from ..kernels.gpu.decode_attention import decode_attention  # noqa: PLC0415 (triton)
+
+        B = k.size(0)
+        end = self._write(layer, k, v)
+        if layer == 0 or self._lengths is None:  # one small copy a step, not one a layer
+            self._lengths = torch.full((B,), end, dtype=torch.int32, device=q.device)
+        y = decode_attention(q[:, :, 0].contiguous(), self.k_pool[layer], self.v_pool[layer],
+                             self._lengths, table=self.table)  # (B, nh, hs)
+        return y.unsqueeze(2)
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        B, n_kv, T, hs = k.shape
+        end = self._write(layer, k, v)
         n = math.ceil(end / self.block_tokens)
         ids = self.table[:, :n]  # (B, n) -> gather the blocks in order: (B, n, n_kv, bt, hs)
         keys = self.k_pool[layer][ids].permute(0, 2, 1, 3, 4).reshape(B, n_kv, -1, hs)

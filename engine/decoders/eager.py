@@ -45,12 +45,14 @@ class Decoder:
         cache_kind: str | None = "prealloc",
         mask: str | None = "none",
         logits: str = "last",
+        reads: str | None = None,
     ) -> None:
         self.state = ModelState.of(model)
         self.model = self.state.model
         self.batch_size = batch_size
         self.capacity = capacity or self.model.config.block_size
         self.cache_kind = cache_kind
+        self.reads = reads  # how a paged cache is read (engine.cache.paged); None: by device
         self.mask = mask  # None: the model's own variant (its config's)
         self.attention = self.state.attention(mask)  # engine.models.attention, buffers shared
         self.logits = logits
@@ -123,7 +125,8 @@ class Decoder:
             out, _ = self.model(idx, use_cache=False, logits=self.logits,
                                 attention=self.attention)
         else:
-            self.cache = make_cache(self.cache_kind, self.model, idx.size(0), self.capacity)
+            self.cache = make_cache(self.cache_kind, self.model, idx.size(0), self.capacity,
+                                    reads=self.reads)
             out, _ = self.model(idx, self.cache, logits="last", attention=self.attention)
         return out[:, -1, :]
 

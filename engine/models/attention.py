@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -172,6 +173,21 @@ class ExplicitMask:
 
 
 Attention = FusedAttention | SharedBoolMask | ExplicitMask
+
+
+def through_cache(attend: Attention, cache: Any, q: torch.Tensor, k: torch.Tensor,
+                  v: torch.Tensor, layer: int, offset: int) -> torch.Tensor:
+    """y (B, nh, T, hs) for a forward's new q, k, v (B, nh | n_kv, T, hs), as every family's
+    attention module meets its KV cache: the cache takes the new rows (``update``) and the
+    variant attends over what it returns -- unless the cache reads itself in place
+    (``cache.in_place``: the paged cache on a GPU), which then takes a one-token step's
+    attention whole (``cache.attend``). No cache: the variant over the new tokens alone."""
+    if cache is None:
+        return attend(q, k, v, layer, offset)
+    if q.size(2) == 1 and getattr(cache, "in_place", False):
+        return cache.attend(layer, q, k, v)  # one query sees every row: no mask to apply
+    k, v = cache.update(layer, k, v)  # (B, n_kv, S, hs), S = cached + T, oldest first
+    return attend(q, k, v, layer, offset)
 
 
 def make_attention(kind: str, cfg: ModelConfig, device: torch.device | str) -> Attention:

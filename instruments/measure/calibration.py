@@ -61,7 +61,7 @@ import torch.nn.functional as F
 from engine.cache import make_cache
 from engine.decoders.fast import fast_weights
 from engine.loop import random_prompt
-from engine.models.attention import Attention, attend_filled
+from engine.models.attention import Attention, attend_filled, through_cache
 from engine.models.config import ModelConfig
 from engine.models.gpt2.model import GPT
 from engine.models.llama.model import Llama
@@ -265,9 +265,8 @@ class _Parts:
             q = self.randn(B, nh, 1, hs)
             k1, v1 = self.randn(B, nkv, 1, hs), self.randn(B, nkv, 1, hs)
 
-            def layer_part(layer: int) -> None:
-                k, v = cache.update(layer, k1, v1)
-                core(q, k, v, layer, context - 1)
+            def layer_part(layer: int) -> None:  # as the model's forward meets the cache
+                through_cache(core, cache, q, k1, v1, layer, context - 1)
 
         def step() -> float | None:
             total_s = 0.0

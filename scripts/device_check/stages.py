@@ -41,7 +41,15 @@ from instruments.measure.device import describe_device
 from instruments.spine import Collector, Loaded, ModelSpec, base_meta, load, partial_record
 from instruments.store import results
 
-from .gpu_stages import batch_curve, no_sdpa, no_triton, prefix, sdpa_backends, triton_tiles
+from .gpu_stages import (
+    batch_curve,
+    no_sdpa,
+    no_triton,
+    paged_reads,
+    prefix,
+    sdpa_backends,
+    triton_tiles,
+)
 from .runner import Stage, StageSkipped
 
 GPT2_CONTEXTS = 16  # the whole log-spaced preset
@@ -382,6 +390,7 @@ _MEASURING = {  # the order is the registry's: the compile, likeliest to overrun
     "batch-curve": (batch_curve, None, "step and tokens/s against the batch, with the floors"),
     "sdpa-backends": (sdpa_backends, no_sdpa, "bf16 decode steps with cuDNN's SDPA allowed"),
     "triton-tiles": (triton_tiles, no_triton, "gpt2's products alone under a few tile sizes"),
+    "paged-reads": (paged_reads, no_triton, "mode 10 gathered against read in place"),
     "prefix": (prefix, None, "SmolLM2's TTFT against the cached prefix; the chat with reuse"),
 }
 MEASURING = [Stage(name, _MEASURING[name][0], share=share, skip=_MEASURING[name][1],

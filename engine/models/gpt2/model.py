@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ...cache.contiguous import KVCache
-from ..attention import Attention
+from ..attention import Attention, through_cache
 from ..base import CausalLM, PreNormBlock, embedding
 from ..config import GPTConfig
 
@@ -38,9 +38,7 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
-        if cache is not None:
-            k, v = cache.update(layer, k, v)  # (B, nh, S, hs), S = cached + T, oldest first
-        y = attend(q, k, v, layer, offset)  # (B, nh, T, hs)
+        y = through_cache(attend, cache, q, k, v, layer, offset)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble heads side by side
         return self.c_proj(y)
 

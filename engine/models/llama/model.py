@@ -36,7 +36,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ...cache.contiguous import KVCache
-from ..attention import Attention
+from ..attention import Attention, through_cache
 from ..base import CausalLM, PreNormBlock, embedding
 from ..config import LlamaConfig
 
@@ -90,9 +90,8 @@ class LlamaAttention(nn.Module):
         k = self.k_proj(x).view(B, T, self.n_kv_head, hs).transpose(1, 2)  # (B, n_kv, T, hs)
         v = self.v_proj(x).view(B, T, self.n_kv_head, hs).transpose(1, 2)  # (B, n_kv, T, hs)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # at their absolute positions
-        if cache is not None:
-            k, v = cache.update(layer, k, v)  # (B, n_kv, S, hs), S = cached + T, oldest first
-        y = attend(q, k, v, layer, offset)  # (B, nh, T, hs): head h read K/V head h // groups
+        # (B, nh, T, hs): head h reads K/V head h // groups
+        y = through_cache(attend, cache, q, k, v, layer, offset)
         y = y.transpose(1, 2).contiguous().view(B, T, self.n_head * hs)
         return self.o_proj(y)
 
