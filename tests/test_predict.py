@@ -209,6 +209,17 @@ def test_passes_pool_their_samples_into_one_median() -> None:
     assert merged["tflops"] == pytest.approx(2e9 / 0.04125 / 1e12)
 
 
+def test_the_passes_notes_say_each_kind_once_with_its_counts_summed() -> None:
+    """Three passes that each retook samples: one line saying 6, not three saying 1, 2, 3."""
+    from instruments.experiments.latency_retakes import merged
+
+    retaken = "sample(s) set aside and taken again: another process used the CPU"
+    kept = "sample(s) were flagged as disturbed but agreed with their point's other samples"
+    notes = [f"1 {retaken}", "stopped early", f"2 {retaken}", f"4 {kept}", f"3 {retaken}",
+             "stopped early"]
+    assert merged(notes) == [f"6 {retaken}", "stopped early", f"4 {kept}"]
+
+
 def test_a_part_too_small_to_matter_is_never_blamed() -> None:
     """A residual that grows with the context while attention is a few µs: no part is blamed
     (a slope on that part would read 1000x); the sum is missing something context-dependent."""

@@ -2,11 +2,14 @@
 
 ``note_disturbed(tracker, budget) -> counts`` sums the latency rows' retake fields (set aside
 and taken again, flagged but kept in line, kept out of line, confirmed by a prediction) and the
-retake budget's spending into ``meta.retakes``, and adds a note per kind that occurred.
+retake budget's spending into ``meta.retakes``, and adds a note per kind that occurred;
+``merged(notes)`` is several sweeps' notes as one run's (each kind once, its counts summed).
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from instruments.spine import Tracker
@@ -37,3 +40,21 @@ def note_disturbed(tr: Tracker, budget: RetakeBudget | None) -> dict[str, Any]:
         tr.note(f"{out['disturbed_kept']} sample(s) were disturbed and kept out of line: the "
                 "retakes or their budget ran out; the medians they enter may be high")
     return out
+
+
+_COUNTED = re.compile(r"(\d+) (sample\(s\) .*)", re.S)
+
+
+def merged(notes: Iterable[str]) -> list[str]:
+    """Several sweeps' notes as one run's, in first-seen order: a note once, and a counted one
+    ("3 sample(s) set aside ...") once with its counts summed (the predicted step's passes each
+    say theirs; three lines that differ only in a number read as three events)."""
+    counts: dict[str, int | None] = {}
+    for note in notes:
+        m = _COUNTED.fullmatch(note)
+        text, n = (m[2], int(m[1])) if m else (note, None)
+        if n is not None and counts.get(text) is not None:
+            counts[text] = int(counts[text] or 0) + n
+        else:
+            counts.setdefault(text, n)
+    return [text if n is None else f"{n} {text}" for text, n in counts.items()]

@@ -40,6 +40,7 @@ from instruments.experiments.inputs import (
     preset_contexts,
     whole,
 )
+from instruments.experiments.latency_retakes import merged
 from instruments.spine import Event, Loaded, ProgressFn, StopFn, Tracker, no_grad, record
 
 if TYPE_CHECKING:
@@ -177,7 +178,7 @@ def run(loaded: Loaded, params: PredictionParams, progress: ProgressFn | None = 
     tr.unit, tr.total, tr.done = "points", len(points), len(points)
     for v in verdicts:
         tr.emit(v["sentence"])
-    notes += list(dict.fromkeys(n for s in sweeps for n in s["meta"].get("notes") or []))
+    notes += merged(n for s in sweeps for n in s["meta"].get("notes") or [])
     tables = {"calibration": have + retimed, "latency": measured,
               "checks": sweep["tables"]["checks"], "prediction": points, "verdicts": verdicts}
     return record(loaded, "step_prediction", params, tables,
