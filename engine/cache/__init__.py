@@ -10,8 +10,8 @@ across requests.
               ``BlockPool`` (``blocks``), serving ``Request`` objects (``request``), checked by
               ``invariants``
 
-``make_cache(kind, model, batch_size, capacity, reads=None)`` builds any kind of ``CACHE_KINDS`` sized for a
-model's shapes, on its device and in its dtype. Every cache exposes what attention uses:
+``make_cache(kind, model, batch_size, capacity, reads=None)`` builds any kind of ``CACHE_KINDS``
+sized for a model's shapes, on its device and in its dtype. Every cache exposes what attention uses:
   ``cache.length``              tokens already cached (positions 0..length-1)
   ``cache.update(layer, k, v)`` store the new keys/values (B, n_kv, T_new, hs) after the old
                                  ones and return all keys/values so far, old first

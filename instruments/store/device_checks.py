@@ -15,6 +15,12 @@ of the device checks committed under docs/runs/. Torch-free.
                             each check's) at the longest context each sweep reached, and the
                             newest over its read floor (the check's floor summary: weights + K/V
                             bytes / measured bandwidth)
+  kernels_block(runs, root) generated block "gpu-kernels": the newest GPU run of each stage that
+                            times the GPU path itself -- the Triton products under each tile
+                            (``triton_tiles``), mode 10 gathered against read in place
+                            (``paged_reads``), SDPA's backends (``sdpa_backends``), the batch
+                            curve (``batch_curve``) -- each a table with its verdict; a stage
+                            no check has run is named as waiting
 """
 
 from __future__ import annotations
@@ -167,3 +173,92 @@ def brief_block(runs: list[Run], root: Path) -> str:
                      + (f"; failed: {', '.join(failed)}" if failed else "")
                      + f" (`{Path(r['path']).parent.relative_to(root)}/`)")
     return "\n".join(lines) or "No device check committed yet."
+
+
+KERNEL_KINDS = {"triton_tiles": "triton-tiles", "paged_reads": "paged-reads",
+                "sdpa_backends": "sdpa-backends", "batch_curve": "batch-curve"}
+
+
+def _tiles(run: Run) -> list[str]:
+    """Each product's picked tile against the fastest tile timed beside it."""
+    by: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
+    for r in run["tables"].get("products", []):
+        by.setdefault((r["dtype"], r["N"], r["K"]), []).append(r)
+    rows, best_picked = [], 0
+    for (dtype, n, k), got in by.items():
+        best = min(got, key=lambda r: r["us"])
+        picked = next((r for r in got if r["picked"]), None)
+        best_picked += picked is best
+        rows.append([dtype, f"{n}×{k}", "—" if picked is None else
+                     f"{picked['tiles']}: {picked['us']:.1f} µs, {picked['read_gbps']:,.0f} GB/s",
+                     f"{best['tiles']}: {best['us']:.1f} µs, {best['read_gbps']:,.0f} GB/s"])
+    return [f"Our Triton products alone at batch 1 (`triton-tiles`): the pick was the fastest "
+            f"tile for {best_picked} of {len(rows)}.", "",
+            *md_table(["dtype", "N×K", "picked tile", "fastest tile"], rows)]
+
+
+def _paged(run: Run) -> list[str]:
+    points = run["tables"].get("points", [])
+    wins = sum(p["speedup"] > 1 for p in points)
+    worst = max((p["logits_rel_diff"] for p in points), default=0.0)
+    rows = [[p["batch_size"], p["context_len"], f"{p['gather_ms']:.3f}",
+             f"{p['in_place_ms']:.3f}", f"{p['speedup']:.2f}×"] for p in points]
+    return [f"Mode 10 both ways (`paged-reads`): in place faster at {wins} of {len(points)} "
+            f"points; logits differ by at most {worst:.1e} of the largest.", "",
+            *md_table(["batch", "context", "gathered (ms)", "in place (ms)", "speed-up"], rows)]
+
+
+def _sdpa(run: Run) -> list[str]:
+    rows = [[r["backends"], f"`{r['mode']}`", f"{r['median_ms']:.3f}", f"{r['max_ms']:.3f}",
+             r["steps"]] for r in run["tables"].get("steps", [])]
+    return [f"bf16 decode over new lengths (`sdpa-backends`), {run['meta'].get('model')}:", "",
+            *md_table(["backends", "mode", "median (ms)", "max (ms)", "steps"], rows)]
+
+
+def _batch(run: Run) -> list[str]:
+    curve = run["tables"].get("curve", [])
+    rows = []
+    for mode in dict.fromkeys(r["mode"] for r in curve):
+        for t in sorted({r["context_len"] for r in curve if r["mode"] == mode}):
+            pts = sorted((r for r in curve if r["mode"] == mode and r["context_len"] == t),
+                         key=lambda r: r["batch_size"])
+            lo, hi = pts[0], pts[-1]
+            cross = next((c["batch_crossover"] for c in run["tables"].get("crossover", [])
+                          if c["mode"] == mode and c["context_len"] == t), None)
+            rows.append([f"`{mode}`", t, *(f"{r['batch_size']}: {r['latency_ms']:.3f}, "
+                                           f"{r['tokens_per_s']:,.0f}, {r['over_floor']:.1f}×"
+                                           for r in (lo, hi)),
+                         "—" if cross is None else f"{cross:.1f}"])
+    return [f"Step against the batch (`batch-curve`), {run['meta'].get('model')} "
+            f"{run['meta'].get('dtype')}; each batch's ms a step, tokens/s, and the step over "
+            "its floor:", "",
+            *md_table(["mode", "context", "smallest batch", "largest batch",
+                       "cache overtakes weights at batch"], rows)]
+
+
+def kernels_block(runs: list[Run], root: Path) -> str:
+    """The newest GPU run of each of ``KERNEL_KINDS`` (see the module docstring)."""
+    newest: dict[str, Run] = {}
+    for r in sorted(runs, key=lambda r: str(r["created_utc"])):
+        if r["kind"] in KERNEL_KINDS and str(r["meta"].get("device")).startswith("cuda"):
+            newest[r["kind"]] = r
+    makers = {"triton_tiles": _tiles, "paged_reads": _paged, "sdpa_backends": _sdpa,
+              "batch_curve": _batch}
+    out = []
+    for kind, maker in makers.items():
+        run = newest.get(kind)
+        if run is None:
+            continue
+        where = (f"{str(run['created_utc'])[:10]}, {run['meta'].get('device_name')}: "
+                 f"`{Path(run['path']).relative_to(root)}`")
+        lines = maker(run)
+        if lines[-1].startswith("|---"):  # a table with no row: nothing was timed
+            out += [f"`{KERNEL_KINDS[kind]}` ran out of time before its first point "
+                    f"({where}).", ""]
+            continue
+        stopped = " Stopped early: what it measured is kept." if run["meta"].get("partial") else ""
+        out += [*lines, "", f"({where}.{stopped})", ""]
+    waiting = [f"`{stage}`" for kind, stage in KERNEL_KINDS.items() if kind not in newest]
+    if waiting:
+        out.append(f"Not run on a GPU yet: {', '.join(waiting)}.")
+    return "\n".join(out).rstrip()

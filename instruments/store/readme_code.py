@@ -207,6 +207,9 @@ def scripts(runs: list[Run], root: Path) -> str:
 
 
 # ------------------------------------------------------------------------------------ layout
+LAYOUT_NAMES = 9  # a folder of more files is counted, not listed
+
+
 def layout(runs: list[Run], root: Path) -> str:
     rows = [["`app.py`", _docstring(root / "app.py", root), "–"]]
     pages = [p for p in _files(root, "views") if p.suffix == ".py"]
@@ -220,5 +223,6 @@ def layout(runs: list[Run], root: Path) -> str:
             names = [p.stem if p.suffix == ".py" else p.name for p in mine]
             rows.append([f"`{rel(folder, root)}/`",
                          _docstring(folder / "__init__.py", root).replace("|", "\\|"),
-                         ", ".join(names)])
+                         ", ".join(names) if len(names) <= LAYOUT_NAMES else
+                         f"{len(names)} files (`ls` them)"])
     return "\n".join(md_table(["folder", "what it holds", "files"], rows))
