@@ -153,14 +153,14 @@ for _spec in (
              roles=frozenset({"peer_baseline", "attribution", "planner_step",
                               "reference_cached", "bench"})),
     ModeSpec("cuda_graph", 6, "6 · CUDA graph of the whole decode step", "#9467bd",
-             "The decode step is captured once over the preallocated cache and replayed with "
-             "one launch; positions live in a tensor, and attention reads only the filled rows "
-             "(our Triton decode kernel, split over the cache; without Triton, SDPA over the "
-             "whole capacity under a mask).", "engine.decoders.captured:CudaGraphDecoder",
-             attention="static",
+             "The family's one-token step (GPT-2's or the Llama family's) is captured once "
+             "over the preallocated cache and replayed with one launch; positions live in a "
+             "tensor, and attention reads only the filled rows (our Triton decode kernel, split "
+             "over the cache, grouped-query heads reading their K/V once; without Triton, SDPA "
+             "over the whole capacity under a mask).",
+             "engine.decoders.captured:CudaGraphDecoder", attention="static",
              appends=False, predicted=NOT_COMPILED, needs="cuda",
-             roles=frozenset({"attribution", "bench"}), families=_GPT2_STEP,
-             why_not=_GPT2_STEP_WHY),
+             roles=frozenset({"attribution", "bench"})),
     ModeSpec("compiled", 7, "7 · torch.compile of the decode step", "#8c564b",
              "torch.compile (reduce-overhead on a GPU, inductor on a CPU) of a step that only "
              "reads the cache; the caller writes the new key/value row. Compile time is "

@@ -97,14 +97,29 @@ def _prompt(batch: int = 2, n: int = 12, seed: int = 0) -> torch.Tensor:
 
 
 # -- registry --------------------------------------------------------------------------------
-def test_modes_8_12_13_run_the_llama_family_and_6_7_9_do_not() -> None:
+def test_modes_6_8_12_13_run_the_llama_family_and_7_9_do_not() -> None:
     for name in ("fast", "int8_weights", "bf16_weights", "q8_0_weights", "q4_1_weights"):
         assert modes.available(name, "cpu", "llama") == (True, ""), name
         assert modes.available(name, "cpu", "gpt2") == (True, ""), name
-    for name in ("cuda_graph", "compiled", "fast_compiled"):
+    assert modes.available("cuda_graph", "cuda", "llama") == (True, "")
+    for name in ("compiled", "fast_compiled"):
         ok, why = modes.available(name, "cuda", "llama")
         assert not ok and "GPT-2" in why, name
     assert modes.fastest_exact("cpu", "llama") == "fast"
+
+
+@pytest.mark.parametrize("batch, n", [(2, 12), (1, 1)])
+def test_mode_6s_step_gives_mode1s_tokens_on_a_llama_run_eagerly(
+        normed: ModelState, batch: int, n: int) -> None:
+    """Mode 6's captured step for the Llama family, uncaptured: RoPE from a position tensor,
+    the row written by ``index_copy_``, grouped-query SDPA over every slot under a mask."""
+    from engine.decoders.captured import CudaGraphDecoder
+
+    p = _prompt(batch, n)
+    want = decode(make_decoder(normed, "uncached", batch_size=batch), p, 40).tokens
+    dec = CudaGraphDecoder(normed, batch_size=batch, capacity=64, capture=False, triton=False)
+    assert dec.attended_keys(9) == 64  # SDPA over every slot, masked
+    assert torch.equal(decode(dec, p, 40).tokens, want)
 
 
 # -- mode 8 and the rungs on llama-tiny ------------------------------------------------------

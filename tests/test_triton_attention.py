@@ -161,15 +161,23 @@ def test_each_check_fails_on_a_planted_bug(old: str, new: str, bug: str,
     assert not worst < 1e-3, f"the checks missed a planted bug: {bug}"  # NaN counts as caught
 
 
-def test_mode_6_with_the_kernel_gives_mode_1s_tokens() -> None:
-    """Mode 6's step with the decode kernel (its GPU attention), run eagerly: mode 1's tokens."""
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_mode_6_with_the_kernel_gives_mode_1s_tokens(family: str) -> None:
+    """Mode 6's step with the decode kernel (its GPU attention), run eagerly: mode 1's tokens,
+    GPT-2's heads and the Llama family's grouped ones."""
     from engine import decode, make_decoder
     from engine.decoders.captured import CudaGraphDecoder
+    from engine.models.llama.model import Llama, LlamaConfig
 
     from .conftest import random_prompt, small_model
 
-    model = small_model(n_layer=2, block_size=64).to(DEVICE)
-    prompt = random_prompt(5).to(DEVICE)
+    if family == "gpt2":
+        model = small_model(n_layer=2, block_size=64).to(DEVICE)
+    else:
+        model = Llama.random(LlamaConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=32,
+                                         n_hidden=64, block_size=64, vocab_size=256), seed=0,
+                             std=0.2).to(DEVICE)
+    prompt = random_prompt(5, vocab=model.config.vocab_size).to(DEVICE)
     want = decode(make_decoder(model, "uncached"), prompt, 12).tokens
     dec = CudaGraphDecoder(model, capture=DEVICE == "cuda", triton=True)
     assert dec.attended_keys(9) == 9  # it reads the filled rows, not the capacity

@@ -8,11 +8,13 @@ timed step), the prefill through the model's ``forward`` into the same cache; ea
 the token and position into the inputs and replays the graph.
 
 Contract: ``CudaGraphDecoder`` is a ``Decoder`` (``prefill(idx) -> (B, vocab)``, ``step(token) ->
-(B, vocab)``) that gives mode 1's greedy tokens in fp32. It runs
-``engine.models.gpt2.step.decode_step`` over the model's own modules (``graph_step``) with a
-position that is a tensor: ``attend_static`` writes the new K/V row into the preallocated
-buffers with ``index_copy_`` and attends over the whole capacity under a mask computed from the
-position, so every shape is fixed whatever the position. Where Triton compiles for the GPU, the
+(B, vocab)``) that gives mode 1's greedy tokens in fp32, for either family. It runs the family's
+one-token step over the model's own modules (``own_step``: GPT-2's
+``engine.models.gpt2.step.decode_step``, the Llama family's
+``engine.models.llama.step.decode_step_llama``) with a position that is a tensor:
+``attend_static`` writes the new K/V row into the preallocated buffers with ``index_copy_`` and
+attends over the whole capacity under a mask computed from the position, so every shape is fixed
+whatever the position. Where Triton compiles for the GPU, the
 attention is its decode kernel over rows 0..pos only (``engine.kernels.gpu.decode_attention``:
 first light measured SDPA over the whole 1,024-slot cache at 74% of the step); without Triton,
 SDPA over every slot under a mask.
@@ -31,17 +33,29 @@ from ..kernels.gpu import triton_usable
 from ..models.attention import attend_static
 from ..models.gpt2.model import GPT
 from ..models.gpt2.step import decode_step, model_weights
+from ..models.llama.model import Llama
+from ..models.llama.step import decode_step_llama, role_modules, step_weights
 from ..models.state import ModelState
 from .eager import Decoder
 
 
-def graph_step(model: GPT, k_buf: torch.Tensor, v_buf: torch.Tensor, token: torch.Tensor,
-               pos: torch.Tensor, triton: bool = False) -> torch.Tensor:
+def own_step(model: GPT | Llama) -> tuple[Callable[..., torch.Tensor], Any]:
+    """(the family's one-token step, the model's own modules as its weights): GPT-2's
+    ``decode_step`` over ``model_weights``, the Llama family's ``decode_step_llama`` over its
+    Linears by role (built once: the Llama weights hold RoPE's table)."""
+    if isinstance(model, Llama):
+        return decode_step_llama, step_weights(model, role_modules(model))
+    return decode_step, model_weights(model)
+
+
+def graph_step(step: Callable[..., torch.Tensor], weights: Any, k_buf: torch.Tensor,
+               v_buf: torch.Tensor, token: torch.Tensor, pos: torch.Tensor,
+               triton: bool = False) -> torch.Tensor:
     """Mode 6's step: logits (B, vocab) for ``token`` (B, 1) at ``pos`` (a (1,) long tensor),
-    its K/V rows written into ``k_buf``/``v_buf`` (L, B, nh, T_max, hs); every shape fixed.
-    ``triton``: attention by the decode kernel over rows 0..pos (else SDPA, masked)."""
-    return decode_step(model_weights(model), token, pos,
-                       attend_static(k_buf, v_buf, pos, triton))
+    its K/V rows written into ``k_buf``/``v_buf`` (L, B, n_kv, T_max, hs); every shape fixed.
+    ``step``, ``weights``: ``own_step``'s. ``triton``: attention by the decode kernel over rows
+    0..pos (else SDPA over every slot, masked; grouped-query heads either way)."""
+    return step(weights, token, pos, attend_static(k_buf, v_buf, pos, triton))
 
 
 def capture_and_upload(graph: Any, step: Callable[[], torch.Tensor],
@@ -128,10 +142,11 @@ class CudaGraphDecoder(GraphDecoder):
         # The decode kernel reads the filled rows; SDPA every slot, masked (shapes never change).
         return length if self.triton else self.capacity
 
-    def __init__(self, model: GPT | ModelState, *, batch_size: int = 1,
+    def __init__(self, model: GPT | Llama | ModelState, *, batch_size: int = 1,
                  capacity: int | None = None, capture: bool = True,
                  triton: bool | None = None) -> None:
         super().__init__(model, batch_size=batch_size, capacity=capacity)
+        self.step_fn, self.step_weights = own_step(self.model)
         dev = self.model.device
         self.capture = capture and dev.type == "cuda"
         if capture and not self.capture:
@@ -149,5 +164,5 @@ class CudaGraphDecoder(GraphDecoder):
         self.static_pos.fill_(pos)
 
     def run_step(self) -> torch.Tensor:
-        return graph_step(self.model, self.cache.k_buf, self.cache.v_buf, self.static_token,
-                          self.static_pos, self.triton)
+        return graph_step(self.step_fn, self.step_weights, self.cache.k_buf, self.cache.v_buf,
+                          self.static_token, self.static_pos, self.triton)

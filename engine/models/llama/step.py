@@ -1,10 +1,12 @@
-"""The Llama family's one-token decode step (modes 8, 12-15 on a Llama), written once.
+"""The Llama family's one-token decode step (modes 6, 8, 12-15 on a Llama), written once.
 
   decode_step_llama(weights, token, pos, attend) -> logits (B, vocab)
-      token (B, 1) at int position ``pos``; ``attend`` is ``engine.models.attention.attend_filled``
-      over the preallocated (L, B, n_kv_head, T, hs) cache (the C++ kernel on a CPU in fp32, SDPA
-      with ``enable_gqa=True`` elsewhere): it writes the new K/V row at ``pos`` and attends the
-      n_head query heads over rows 0..pos, query head h reading K/V head h // groups
+      token (B, 1) at position ``pos``: an int, or a (1,) long tensor when the shapes must not
+      change with the position (mode 6's captured step); ``attend`` is
+      ``engine.models.attention.attend_filled`` over the preallocated (L, B, n_kv_head, T, hs)
+      cache (the C++ kernel on a CPU in fp32, SDPA with ``enable_gqa=True`` elsewhere; mode 6:
+      ``attend_static``): it writes the new K/V row at ``pos`` and attends the n_head query
+      heads over rows 0..pos, query head h reading K/V head h // groups
 
 ``engine.models.llama.model.Llama.forward``'s arithmetic for one token, without its Python per
 module: the embedding row, per block RMSNorm (fp32, as the model's), the q, k, v products, RoPE at
@@ -126,14 +128,14 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return x * cos + rotated * sin
 
 
-def decode_step_llama(w: LlamaStepWeights, token: torch.Tensor, pos: int,
+def decode_step_llama(w: LlamaStepWeights, token: torch.Tensor, pos: int | torch.Tensor,
                       attend: Attend) -> torch.Tensor:
     """Logits (B, vocab) for ``token`` (B, 1) at position ``pos``; see the module docstring."""
     batch = token.size(0)
     nh, nkv = w.n_head, w.n_kv_head
     x = w.embed[token[:, 0]]  # (B, C)
     hs = x.size(1) // nh
-    cos, sin = w.cos[pos].to(x.dtype), w.sin[pos].to(x.dtype)
+    cos, sin = w.cos[pos].to(x.dtype), w.sin[pos].to(x.dtype)  # (hs,), or (1, hs) for a tensor
     for i, layer in enumerate(w.layers):
         h = rms_norm(x, layer.attn_norm, w.eps)
         q = rope(layer.q(h).view(batch, nh, hs), cos, sin)
