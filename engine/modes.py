@@ -119,9 +119,6 @@ _BLOCKS = "engine.decoders.blocks:block_decoder"  # on a GPU: the Triton step ov
 _BLOCKS_WHY = ("the step predictor has no calibration for GGUF block products yet (its weight "
                "pieces time int8 and bf16 rows only)")
 _TRITON = "engine.decoders.triton_step:TritonDecoder"
-_GPT2_STEP = ("gpt2",)
-_GPT2_STEP_WHY = ("its one-token step (engine.models.gpt2.step) is written for GPT-2's blocks: "
-                  "LayerNorm, one fused q|k|v product, GELU, learned positions")
 MODES: dict[str, ModeSpec] = {}
 
 
@@ -162,12 +159,12 @@ for _spec in (
              appends=False, predicted=NOT_COMPILED, needs="cuda",
              roles=frozenset({"attribution", "bench"})),
     ModeSpec("compiled", 7, "7 · torch.compile of the decode step", "#8c564b",
-             "torch.compile (reduce-overhead on a GPU, inductor on a CPU) of a step that only "
-             "reads the cache; the caller writes the new key/value row. Compile time is "
-             "reported apart.", "engine.decoders.compiled:CompiledDecoder",
+             "torch.compile (reduce-overhead on a GPU, inductor on a CPU) of the family's "
+             "one-token step, reading the cache only; the caller writes the new key/value row. "
+             "Compile time is reported apart.", "engine.decoders.compiled:CompiledDecoder",
              dict(variant="compiled"), attention="read_only", appends=False,
-             predicted=NOT_COMPILED, needs="compiler", slow_setup=True, families=_GPT2_STEP,
-             why_not=_GPT2_STEP_WHY, roles=frozenset({"attribution"})),
+             predicted=NOT_COMPILED, needs="compiler", slow_setup=True,
+             roles=frozenset({"attribution"})),
     ModeSpec("fast", 8, "8 · fast CPU path (transposed weights, split matmuls)", "#e377c2",
              "Per role of matrix (GPT-2: q|k|v, o, MLP up, down, head; Llama: q, k, v, o, gate, "
              "up, down, head), the fastest of four ways measured when the weights load ([in, "
@@ -184,8 +181,7 @@ for _spec in (
              "itself and generates matrix-vector kernels. Minutes to compile on a CPU; holds "
              "packed weight copies.", "engine.decoders.compiled:CompiledDecoder",
              dict(variant="fast_compiled"), attention="read_only", appends=False,
-             predicted=NOT_COMPILED, needs="compiler", slow_setup=True, families=_GPT2_STEP,
-             why_not=_GPT2_STEP_WHY),
+             predicted=NOT_COMPILED, needs="compiler", slow_setup=True),
     ModeSpec("paged", 10, "10 · paged KV cache (blocks of 16 tokens, a table per sequence)",
              "#393b79", "Keys/values in 16-token blocks of a shared pool, handed out as "
              "positions need them (a block table per sequence, as vLLM does). On a CPU every "

@@ -155,8 +155,9 @@ def test_a_registered_family_is_offered_loaded_gated_planned_and_saved(
     run = json.loads(next(tmp_path.glob("*.json")).read_text())
     meta = run["meta"]
     assert meta["model"] == toy_family and meta["family"] == "toyfam"
-    # the modes written for GPT-2's blocks alone are not offered; the rest gate and run
-    assert "compiled" in lineup.choices("cuda", "toyfam")[1]
+    # what is written for GPT-2's checkpoints alone (a peer's adapter) is not offered; the
+    # modes gate and run
+    assert "hf_static" in lineup.choices("cuda", "toyfam")[1]
     assert all(c["passed"] for c in run["tables"]["checks"])
     # saved runs read back as this family's config (the Results page redraws from them)
     cfg = lineup.config_from_dict(meta["config"], meta["family"])

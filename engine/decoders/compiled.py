@@ -1,11 +1,13 @@
 """Modes 7 and 9 (torch.compile): the one decode step, compiled.
 
-Shares ``engine.models.gpt2.step``'s decode step with modes 6 and 8 and the eager ``Decoder``'s
-prefill. Contract: ``CompiledDecoder`` is a ``Decoder`` (``prefill(idx) -> (B, vocab)``,
-``step(token) -> (B, vocab)``) that gives mode 1's greedy tokens in fp32. ``decoder.compile_s`` is
-the one-off compilation, never inside a timed step. It runs ``engine.models.gpt2.step.decode_step``
-over the model's own modules with a position that is a tensor, because ``GPT.forward`` takes
-positions as Python ints (a new graph per token). How the step meets the KV cache (mode 6,
+Shares the family's one-token step with modes 6 and 8 and the eager ``Decoder``'s prefill.
+Contract: ``CompiledDecoder`` is a ``Decoder`` (``prefill(idx) -> (B, vocab)``, ``step(token) ->
+(B, vocab)``) that gives mode 1's greedy tokens in fp32, for either family. ``decoder.compile_s``
+is the one-off compilation, never inside a timed step. It runs the family's step over the
+model's own modules (GPT-2's ``engine.models.gpt2.step.decode_step``, the Llama family's
+``engine.models.llama.step.decode_step_llama``, RoPE's table a buffer of the compiled module)
+with a position that is a tensor, because the models' ``forward`` takes positions as Python
+ints (a new graph per token). How the step meets the KV cache (mode 6,
 ``engine.decoders.captured``, writes it inside its graph instead):
 
 - modes 7 and 9 (``_ReadOnlyStep``): ``attend_read_only`` only *reads* the cache and returns the
@@ -36,6 +38,8 @@ from ..cache import PreallocKVCache
 from ..models.attention import attend_read_only
 from ..models.gpt2.model import GPT
 from ..models.gpt2.step import decode_step, model_weights
+from ..models.llama.model import Llama
+from ..models.llama.step import decode_step_llama, role_modules, rope_table, step_weights
 from ..models.state import ModelState
 from .eager import Decoder
 
@@ -44,11 +48,23 @@ VARIANTS = ("compiled", "fast_compiled", "eager")  # "eager": the same step, not
 
 class _ReadOnlyStep(nn.Module):
     """Modes 7/9's step as a module, so torch.compile sees the weights as parameters:
-    (logits (B, vocab), new keys, new values (L, B, nh, hs)); the cache is only read."""
+    (logits (B, vocab), new keys, new values (L, B, n_kv, hs)); the cache is only read."""
 
-    def __init__(self, model: GPT) -> None:
+    def __init__(self, model: GPT | Llama) -> None:
         super().__init__()
         self.model = model
+        if isinstance(model, Llama):  # RoPE's angles for every position, made once
+            cos, sin = rope_table(model)
+            self.register_buffer("cos", cos, persistent=False)
+            self.register_buffer("sin", sin, persistent=False)
+
+    def weights(self) -> tuple[Callable[..., torch.Tensor], Any]:
+        """The family's step and its weights, built inside the compiled call (the compiler
+        reaches every module from the model it was given, as a forward would)."""
+        if isinstance(self.model, Llama):
+            return decode_step_llama, step_weights(self.model, role_modules(self.model),
+                                                   rope=(self.cos, self.sin))
+        return decode_step, model_weights(self.model)
 
     def forward(self, token: torch.Tensor, k_past: torch.Tensor, v_past: torch.Tensor,
                 pos: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
@@ -57,11 +73,12 @@ class _ReadOnlyStep(nn.Module):
         attend = attend_read_only(k_past, v_past, pos, new_k, new_v)
         # pos None: every row given is the past, so the new token sits right after them
         at = k_past.size(3) if pos is None else pos
-        logits = decode_step(model_weights(self.model), token, at, attend)
+        step, weights = self.weights()
+        logits = step(weights, token, at, attend)
         return logits, torch.stack(new_k), torch.stack(new_v)
 
 
-def linear_weight_bytes(model: GPT) -> int:
+def linear_weight_bytes(model: GPT | Llama) -> int:
     """Bytes of every Linear weight, the tied output projection included (gpt2 fp32: 494 MB)."""
     return sum(m.weight.numel() * m.weight.element_size()
                for m in model.modules() if isinstance(m, nn.Linear))
@@ -79,13 +96,13 @@ def _cache_over(k_buf: torch.Tensor, v_buf: torch.Tensor) -> PreallocKVCache:
 class _Runner:
     """One compiled step + its static cache, per (model, variant, batch size)."""
 
-    def __init__(self, model: GPT, variant: str, batch_size: int) -> None:
+    def __init__(self, model: GPT | Llama, variant: str, batch_size: int) -> None:
         if variant not in VARIANTS:
             raise ValueError(f"unknown variant {variant!r}; allowed: {', '.join(VARIANTS)}")
         cfg = model.config
         self.device = model.device
         self.static = self.device.type == "cuda"  # GPU: full capacity + mask (CUDA graphs)
-        shape = (cfg.n_layer, batch_size, cfg.n_head, cfg.block_size, cfg.head_dim)
+        shape = (cfg.n_layer, batch_size, cfg.n_kv_head, cfg.block_size, cfg.head_dim)
         self.k_buf = torch.zeros(shape, device=self.device, dtype=model.dtype)
         self.v_buf = torch.zeros(shape, device=self.device, dtype=model.dtype)
         self.pos = torch.zeros(1, dtype=torch.long, device=self.device)
@@ -162,7 +179,7 @@ class CompiledDecoder(Decoder):
         # On a GPU the step is static-shaped: it attends over the whole cache under a mask.
         return self.runner.k_buf.size(3) if self.runner.static else length
 
-    def __init__(self, model: GPT | ModelState, *, batch_size: int = 1,
+    def __init__(self, model: GPT | Llama | ModelState, *, batch_size: int = 1,
                  capacity: int | None = None, variant: str = "compiled") -> None:
         super().__init__(model, batch_size=batch_size, capacity=capacity,
                          cache_kind="prealloc", mask="none", logits="last")

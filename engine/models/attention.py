@@ -269,10 +269,12 @@ def attend_static(k_buf: torch.Tensor, v_buf: torch.Tensor, pos: torch.Tensor,
 def attend_read_only(k_past: torch.Tensor, v_past: torch.Tensor, pos: torch.Tensor | None,
                      new_k: list[torch.Tensor], new_v: list[torch.Tensor]) -> Attend:
     """Attend over the cache without writing it; the new rows are appended to ``new_k`` and
-    ``new_v`` for the caller to write. ``k_past``/``v_past`` (L, B, nh, P, hs): with ``pos``
+    ``new_v`` for the caller to write. ``k_past``/``v_past`` (L, B, n_kv, P, hs): with ``pos``
     None all P rows are the past; otherwise rows >= ``pos`` are masked out (static shapes).
     Past and new key share one softmax over the concatenated scores: the same sum as attending
-    over a cache that already holds the new row."""
+    over a cache that already holds the new row. Grouped-query heads (n_kv < nh): each K/V
+    head's group of queries is a (groups, hs) block against its keys, never repeated; with
+    n_kv = nh (GPT-2) a group is one query and the arithmetic is what it always was."""
     p_len = k_past.size(3)
     scale = 1.0 / math.sqrt(k_past.size(4))
     masked = None if pos is None else torch.arange(p_len, device=pos.device) >= pos
@@ -280,12 +282,15 @@ def attend_read_only(k_past: torch.Tensor, v_past: torch.Tensor, pos: torch.Tens
     def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         new_k.append(k)
         new_v.append(v)
-        q4 = q.unsqueeze(2)  # (B, nh, 1, hs)
-        s_past = (q4 @ k_past[i].transpose(-1, -2)) * scale  # (B, nh, 1, P)
+        B, nh, hs = q.shape
+        n_kv = k.size(1)
+        qg = q.view(B, n_kv, nh // n_kv, hs)  # (B, n_kv, groups, hs): head h in group h // g
+        s_past = (qg @ k_past[i].transpose(-1, -2)) * scale  # (B, n_kv, groups, P)
         if masked is not None:
             s_past = s_past.masked_fill(masked, float("-inf"))
-        s_new = (q4 * k.unsqueeze(2)).sum(-1, keepdim=True) * scale  # (B, nh, 1, 1)
+        s_new = (qg * k.unsqueeze(2)).sum(-1, keepdim=True) * scale  # (B, n_kv, groups, 1)
         att = torch.softmax(torch.cat([s_past, s_new], dim=-1), dim=-1)
-        return att[..., :p_len] @ v_past[i] + att[..., p_len:] * v.unsqueeze(2)  # (B, nh, 1, hs)
+        y = att[..., :p_len] @ v_past[i] + att[..., p_len:] * v.unsqueeze(2)
+        return y.view(B, nh, 1, hs)
 
     return attend

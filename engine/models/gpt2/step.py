@@ -1,5 +1,5 @@
 """GPT-2's decode step (modes 6-9, 12-15 on GPT-2), written once: one new token per sequence
-through every layer. The Llama family's is ``engine.models.llama.step`` (modes 8, 12-15 on a
+through every layer. The Llama family's is ``engine.models.llama.step`` (modes 6-9, 12-15 on a
 Llama): the same ways of meeting the cache and the same product kinds, its own blocks.
 
   decode_step(weights, token, pos, attend) -> logits (B, vocab)

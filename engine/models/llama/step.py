@@ -1,12 +1,13 @@
-"""The Llama family's one-token decode step (modes 6, 8, 12-15 on a Llama), written once.
+"""The Llama family's one-token decode step (modes 6-9, 12-15 on a Llama), written once.
 
   decode_step_llama(weights, token, pos, attend) -> logits (B, vocab)
       token (B, 1) at position ``pos``: an int, or a (1,) long tensor when the shapes must not
       change with the position (mode 6's captured step); ``attend`` is
       ``engine.models.attention.attend_filled`` over the preallocated (L, B, n_kv_head, T, hs)
       cache (the C++ kernel on a CPU in fp32, SDPA with ``enable_gqa=True`` elsewhere; mode 6:
-      ``attend_static``): it writes the new K/V row at ``pos`` and attends the n_head query
-      heads over rows 0..pos, query head h reading K/V head h // groups
+      ``attend_static``; modes 7 and 9: ``attend_read_only``, which leaves the write to the
+      caller): it writes the new K/V row at ``pos`` and attends the n_head query heads over rows
+      0..pos, query head h reading K/V head h // groups
 
 ``engine.models.llama.model.Llama.forward``'s arithmetic for one token, without its Python per
 module: the embedding row, per block RMSNorm (fp32, as the model's), the q, k, v products, RoPE at
@@ -92,11 +93,12 @@ def rope_table(model: Llama, positions: int | None = None) -> tuple[torch.Tensor
     return cos.contiguous(), sin.contiguous()
 
 
-def step_weights(model: Any, products: dict[str, Sequence[Fn]], embed: Any = None
-                 ) -> LlamaStepWeights:
+def step_weights(model: Any, products: dict[str, Sequence[Fn]], embed: Any = None,
+                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> LlamaStepWeights:
     """A Llama (or a weight-only view of one: its norms and config are the model's) with the
     per-role products ``products`` (``ROLES`` -> one callable per layer, the head's list of
-    one) as ``decode_step_llama``'s weights; ``embed`` defaults to the embedding's weight."""
+    one) as ``decode_step_llama``'s weights; ``embed`` defaults to the embedding's weight,
+    ``rope`` to ``rope_table`` of the model (a step built per call passes its own, made once)."""
     cfg = model.config
     blocks = model.model.layers
     layers = [LlamaLayer(b.input_layernorm.weight.detach(), products["q_proj"][i],
@@ -106,7 +108,7 @@ def step_weights(model: Any, products: dict[str, Sequence[Fn]], embed: Any = Non
               for i, b in enumerate(blocks)]
     if embed is None:
         embed = model.model.embed_tokens.weight.detach()
-    cos, sin = rope_table(getattr(model, "base", model))  # a view: the model it was made of
+    cos, sin = rope or rope_table(getattr(model, "base", model))  # a view: the model behind it
     return LlamaStepWeights(embed, layers, model.model.norm.weight.detach(),
                             products["lm_head"][0], cfg.n_head, cfg.n_kv_head, cfg.norm_eps,
                             cos, sin)
