@@ -187,8 +187,8 @@ for _spec in (
              "positions need them (a block table per sequence, as vLLM does). On a CPU every "
              "step gathers the blocks back in order for fused attention -- the copy a "
              "paged-attention kernel avoids, and what the step shows; on a GPU with Triton our "
-             "decode attention reads them in place through the table (vLLM's way; a prefill "
-             "still gathers). Exact.", _EAGER, dict(mask="none"), cache="paged",
+             "kernels read them in place through the table, steps and prefills alike (vLLM's "
+             "way). Exact.", _EAGER, dict(mask="none"), cache="paged",
              roles=frozenset({"planner_step"})),
     ModeSpec("int8_kv", 11, "11 · int8 KV cache (a scale per token and head)", "#637939",
              "Keys/values stored as int8 with one absmax scale per token and head (a quarter of "

@@ -17,9 +17,10 @@ sized for a model's shapes, on its device and in its dtype. Every cache exposes 
                                  ones and return all keys/values so far, old first
   ``cache.advance(T_new)``      called once per forward, after every layer has updated
   ``cache.crop(length)``        forget everything from ``length`` on (for re-using a prefill)
-A cache that reads itself in place (``cache.in_place``: the paged cache on a GPU) also has
-  ``cache.attend(layer, q, k, v)`` a one-token step's write and attention in one call
-(``engine.models.attention.through_cache`` picks which).
+A cache that reads itself in place (the paged cache on a GPU) also has
+  ``cache.attends(q)``            whether it takes these queries' attention itself
+  ``cache.attend(layer, q, k, v)`` the new rows' write and their attention in one call
+(``engine.models.attention.through_cache`` asks the one and calls the other).
 Time runs along dim 2, oldest first: the mask slice and the positions depend on it. A cache
 holds ``cfg.n_kv_head`` heads: GPT-2's every head, a GQA model's fewer (SmolLM2: 3 for its 9
 query heads), never copies repeated per query head -- attention reads each K/V head for its

@@ -10,10 +10,12 @@ holds ``n_kv_head`` heads per layer (``engine.cache.make_cache`` passes the mode
   "gather"    ``update`` gathers the sequence's blocks into contiguous (B, n_kv, S, hs) tensors
               every call for torch's attention -- the copy a paged-attention kernel avoids, and
               what this cache's step time shows on a CPU
-  "in_place"  a one-token step writes its row and attends over the blocks where they lie:
-              ``attend`` runs our Triton decode attention through the block table
-              (``engine.kernels.gpu.decode_attention``); several tokens at once (a prefill, an
-              append) still gather. The default on a CUDA GPU with Triton (``default_reads``)
+  "in_place"  a forward writes its rows and attends over the blocks where they lie: ``attend``
+              runs our Triton kernels through the block table -- one new token per sequence
+              ``engine.kernels.gpu.decode_attention``'s split kernel, several (a prefill, an
+              append) ``engine.kernels.gpu.paged_prefill`` (heads of 16 channels or more: a
+              narrower one, the hollow model's, gathers). The default on a CUDA GPU with Triton
+              (``default_reads``)
 """
 
 from __future__ import annotations
@@ -93,14 +95,26 @@ class PagedKVCache:
         self.v_pool[layer][blk, :, off] = v.transpose(1, 2)
         return end
 
+    def attends(self, q: torch.Tensor) -> bool:
+        """Does ``attend`` take these queries (B, nh, T, hs): read in place, and one token or
+        heads wide enough for the prefill kernel's products (16 channels)?"""
+        return self.in_place and (q.size(2) == 1 or q.size(3) >= 16)
+
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                ) -> torch.Tensor:
-        """A one-token step read in place: write k, v (B, n_kv, 1, hs), then y (B, nh, 1, hs),
-        q (B, nh, 1, hs) over every row so far, through the block table (``reads`` "in_place")."""
+        """A forward's attention read in place (``reads`` "in_place"): write k, v (B, n_kv, T,
+        hs), then y (B, nh, T, hs), each of q's T tokens (B, nh, T, hs) over the rows up to its
+        own position, through the block table."""
+        B, T = k.size(0), k.size(2)
+        start = self.length
+        end = self._write(layer, k, v)
+        if T > 1:
+            from ..kernels.gpu.paged_prefill import paged_prefill  # noqa: PLC0415 (triton)
+
+            return paged_prefill(q.contiguous(), self.k_pool[layer], self.v_pool[layer],
+                                 self.table, start)
         from ..kernels.gpu.decode_attention import decode_attention  # noqa: PLC0415 (triton)
 
-        B = k.size(0)
-        end = self._write(layer, k, v)
         if layer == 0 or self._lengths is None:  # one small copy a step, not one a layer
             self._lengths = torch.full((B,), end, dtype=torch.int32, device=q.device)
         y = decode_attention(q[:, :, 0].contiguous(), self.k_pool[layer], self.v_pool[layer],

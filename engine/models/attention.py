@@ -180,12 +180,14 @@ def through_cache(attend: Attention, cache: Any, q: torch.Tensor, k: torch.Tenso
     """y (B, nh, T, hs) for a forward's new q, k, v (B, nh | n_kv, T, hs), as every family's
     attention module meets its KV cache: the cache takes the new rows (``update``) and the
     variant attends over what it returns -- unless the cache reads itself in place
-    (``cache.in_place``: the paged cache on a GPU), which then takes a one-token step's
-    attention whole (``cache.attend``). No cache: the variant over the new tokens alone."""
+    (``cache.attends(q)``: the paged cache on a GPU), which then takes the attention whole
+    (``cache.attend``: causal by position, so every mask variant's result). No cache: the
+    variant over the new tokens alone."""
     if cache is None:
         return attend(q, k, v, layer, offset)
-    if q.size(2) == 1 and getattr(cache, "in_place", False):
-        return cache.attend(layer, q, k, v)  # one query sees every row: no mask to apply
+    attends = getattr(cache, "attends", None)
+    if attends is not None and attends(q):
+        return cache.attend(layer, q, k, v)
     k, v = cache.update(layer, k, v)  # (B, n_kv, S, hs), S = cached + T, oldest first
     return attend(q, k, v, layer, offset)
 

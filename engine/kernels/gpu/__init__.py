@@ -4,7 +4,10 @@ waits for a GPU to be checked. Importing a module here needs ``triton`` (require
 nothing on a CPU imports them outside those tests.
 
   decode_attention   one query per sequence over the filled rows of a KV cache, split over the
-                     cache and merged (flash-decoding), grouped-query heads
+                     cache and merged (flash-decoding), grouped-query heads; contiguous or
+                     paged (rows addressed through a block table)
+  paged_prefill      several new queries per sequence over a paged cache, causally (a prefill,
+                     an append)
   linear             a product with its norm, bias, activation, residual (or the attention's
                      merge) folded in; weights dense or GGUF Q8_0 / Q4_1 blocks as stored
   qkv                q|k|v with the norm, bias, RoPE and the cache write folded in
