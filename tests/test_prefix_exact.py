@@ -62,14 +62,15 @@ def serve_exactly(model: torch.nn.Module, cache: PrefixCache, ids: list[int],
     return req.cached
 
 
-def reuse_at(model: torch.nn.Module, p: int) -> None:
+def reuse_at(model: torch.nn.Module, p: int, reads: str | None = None) -> None:
     """A 40-token prompt whose first ``p`` tokens the tree holds (an earlier prompt that went
-    on differently), served; then that earlier prompt again, read back from the tree."""
+    on differently), served; then that earlier prompt again, read back from the tree.
+    ``reads``: how requests read the cache (``PrefixCache``'s; None: the device's default)."""
     vocab = model.config.vocab_size
     rng = random.Random(p)
     base = [rng.randrange(vocab) for _ in range(40)]
     other = base[:p] + [(t + 1) % vocab for t in base[p : p + 13]]
-    cache = PrefixCache(model, budget(model, 400), block_tokens=BT)
+    cache = PrefixCache(model, budget(model, 400), block_tokens=BT, reads=reads)
     serve_exactly(model, cache, other)
     assert serve_exactly(model, cache, base) == min(p, 39)
     assert serve_exactly(model, cache, other) == len(other) - 1  # its rows still the tree's
@@ -84,12 +85,12 @@ def test_a_request_served_from_the_tree_equals_its_full_prefill(family: str, p: 
     reuse_at(tiny(family), p)
 
 
-def pressure(model: torch.nn.Module, seed: int = 0) -> PrefixCache:
+def pressure(model: torch.nn.Module, seed: int = 0, reads: str | None = None) -> PrefixCache:
     """A seeded stream over two shared stems, under a budget of about three requests."""
     rng = random.Random(seed)
     vocab = model.config.vocab_size
     stems = [[rng.randrange(vocab) for _ in range(48)] for _ in range(2)]
-    cache = PrefixCache(model, budget(model, 160), block_tokens=BT)
+    cache = PrefixCache(model, budget(model, 160), block_tokens=BT, reads=reads)
     for _ in range(14):
         stem = stems[rng.randrange(2)]
         cut = rng.randrange(1, 48)

@@ -88,3 +88,39 @@ def test_each_check_fails_on_a_planted_bug(old: str, new: str, bug: str,
     mod = planted(pp, old, new, tmp_path)
     worst = max(worst_error(mod, *c) for c in CASES)
     assert not worst < 1e-3, f"the checks missed a planted bug: {bug}"  # NaN counts as caught
+
+
+# --------------------------------------------------------------- the prefix cache read in place
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("p", [0, 7, 8, 9, 39])
+def test_a_request_read_in_place_equals_its_full_prefill(family: str, p: int) -> None:
+    """The prefix cache's GPU path: no copy at admission, each forward's rows written into the
+    request's own blocks and attended through its table -- a full prefill's logits and greedy
+    tokens at hit lengths around the block edges (tests/test_prefix_exact.py's comparison)."""
+    from tests.test_prefix_exact import reuse_at, tiny
+
+    reuse_at(tiny(family).to(DEVICE), p, reads="in_place")
+
+
+def test_in_place_stays_exact_under_eviction_pressure() -> None:
+    from tests.test_prefix_exact import pressure, tiny
+
+    cache = pressure(tiny("llama").to(DEVICE), reads="in_place")
+    assert cache.in_place and cache.evictions > 0 and cache.scratch_bytes() == 0  # no buffers
+
+
+def test_the_in_place_comparison_fails_when_a_layers_rows_are_not_written(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.cache.blocks import BlockPool
+    from tests.test_prefix_exact import reuse_at, tiny
+
+    real = BlockPool.write
+
+    def forgetful(self: BlockPool, ids: list[int], start: int, k: torch.Tensor,
+                  v: torch.Tensor, layer: int | None = None) -> None:
+        if layer != 1:  # the second layer's new rows never reach their blocks
+            real(self, ids, start, k, v, layer)
+
+    monkeypatch.setattr(BlockPool, "write", forgetful)
+    with pytest.raises(AssertionError):
+        reuse_at(tiny("llama").to(DEVICE), 9, reads="in_place")

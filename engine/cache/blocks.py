@@ -9,9 +9,10 @@ stands for a block of ``block_tokens`` positions of a whole model (as vLLM's blo
   ref(id) / unref(id)   one more / one fewer holder; at 0 the block goes back to the free list
   copy(id) -> id        a fresh block holding the same rows (copy-on-write: a holder that must
                         write into a shared block writes into its copy instead)
-  write(ids, start, k, v)   rows (L, n_kv, T, hs) written at positions start..start+T-1 of the
-                        sequence whose block table is ``ids`` (one id per ``block_tokens``
-                        positions, from position 0)
+  write(ids, start, k, v, layer=None)   rows (L, n_kv, T, hs) written at positions
+                        start..start+T-1 of the sequence whose block table is ``ids`` (one id
+                        per ``block_tokens`` positions, from position 0); with ``layer``, that
+                        layer's rows (n_kv, T, hs) alone
   read_into(ids, length, k_out, v_out)  the first ``length`` rows of that table copied into
                         contiguous (L, n_kv, >= length, hs) tensors
   block_bytes, used, used_bytes(), nbytes()
@@ -106,13 +107,24 @@ class BlockPool:
             pos = hi
         return out
 
-    def write(self, ids: list[int], start: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Rows k, v (L, n_kv, T, hs) written at positions start..start+T-1 of table ``ids``:
-        one slice per run of consecutive blocks, no index tensors."""
+    def write(self, ids: list[int], start: int, k: torch.Tensor, v: torch.Tensor,
+              layer: int | None = None) -> None:
+        """Rows k, v (L, n_kv, T, hs) -- or, with ``layer``, that layer's (n_kv, T, hs) --
+        written at positions start..start+T-1 of table ``ids``: one slice per run of
+        consecutive blocks, no index tensors."""
+        kd, vd = (self.k, self.v) if layer is None else (self.k[layer : layer + 1],
+                                                         self.v[layer : layer + 1])
+        if layer is not None:
+            k, v = k.unsqueeze(0), v.unsqueeze(0)
         for first, run, lo, hi, pos in self._runs(ids, start, start + k.size(2)):
             at = pos - start
-            self.k[:, :, first : first + run].flatten(2, 3)[:, :, lo:hi] = k[:, :, at:at + hi - lo]
-            self.v[:, :, first : first + run].flatten(2, 3)[:, :, lo:hi] = v[:, :, at:at + hi - lo]
+            kd[:, :, first : first + run].flatten(2, 3)[:, :, lo:hi] = k[:, :, at:at + hi - lo]
+            vd[:, :, first : first + run].flatten(2, 3)[:, :, lo:hi] = v[:, :, at:at + hi - lo]
+
+    def layer_view(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``layer``'s K and V as (n_blocks, n_kv, block_tokens, hs) views, the layout
+        ``engine.kernels.gpu``'s paged attention reads through a block table."""
+        return self.k[layer].transpose(0, 1), self.v[layer].transpose(0, 1)
 
     def read_into(self, ids: list[int], length: int, k_out: torch.Tensor,
                   v_out: torch.Tensor) -> None:

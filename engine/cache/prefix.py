@@ -1,8 +1,11 @@
 """The prefix cache: a radix tree of token ids over reference-counted KV blocks, LRU-evicted.
 
-``PrefixCache(model, budget_bytes, block_tokens=16)`` keeps the K/V rows of the prompts it has
-seen, in an ``engine.cache.blocks.BlockPool`` of ``budget_bytes // block_bytes`` blocks on the
-model's device and in its dtype. A request starts the same way SGLang's RadixAttention serves one:
+``PrefixCache(model, budget_bytes, block_tokens=16, reads=None)`` keeps the K/V rows of the
+prompts it has seen, in an ``engine.cache.blocks.BlockPool`` of ``budget_bytes // block_bytes``
+blocks on the model's device and in its dtype. ``reads`` (``engine.cache.paged``'s: None, the
+device's default): "gather" copies a request's cached rows into buffers it attends over;
+"in_place" (on a GPU) attends through its block table, no copy. A request starts the same way
+SGLang's RadixAttention serves one:
 
   hit = cache.lookup(ids)           the longest cached prefix of ``ids`` (at most len - 1
                                     tokens: the last prompt token is always computed, so the
@@ -48,6 +51,7 @@ import torch
 
 from .blocks import BlockPool, PoolExhausted
 from .invariants import InvariantError, check
+from .paged import READS, default_reads
 from .request import Request
 
 __all__ = ["BudgetError", "Hit", "InvariantError", "Node", "PoolExhausted", "PrefixCache"]
@@ -95,8 +99,16 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 class PrefixCache:
     """A radix tree of token ids over one block pool (see the module docstring)."""
 
-    def __init__(self, model: Any, budget_bytes: int, *, block_tokens: int = 16) -> None:
+    def __init__(self, model: Any, budget_bytes: int, *, block_tokens: int = 16,
+                 reads: str | None = None) -> None:
         cfg = model.config
+        reads = default_reads(model.device) if reads is None else reads
+        if reads not in READS:
+            raise ValueError(f"unknown way to read the prefix cache {reads!r}; allowed: "
+                             f"{', '.join(READS)}")
+        # in place: our Triton kernels through each request's table (their products need heads
+        # of 16 channels or more); else each request copies its cached rows into buffers
+        self.in_place = reads == "in_place" and cfg.head_dim >= 16
         block_bytes = (2 * cfg.n_layer * cfg.n_kv_head * block_tokens * cfg.head_dim
                        * torch.empty((), dtype=model.dtype, device="meta").element_size())
         n_blocks = int(budget_bytes) // block_bytes
@@ -226,7 +238,7 @@ class PrefixCache:
         self.running.add(req)
         try:
             self.reserve(req, len(ids))
-            req.start(self._take_scratch(len(ids) + max_new_tokens))
+            req.start(None if self.in_place else self._take_scratch(len(ids) + max_new_tokens))
         except BaseException:
             self.cancel(req)
             raise

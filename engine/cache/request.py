@@ -9,8 +9,11 @@
                hit ends mid-block, and blocks of its own taken as positions need them
   k, v         contiguous (L, 1, n_kv, capacity, hs) buffers the attention reads: the cached
                rows are copied in once at admission (torch has no attention that reads blocks
-               in place; vLLM's paged-attention kernel does), new rows are written there by
-               ``update`` and, at ``advance``, into the request's own blocks
+               in place), new rows are written there by ``update`` and, at ``advance``, into
+               the request's own blocks. Read in place instead (``in_place``: the prefix cache
+               on a GPU, ``PrefixCache(reads=)``), a request holds no buffers: ``attend`` writes
+               each layer's new rows into its own blocks and runs our Triton paged attention
+               through its table (vLLM's way): no copy at admission
   tokens       the prompt, then every token stepped; ``length`` rows are computed
 
   logits = req.prefill(model, chunk_tokens=None)   the prompt's uncached tokens (in chunks of
@@ -52,13 +55,18 @@ class Request:
         self._polling = False
         self.k: torch.Tensor | None = None
         self.v: torch.Tensor | None = None
+        self.in_place = bool(getattr(cache, "in_place", False))
+        self._table_t: torch.Tensor | None = None  # (1, blocks) on the device: the kernels'
+        self._lengths: torch.Tensor | None = None  # (1,) int32: a step's length
 
     # ---------------------------------------------------------------- set-up and teardown
-    def start(self, scratch: tuple[torch.Tensor, torch.Tensor]) -> None:
-        """Take the contiguous buffers and copy the cached rows into them."""
-        self.k, self.v = scratch
-        if self.cached:
-            self.cache.pool.read_into(self.table, self.cached, self.k[:, 0], self.v[:, 0])
+    def start(self, scratch: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+        """Take the contiguous buffers and copy the cached rows into them (None: read in
+        place, nothing to copy)."""
+        if scratch is not None:
+            self.k, self.v = scratch
+            if self.cached:
+                self.cache.pool.read_into(self.table, self.cached, self.k[:, 0], self.v[:, 0])
         self.length = self.cached
 
     def release(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,8 +76,9 @@ class Request:
         return pair  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ the KV cache API
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _span(self, k: torch.Tensor) -> tuple[int, int]:
+        """(start, end) of a forward's new rows; a stop asked for, or rows past the capacity
+        the request was admitted for, end it here."""
         if self._polling and self.should_stop is not None and self.should_stop():
             raise RequestCancelled("stopped")
         start, end = self.length, self.length + k.size(2)
@@ -77,6 +86,35 @@ class Request:
             raise ValueError(f"this request was admitted for {self.capacity} tokens; this "
                              f"step would need {end}; allowed: max_new_tokens more at "
                              "admission")
+        return start, end
+
+    def attends(self, q: torch.Tensor) -> bool:
+        """Read in place: ``attend`` takes every forward's attention."""
+        return self.in_place
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+               ) -> torch.Tensor:
+        """In place: this layer's new rows k, v (1, n_kv, T, hs) into the request's own blocks,
+        then y (1, nh, T, hs), each new token over rows 0..its position, through its table."""
+        from ..kernels.gpu.decode_attention import decode_attention  # noqa: PLC0415 (triton)
+        from ..kernels.gpu.paged_prefill import paged_prefill  # noqa: PLC0415
+
+        start, end = self._span(k)
+        if layer == 0:  # blocks for the new rows (own ones: shared blocks are never written)
+            self.cache.reserve(self, end)
+            self._table_t = torch.tensor([self.table], dtype=torch.int64, device=q.device)
+            self._lengths = torch.full((1,), end, dtype=torch.int32, device=q.device)
+        self.cache.pool.write(self.table, start, k[0], v[0], layer=layer)
+        kp, vp = self.cache.pool.layer_view(layer)
+        if k.size(2) > 1:
+            return paged_prefill(q.contiguous(), kp, vp, self._table_t, start)
+        y = decode_attention(q[:, :, 0].contiguous(), kp, vp, self._lengths,
+                             table=self._table_t)  # (1, nh, hs)
+        return y.unsqueeze(2)
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        start, end = self._span(k)
         kb, vb = self.k[layer], self.v[layer]  # type: ignore[index]
         kb[:, :, start:end] = k
         vb[:, :, start:end] = v
@@ -85,14 +123,15 @@ class Request:
     def advance(self, n_new: int) -> None:
         """The forward's rows are complete in every layer: into the request's own blocks."""
         start, end = self.length, self.length + n_new
-        self.cache.reserve(self, end)
-        k, v = self.k[:, 0, :, start:end], self.v[:, 0, :, start:end]  # type: ignore[index]
-        self.cache.pool.write(self.table, start, k, v)
+        if not self.in_place:  # (in place, ``attend`` wrote them layer by layer)
+            self.cache.reserve(self, end)
+            k, v = self.k[:, 0, :, start:end], self.v[:, 0, :, start:end]  # type: ignore[index]
+            self.cache.pool.write(self.table, start, k, v)
         self.length = end
 
     # ------------------------------------------------------------------------ generating
     def _ids(self, tokens: list[int]) -> torch.Tensor:
-        return torch.tensor([tokens], dtype=torch.long, device=self.k.device)  # type: ignore
+        return torch.tensor([tokens], dtype=torch.long, device=self.cache.pool.k.device)
 
     @torch.no_grad()
     def prefill(self, model: Any, chunk_tokens: int | None = None) -> torch.Tensor:
