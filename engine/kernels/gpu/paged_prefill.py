@@ -28,7 +28,9 @@ BLOCK_Q = 16  # new tokens a program takes
 BLOCK_K = 32  # cache rows a tile
 
 
-@triton.jit
+# A request's token count and offset change from call to call: specialising on them (== 1, a
+# multiple of 16) would compile again inside a timed prefill.
+@triton.jit(do_not_specialize=["T", "offset"])
 def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, tab_ptr, y_ptr, T, offset,
                           sq_b, sq_h, sq_t, sk_n, sk_h, sk_t, sv_n, sv_h, sv_t, st_b,
                           sy_b, sy_h, sy_t, scale,
