@@ -192,8 +192,10 @@ for _spec in (
              roles=frozenset({"planner_step"})),
     ModeSpec("int8_kv", 11, "11 · int8 KV cache (a scale per token and head)", "#637939",
              "Keys/values stored as int8 with one absmax scale per token and head (a quarter of "
-             "fp32's bytes), dequantized every step for fused attention. Not exact: its logits "
-             "error is measured and must stay within 5% of the largest logit.", _EAGER,
+             "fp32's bytes). On a CPU dequantized every step for fused attention; on a GPU with "
+             "Triton a step's attention reads the int8 rows and scales as stored (a prefill "
+             "still dequantizes). Not exact: its logits error is measured and must stay within "
+             "5% of the largest logit.", _EAGER,
              dict(mask="none"), cache="kv_int8", kv_storage="int8", tolerance=0.05,
              roles=frozenset({"planner_step"})),
     ModeSpec("int8_weights", 12, "12 · int8 weights (a scale per output channel)", "#8c6d31",

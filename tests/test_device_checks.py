@@ -79,8 +79,8 @@ def test_the_gpu_paths_own_stages_give_their_verdicts(tmp_path: Path) -> None:
         {**tile, "tiles": [1, 32, 128], "picked": True, "us": 9.0, "read_gbps": 786.0},
         {**tile, "tiles": [1, 8, 256], "picked": False, "us": 6.0, "read_gbps": 1180.0}]},
         d / "t.json")
-    point = {"batch_size": 1, "context_len": 1023, "logits_rel_diff": 2e-7}
-    paged = _gpu_run("paged_reads", {"points": [
+    point = {"mode": "paged", "batch_size": 1, "context_len": 1023, "logits_rel_diff": 2e-7}
+    paged = _gpu_run("cache_reads", {"points": [
         {**point, "gather_ms": 4.9, "in_place_ms": 1.2, "speedup": 4.9 / 1.2},
         {**point, "batch_size": 32, "gather_ms": 9.0, "in_place_ms": 10.0, "speedup": 0.9}]},
         d / "p.json")
@@ -91,16 +91,16 @@ def test_the_gpu_paths_own_stages_give_their_verdicts(tmp_path: Path) -> None:
         ((1, 1.745, 15.5), (2, 2.216, 19.4))],
         "crossover": [{"mode": "triton", "context_len": 128, "batch_crossover": 52.4}]},
         d / "c.json", partial=True)
-    on_cpu = _gpu_run("paged_reads", {"points": []}, d / "cpu.json", device="cpu",
+    on_cpu = _gpu_run("cache_reads", {"points": []}, d / "cpu.json", device="cpu",
                       when="2026-12-07T10:00:00+00:00")  # newer, but not a GPU's: ignored
     block = kernels_block([tiles, paged, sdpa, curve, on_cpu], tmp_path)
     assert "the pick was the fastest tile for 0 of 1" in block
     assert "| float32 | 2304×768 | [1, 32, 128]: 9.0 µs, 786 GB/s | [1, 8, 256]: 6.0 µs" in block
     assert "in place faster at 1 of 2 points; logits differ by at most 2.0e-07" in block
-    assert "| 1 | 1023 | 4.900 | 1.200 | 4.08× |" in block
+    assert "| `paged` | 1 | 1023 | 4.900 | 1.200 | 4.08× |" in block
     assert "`sdpa-backends` ran out of time before its first point" in block
     assert "| `triton` | 128 | 1: 1.745, 573, 15.5× | 2: 2.216, 903, 19.4× | 52.4 |" in block
     assert "Stopped early" in block.split("c.json")[1][:40]
     assert "Not run on a GPU yet" not in block
     assert kernels_block([on_cpu], tmp_path) == ("Not run on a GPU yet: `triton-tiles`, "
-                                                 "`paged-reads`, `sdpa-backends`, `batch-curve`.")
+                                                 "`cache-reads`, `sdpa-backends`, `batch-curve`.")

@@ -132,6 +132,32 @@ def test_each_paged_check_fails_on_a_planted_bug(old: str, new: str, bug: str,
     assert not worst < 1e-3, f"the checks missed a planted bug: {bug}"
 
 
+def worst_int8_error(mod: ModuleType, n_kv: int, lengths: list[int], t_max: int) -> float:
+    """The kernel over int8 rows and their per-token, per-head scales, against fp64 attention
+    over the same rows dequantized."""
+    q, k, v, lens = case(n_kv, lengths, t_max)
+    stored = []
+    for x in (k, v):
+        s = (x.abs().amax(-1) / 127).clamp_min(1e-12)  # (B, n_kv, T_max)
+        stored.append(((x / s[..., None]).round().clamp(-127, 127).to(torch.int8), s))
+    (kq, ks), (vq, vs) = stored
+    got = mod.decode_attention(q, kq, vq, lens, scales=(ks, vs))
+    want = reference(q, kq.double() * ks[..., None], vq.double() * vs[..., None], lens)
+    return float((got.double().cpu() - want).abs().max())
+
+
+@pytest.mark.parametrize(("n_kv", "lengths", "t_max"), CASES)
+def test_decode_attention_over_int8_rows_matches_torch(n_kv: int, lengths: list[int],
+                                                       t_max: int) -> None:
+    assert worst_int8_error(da, n_kv, lengths, t_max) < 1e-5
+
+
+def test_the_int8_check_fails_on_a_planted_bug(tmp_path: Path) -> None:
+    mod = planted(da, "s_rows = b * ss_b + g * ss_h + t", "s_rows = b * ss_b + t", tmp_path)
+    worst = max(worst_int8_error(mod, *c) for c in CASES)
+    assert not worst < 1e-3, "the checks missed every head reading the first head's scales"
+
+
 def test_the_grid_depends_on_the_capacity_only() -> None:
     """A CUDA graph replays one grid at every position: splits come from T_max, not lengths."""
     assert da.splits_for(1024, 12) == da.splits_for(1024, 12)
@@ -240,21 +266,64 @@ def test_a_paged_cache_reads_in_place_only_where_triton_compiles() -> None:
     assert make_cache("paged", model, 1, 32).reads == "gather"
     with pytest.raises(ValueError, match="allowed: gather, in_place"):
         make_cache("paged", model, 1, 32, reads="scatter")
-    with pytest.raises(ValueError, match="only a paged cache"):
+    with pytest.raises(ValueError, match="only a paged or quantized cache"):
         make_cache("prealloc", model, 1, 32, reads="in_place")
+    assert make_cache("kv_int8", model, 1, 32).reads == "gather"
 
 
-def test_the_device_checks_paged_comparison_times_both_ways_after_comparing_logits() -> None:
-    """The ``paged-reads`` stage's measurement (a GPU stage) run here under the interpreter:
+def test_the_device_checks_read_comparison_times_both_ways_after_comparing_logits() -> None:
+    """The ``cache-reads`` stage's measurement (a GPU stage) run here under the interpreter:
     one row per point, both ways' samples interleaved, the logits compared first."""
-    from scripts.device_check.gpu_stages import time_paged_reads
+    from scripts.device_check.gpu_stages import time_reads
 
     from .conftest import small_model
 
     model = small_model(n_layer=2, block_size=64).to(DEVICE)
-    rows = time_paged_reads(model, ((2, 20), (1, 100)), rounds=2)
-    assert [(r["batch_size"], r["context_len"]) for r in rows] == [(2, 20), (1, 63)]
+    rows = time_reads(model, (("paged", 2, 20), ("int8_kv", 1, 100)), rounds=2)
+    assert [(r["mode"], r["batch_size"], r["context_len"]) for r in rows] == [
+        ("paged", 2, 20), ("int8_kv", 1, 63)]
     for r in rows:
         assert r["logits_rel_diff"] < 1e-5
         assert len(r["gather_samples_ms"]) == len(r["in_place_samples_ms"]) == 2
         assert r["speedup"] == r["gather_ms"] / r["in_place_ms"] > 0
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_the_int8_cache_read_in_place_gives_its_gathered_logits(
+        family: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mode 11's cache read in place (its GPU path): every step by the kernel over the int8
+    rows as stored -- never ``update``'s dequantized copy -- gives the logits and tokens of the
+    same cache read back dequantized (the same stored values: fp32 rounding apart)."""
+    from engine import decode
+    from engine.cache.quantized import QuantizedKVCache
+    from engine.decoders.eager import Decoder
+    from engine.models.llama.model import Llama, LlamaConfig
+
+    from .conftest import random_prompt, small_model
+
+    if family == "gpt2":
+        model = small_model(n_layer=2, block_size=64)
+    else:
+        model = Llama.random(LlamaConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=64,
+                                         n_hidden=64, block_size=64, vocab_size=256), seed=0,
+                             std=0.2)
+    model = model.to(DEVICE)
+    prompt = random_prompt(5, batch=2, vocab=model.config.vocab_size).to(DEVICE)
+    want = decode(Decoder(model, batch_size=2, capacity=64, cache_kind="kv_int8",
+                          reads="gather"), prompt, 16, keep_logits=True)
+    steps = []
+    real_update = QuantizedKVCache.update
+
+    def update(self: QuantizedKVCache, layer: int, k: torch.Tensor, v: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        steps.append(k.size(2))
+        return real_update(self, layer, k, v)
+
+    monkeypatch.setattr(QuantizedKVCache, "update", update)
+    got = decode(Decoder(model, batch_size=2, capacity=64, cache_kind="kv_int8",
+                         reads="in_place"), prompt, 16, keep_logits=True)
+    assert set(steps) == {5}  # the prefill dequantized; no step did
+    assert torch.equal(got.tokens, want.tokens)
+    worst = max(float((a.cpu() - b.cpu()).abs().max() / b.abs().max())
+                for a, b in zip(got.logits, want.logits, strict=True))
+    assert worst < 1e-4

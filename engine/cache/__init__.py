@@ -84,10 +84,12 @@ def make_cache(kind: str, model: Shaped, batch_size: int = 1,
                capacity: int | None = None, *, reads: str | None = None) -> KVCache:
     """An empty cache of ``kind`` for ``batch_size`` sequences of ``model``; ``capacity`` tokens
     (default: the model's limit) for the kinds sized once (all but "concat"). Each layer holds
-    ``cfg.n_kv_head`` heads (fewer than the query heads under GQA). ``reads``: how a "paged"
-    cache is read ("gather" | "in_place", ``engine.cache.paged``; None: its device's default)."""
-    if reads is not None and kind != "paged":
-        raise ValueError(f"only a paged cache is read in more than one way; {kind!r} is not")
+    ``cfg.n_kv_head`` heads (fewer than the query heads under GQA). ``reads``: how a paged or
+    quantized cache is read ("gather" | "in_place", ``engine.cache.paged``; None: its device's
+    default)."""
+    if reads is not None and kind != "paged" and kind not in QUANTIZED_KINDS:
+        raise ValueError(f"only a paged or quantized cache is read in more than one way; "
+                         f"{kind!r} is not")
     cfg = model.config
     cap = cfg.block_size if capacity is None else capacity
     shape = (cfg.n_layer, batch_size, cfg.n_kv_head, cap, cfg.head_dim)
@@ -103,7 +105,7 @@ def make_cache(kind: str, model: Shaped, batch_size: int = 1,
         from .quantized import QuantizedKVCache  # noqa: PLC0415 (rarely used)
 
         return QuantizedKVCache(*shape, storage=QUANTIZED_KINDS[kind],
-                                device=model.device, dtype=model.dtype)
+                                device=model.device, dtype=model.dtype, reads=reads)
     raise ValueError(f"unknown cache kind {kind!r}; allowed: {', '.join(CACHE_KINDS)}")
 
 

@@ -5,11 +5,17 @@ same small API as ``engine.cache.contiguous``'s caches.
 head (absmax / 127), or float16 / bfloat16 -- and returned dequantized in the model's dtype.
 Not exact: the logits move, by an amount the planner measures and the gate bounds. It holds
 ``n_kv_head`` heads per layer (``engine.cache.make_cache`` passes the model's ``cfg.n_kv_head``).
+How a step reads it (``reads``, as ``engine.cache.paged``'s): "gather" -- ``update`` returns every
+row dequantized, a copy in the model's dtype each call; "in_place" (the default on a CUDA GPU
+with Triton) -- a one-token step's ``attend`` quantizes and writes its row, then our Triton
+decode attention reads the stored rows and scales as they are, dequantizing in registers.
 """
 
 from __future__ import annotations
 
 import torch
+
+from .paged import READS, default_reads
 
 INT8_MAX = 127.0
 
@@ -19,9 +25,15 @@ class QuantizedKVCache:
 
     def __init__(self, n_layer: int, batch_size: int, n_kv_head: int, capacity: int,
                  head_dim: int, *, storage: str = "int8", device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32) -> None:
+                 dtype: torch.dtype = torch.float32, reads: str | None = None) -> None:
         if storage not in ("int8", "float16", "bfloat16"):
             raise ValueError(f"storage must be int8, float16 or bfloat16, got {storage!r}")
+        reads = default_reads(device) if reads is None else reads
+        if reads not in READS:
+            raise ValueError(f"unknown way to read a quantized cache {reads!r}; allowed: "
+                             f"{', '.join(READS)}")
+        self.reads, self.in_place = reads, reads == "in_place"
+        self._lengths: torch.Tensor | None = None  # (B,) int32: the in-place step's lengths
         self.kind = f"kv_{storage}"
         self.storage, self.dtype = storage, dtype
         shape = (n_layer, batch_size, n_kv_head, capacity, head_dim)  # (L, B, n_kv, T_max, hs)
@@ -47,8 +59,9 @@ class QuantizedKVCache:
         rows = q[:, :, :end].to(self.dtype)
         return rows if scale is None else rows * scale[:, :, :end]
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _write(self, layer: int, k: torch.Tensor, v: torch.Tensor
+               ) -> tuple[int, torch.Tensor | None, torch.Tensor | None]:
+        """The new rows stored (quantized); (the length after them, this layer's scales)."""
         start, end = self.length, self.length + k.size(2)
         if end > self.capacity:
             raise ValueError(f"KV cache holds at most {self.capacity} tokens; this step would "
@@ -57,6 +70,29 @@ class QuantizedKVCache:
         vs = None if self.v_scale is None else self.v_scale[layer]
         self._store(self.k_q[layer], ks, k, start, end)
         self._store(self.v_q[layer], vs, v, start, end)
+        return end, ks, vs
+
+    def attends(self, q: torch.Tensor) -> bool:
+        """Does ``attend`` take these queries (B, nh, T, hs): read in place, one token each."""
+        return self.in_place and q.size(2) == 1
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+               ) -> torch.Tensor:
+        """A one-token step read in place: the row k, v (B, n_kv, 1, hs) stored, then y (B,
+        nh, 1, hs) over the stored rows as they are (``reads`` "in_place")."""
+        from ..kernels.gpu.decode_attention import decode_attention  # noqa: PLC0415 (triton)
+
+        end, ks, vs = self._write(layer, k, v)
+        if layer == 0 or self._lengths is None:  # one small copy a step, not one a layer
+            self._lengths = torch.full((k.size(0),), end, dtype=torch.int32, device=q.device)
+        scales = None if ks is None or vs is None else (ks[..., 0], vs[..., 0])
+        y = decode_attention(q[:, :, 0].contiguous(), self.k_q[layer], self.v_q[layer],
+                             self._lengths, scales=scales)  # (B, nh, hs)
+        return y.unsqueeze(2)
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        end, ks, vs = self._write(layer, k, v)
         return self._read(self.k_q[layer], ks, end), self._read(self.v_q[layer], vs, end)
 
     def advance(self, n_new: int) -> None:

@@ -107,7 +107,7 @@ for _e in (
                "a shared-prefix workload under KV budgets"),
     Experiment("batch_curve", "batch_curve", "step time against the batch",
                device_shares=(("batch-curve", 0.06), ("sdpa-backends", 0.02),
-                              ("triton-tiles", 0.03), ("paged-reads", 0.02))),
+                              ("triton-tiles", 0.03), ("cache-reads", 0.03))),
 ):
     register(_e)
 

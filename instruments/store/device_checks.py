@@ -17,10 +17,11 @@ of the device checks committed under docs/runs/. Torch-free.
                             bytes / measured bandwidth)
   kernels_block(runs, root) generated block "gpu-kernels": the newest GPU run of each stage that
                             times the GPU path itself -- the Triton products under each tile
-                            (``triton_tiles``), mode 10 gathered against read in place
-                            (``paged_reads``), SDPA's backends (``sdpa_backends``), the batch
-                            curve (``batch_curve``) -- each a table with its verdict; a stage
-                            no check has run is named as waiting
+                            (``triton_tiles``), mode 10 gathered and mode 11 dequantized
+                            against both read in place (``cache_reads``), SDPA's backends
+                            (``sdpa_backends``), the batch curve (``batch_curve``) -- each a
+                            table with its verdict; a stage no check has run is named as
+                            waiting
 """
 
 from __future__ import annotations
@@ -175,7 +176,7 @@ def brief_block(runs: list[Run], root: Path) -> str:
     return "\n".join(lines) or "No device check committed yet."
 
 
-KERNEL_KINDS = {"triton_tiles": "triton-tiles", "paged_reads": "paged-reads",
+KERNEL_KINDS = {"triton_tiles": "triton-tiles", "cache_reads": "cache-reads",
                 "sdpa_backends": "sdpa-backends", "batch_curve": "batch-curve"}
 
 
@@ -197,15 +198,16 @@ def _tiles(run: Run) -> list[str]:
             *md_table(["dtype", "N×K", "picked tile", "fastest tile"], rows)]
 
 
-def _paged(run: Run) -> list[str]:
+def _reads(run: Run) -> list[str]:
     points = run["tables"].get("points", [])
     wins = sum(p["speedup"] > 1 for p in points)
     worst = max((p["logits_rel_diff"] for p in points), default=0.0)
-    rows = [[p["batch_size"], p["context_len"], f"{p['gather_ms']:.3f}",
+    rows = [[f"`{p['mode']}`", p["batch_size"], p["context_len"], f"{p['gather_ms']:.3f}",
              f"{p['in_place_ms']:.3f}", f"{p['speedup']:.2f}×"] for p in points]
-    return [f"Mode 10 both ways (`paged-reads`): in place faster at {wins} of {len(points)} "
-            f"points; logits differ by at most {worst:.1e} of the largest.", "",
-            *md_table(["batch", "context", "gathered (ms)", "in place (ms)", "speed-up"], rows)]
+    return [f"Modes 10 and 11 both ways (`cache-reads`): in place faster at {wins} of "
+            f"{len(points)} points; logits differ by at most {worst:.1e} of the largest.", "",
+            *md_table(["mode", "batch", "context", "read back (ms)", "in place (ms)",
+                       "speed-up"], rows)]
 
 
 def _sdpa(run: Run) -> list[str]:
@@ -242,7 +244,7 @@ def kernels_block(runs: list[Run], root: Path) -> str:
     for r in sorted(runs, key=lambda r: str(r["created_utc"])):
         if r["kind"] in KERNEL_KINDS and str(r["meta"].get("device")).startswith("cuda"):
             newest[r["kind"]] = r
-    makers = {"triton_tiles": _tiles, "paged_reads": _paged, "sdpa_backends": _sdpa,
+    makers = {"triton_tiles": _tiles, "cache_reads": _reads, "sdpa_backends": _sdpa,
               "batch_curve": _batch}
     out = []
     for kind, maker in makers.items():

@@ -113,7 +113,7 @@ BLOCKS: dict[str, Block] = {
     "gpu-brief": Block("gpu", gpu.brief_block, "`scripts/gpu_check.sh --out docs/runs/gpu/"
                        "<date>-<gpu>` on a GPU machine", recursive=True),
     "gpu-kernels": Block("gpu", gpu.kernels_block, "the device check's `triton-tiles`, "
-                         "`paged-reads`, `sdpa-backends` and `batch-curve` stages on a GPU "
+                         "`cache-reads`, `sdpa-backends` and `batch-curve` stages on a GPU "
                          "(`scripts/gpu_check.sh --out docs/runs/gpu/<date>-<gpu>`)",
                          recursive=True),
     "gpu-modes": Block("gpu-first-light", gpu.modes_block, "first light's sweeps (../shared/"

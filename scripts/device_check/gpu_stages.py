@@ -6,9 +6,10 @@
                   cuDNN's allowed: why the engine keeps it off (first light: mode 8 at 74-76 ms a
                   step); partial when it could not time all four decodes
   triton_tiles    gpt2's products alone under a few tile sizes beside ``blocks``' own pick
-  paged_reads     mode 10 both ways, side by side: its blocks gathered per step against read in
-                  place by our Triton decode attention (its default on a GPU: kept only if it
-                  wins), each pair's logits compared first
+  cache_reads     modes 10 and 11 both ways, side by side: the paged cache's blocks gathered and
+                  the int8 cache's rows dequantized per step, against both read in place by our
+                  Triton decode attention (their default on a GPU: kept only if it wins), each
+                  pair's logits compared first
   prefix          the prefix cache on SmolLM2: TTFT against the cached prefix (the served
                   request, the extend and the cold prefill in interleaved rounds), then the
                   multi-turn chat with and without reuse (``instruments.experiments.prefix_*``)
@@ -134,25 +135,30 @@ def triton_tiles(check: Any) -> None:
     check.save(results.new_run("triton_tiles", meta, {"products": rows}))
 
 
-# (batch, context), the most telling first: a check out of time keeps what it measured
-PAGED_POINTS = ((1, 1023), (32, 1023), (128, 1023), (1, 128), (32, 128))
+# (mode, batch, context), the most telling first: a check out of time keeps what it measured
+READ_POINTS = (("paged", 1, 1023), ("int8_kv", 1, 1023), ("paged", 32, 1023),
+               ("int8_kv", 32, 1023), ("paged", 128, 1023), ("int8_kv", 128, 1023),
+               ("paged", 1, 128), ("int8_kv", 1, 128))
 
 
-def time_paged_reads(model: Any, points: tuple[tuple[int, int], ...], rounds: int = 5,
-                     should_stop: Any = None) -> list[dict[str, Any]]:
-    """At each (batch, context): mode 10's decoder with its blocks gathered and one reading
-    them in place, moved to the context (untimed), their logits compared (the largest |diff|
-    over the largest |logit|), then one step each timed in ``rounds`` interleaved rounds."""
+def time_reads(model: Any, points: tuple[tuple[str, int, int], ...], rounds: int = 5,
+               should_stop: Any = None) -> list[dict[str, Any]]:
+    """At each (mode, batch, context): the mode's decoder with its cache read back (gathered
+    or dequantized) and one reading it in place, moved to the context (untimed), their logits
+    compared (the largest |diff| over the largest |logit|), then one step each timed in
+    ``rounds`` interleaved rounds."""
     from engine.decoders.eager import Decoder
     from engine.loop import random_prompt
+    from instruments import lineup
     from instruments.measure.sampler import Sampler
 
     rows: list[dict[str, Any]] = []
-    for batch, t in points:
+    for mode, batch, t in points:
         t = min(t, model.config.block_size - 1)
         ids = random_prompt(model, batch, t + 1, 0)
-        decs = {r: Decoder(model, batch_size=batch, capacity=t + 1, cache_kind="paged",
-                           reads=r) for r in ("gather", "in_place")}
+        decs = {r: Decoder(model, batch_size=batch, capacity=t + 1,
+                           cache_kind=lineup.spec(mode).cache, reads=r)
+                for r in ("gather", "in_place")}
         tok, logits = ids[:, t - 1 : t], {}
         with torch.no_grad():
             for r, d in decs.items():
@@ -167,22 +173,23 @@ def time_paged_reads(model: Any, points: tuple[tuple[int, int], ...], rounds: in
         if got is None:
             break
         gather_ms, in_place_ms = got["gather"].median_ms, got["in_place"].median_ms
-        rows.append({"batch_size": batch, "context_len": t, "logits_rel_diff": diff,
-                     "gather_ms": gather_ms, "in_place_ms": in_place_ms,
-                     "speedup": gather_ms / in_place_ms,
+        rows.append({"mode": mode, "batch_size": batch, "context_len": t,
+                     "logits_rel_diff": diff, "gather_ms": gather_ms,
+                     "in_place_ms": in_place_ms, "speedup": gather_ms / in_place_ms,
                      "gather_samples_ms": got["gather"].samples_ms,
                      "in_place_samples_ms": got["in_place"].samples_ms})
     return rows
 
 
-def paged_reads(check: Any) -> None:
-    """Mode 10 in fp32 both ways at ``PAGED_POINTS``: the verdict on its GPU default."""
+def cache_reads(check: Any) -> None:
+    """Modes 10 and 11 in fp32 both ways at ``READ_POINTS``: the verdict on their GPU
+    default (read in place)."""
     loaded = check.model("float32")
-    points = ((1, 16), (2, 40)) if check.args.tiny else PAGED_POINTS
-    rows = time_paged_reads(loaded.model, points, 3 if check.args.tiny else 7, check.stop)
+    points = (("paged", 1, 16), ("int8_kv", 2, 40)) if check.args.tiny else READ_POINTS
+    rows = time_reads(loaded.model, points, 3 if check.args.tiny else 7, check.stop)
     for r in rows:
-        print(f"  batch {r['batch_size']:4d} ctx {r['context_len']:5d}: gathered "
-              f"{r['gather_ms']:8.3f} ms, in place {r['in_place_ms']:8.3f} ms = "
+        print(f"  {r['mode']:8s} batch {r['batch_size']:4d} ctx {r['context_len']:5d}: read "
+              f"back {r['gather_ms']:8.3f} ms, in place {r['in_place_ms']:8.3f} ms = "
               f"{r['speedup']:.2f}x; logits differ by {r['logits_rel_diff']:.1e} of the largest")
     wins = sum(r["speedup"] > 1 for r in rows)
     exact = all(r["logits_rel_diff"] < 1e-4 for r in rows)
@@ -193,9 +200,9 @@ def paged_reads(check: Any) -> None:
                              f"{len(points)}; logits {'agree' if exact else 'differ'}")
     meta = results.collect_meta(model=check.name, device=check.args.device, dtype="float32",
                                 device_name=str(describe_device(check.args.device)["name"]),
-                                batch_size=max(b for b, _ in points),
+                                batch_size=max(b for _, b, _ in points),
                                 config=loaded.model.config.to_dict())
-    check.save(results.new_run("paged_reads", meta, {"points": rows}))
+    check.save(results.new_run("cache_reads", meta, {"points": rows}))
 
 
 def no_triton(args: Any) -> str | None:

@@ -43,9 +43,9 @@ from instruments.store import results
 
 from .gpu_stages import (
     batch_curve,
+    cache_reads,
     no_sdpa,
     no_triton,
-    paged_reads,
     prefix,
     sdpa_backends,
     triton_tiles,
@@ -390,7 +390,7 @@ _MEASURING = {  # the order is the registry's: the compile, likeliest to overrun
     "batch-curve": (batch_curve, None, "step and tokens/s against the batch, with the floors"),
     "sdpa-backends": (sdpa_backends, no_sdpa, "bf16 decode steps with cuDNN's SDPA allowed"),
     "triton-tiles": (triton_tiles, no_triton, "gpt2's products alone under a few tile sizes"),
-    "paged-reads": (paged_reads, no_triton, "mode 10 gathered against read in place"),
+    "cache-reads": (cache_reads, no_triton, "modes 10, 11 read back against read in place"),
     "prefix": (prefix, None, "SmolLM2's TTFT against the cached prefix; the chat with reuse"),
 }
 MEASURING = [Stage(name, _MEASURING[name][0], share=share, skip=_MEASURING[name][1],

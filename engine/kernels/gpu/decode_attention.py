@@ -9,6 +9,9 @@ KV cache, split over the cache (flash-decoding), grouped-query heads reading the
       read in place (vLLM's paged attention): k_pool, v_pool (n_blocks, n_kv, bt, hs), table
       (B, blocks_per_seq) integer block ids: row t of sequence b is row t % bt of block
       table[b, t // bt]. No gather: the copy ``engine.cache.paged`` makes without it.
+  decode_attention(q, k_q, v_q, lengths, scales=(k_scale, v_scale))   the same over int8 rows
+      (B, n_kv, T_max, hs) with one scale per token and head (B, n_kv, T_max), dequantized in
+      registers: no fp32 copy (``engine.cache.quantized`` makes one without it)
   split_attention(...) / merge(...)   its two stages, for a caller that folds the merge into
       what follows it (the fused rungs merge inside the output projection's product);
       ``split_buffers`` makes the first stage's outputs once, for a captured step
@@ -51,12 +54,12 @@ def splits_for(t_max: int, n_seq_heads: int) -> tuple[int, int]:
 
 
 @triton.jit
-def _split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, tab_ptr, o_ptr, lse_ptr,
-                  sq_b, sq_h, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t, st_b, so_b, so_h, so_s,
-                  sl_b, sl_h, scale, split_t,
+def _split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, tab_ptr, ks_ptr, vs_ptr, o_ptr, lse_ptr,
+                  sq_b, sq_h, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t, st_b, ss_b, ss_h,
+                  so_b, so_h, so_s, sl_b, sl_h, scale, split_t,
                   N_KV: tl.constexpr, GROUP: tl.constexpr, GROUP_P: tl.constexpr,
                   HS: tl.constexpr, HS_P: tl.constexpr, BLOCK: tl.constexpr,
-                  PAGE: tl.constexpr):
+                  PAGE: tl.constexpr, SCALED: tl.constexpr):
     pid = tl.program_id(0)
     split = tl.program_id(1)
     b = pid // N_KV
@@ -87,6 +90,9 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, tab_ptr, o_ptr, lse_ptr,
             v_rows = b * sv_b + t * sv_t
         k = tl.load(k_ptr + k_rows[:, None] + g * sk_h + d[None, :],
                     mask=kv_mask, other=0.0).to(tl.float32)  # (T, HS)
+        if SCALED:  # int8 rows: one scale per token and head (both caches' rows: b, g, t)
+            s_rows = b * ss_b + g * ss_h + t
+            k = k * tl.load(ks_ptr + s_rows, mask=tmask, other=0.0).to(tl.float32)[:, None]
         s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale  # (G, T)
         s = tl.where(tmask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -95,6 +101,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, tab_ptr, o_ptr, lse_ptr,
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_ptr + v_rows[:, None] + g * sv_h + d[None, :],
                     mask=kv_mask, other=0.0).to(tl.float32)
+        if SCALED:
+            v = v * tl.load(vs_ptr + s_rows, mask=tmask, other=0.0).to(tl.float32)[:, None]
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
         m_i = m_new
     filled = l_i > 0  # an empty split (past the length) leaves lse = -inf, out = 0
@@ -125,11 +133,13 @@ def _merge_kernel(o_ptr, lse_ptr, y_ptr, n_splits, so_b, so_h, so_s, sl_b, sl_h,
 
 def split_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     lengths: torch.Tensor, part: torch.Tensor | None = None,
-                    lse: torch.Tensor | None = None, table: torch.Tensor | None = None
+                    lse: torch.Tensor | None = None, table: torch.Tensor | None = None,
+                    scales: tuple[torch.Tensor, torch.Tensor] | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """Stage one: (partial outputs (B, nh, n_splits, hs) fp32, log-sum-exps (B, nh, n_splits)),
     into ``part`` and ``lse`` when given (``split_buffers``: a captured step's own). With
-    ``table``, k/v are a pool of blocks read through it (the module docstring)."""
+    ``table``, k/v are a pool of blocks read through it; with ``scales``, int8 rows scaled per
+    token and head (the module docstring)."""
     B, nh, hs = q.shape
     n_kv = k_cache.size(1)
     if table is None:
@@ -148,19 +158,29 @@ def split_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                          "lengths (B,)")
     if k_cache.stride(3) != 1 or v_cache.stride(3) != 1 or q.stride(2) != 1:
         raise ValueError("q, k and v need their last dimension contiguous")
+    if scales is not None and (table is not None or scales[0].shape != k_cache.shape[:3]
+                               or scales[1].shape != k_cache.shape[:3]
+                               or scales[0].stride() != scales[1].stride()
+                               or scales[0].stride(2) != 1):
+        raise ValueError(f"scales {[tuple(s.shape) for s in scales]} do not fit k "
+                         f"{tuple(k_cache.shape)}; allowed: two (B, n_kv, T_max) tensors alike, "
+                         "one scale per token and head, for a contiguous cache")
     split_t, n_splits = splits_for(t_max, B * n_kv)
     if part is None or lse is None:
         part, lse = split_buffers(q, t_max, n_kv)
     group = nh // n_kv
     tab = lengths if table is None else table  # never read without a table (PAGE = 0)
+    ks, vs = (lengths, lengths) if scales is None else scales  # never read unscaled
     _split_kernel[(B * n_kv, n_splits)](
-        q, k_cache, v_cache, lengths, tab, part, lse,
+        q, k_cache, v_cache, lengths, tab, ks, vs, part, lse,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), tab.stride(0),
+        ks.stride(0), ks.stride(1) if ks.dim() > 1 else 0,
         part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1),
         1.0 / math.sqrt(hs), split_t,
         N_KV=n_kv, GROUP=group, GROUP_P=triton.next_power_of_2(group),
-        HS=hs, HS_P=triton.next_power_of_2(hs), BLOCK=BLOCK_T, PAGE=page)
+        HS=hs, HS_P=triton.next_power_of_2(hs), BLOCK=BLOCK_T, PAGE=page,
+        SCALED=scales is not None)
     return part, lse
 
 
@@ -185,8 +205,9 @@ def merge(part: torch.Tensor, lse: torch.Tensor, dtype: torch.dtype) -> torch.Te
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     lengths: torch.Tensor, table: torch.Tensor | None = None) -> torch.Tensor:
+                     lengths: torch.Tensor, table: torch.Tensor | None = None,
+                     scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """y (B, nh, hs): each sequence's one query over rows [0, lengths[b]) of its cache (of its
-    blocks, in the order of ``table``, when given)."""
-    part, lse = split_attention(q, k_cache, v_cache, lengths, table=table)
+    blocks, in the order of ``table``; int8 rows times ``scales``, when given)."""
+    part, lse = split_attention(q, k_cache, v_cache, lengths, table=table, scales=scales)
     return merge(part, lse, q.dtype)
