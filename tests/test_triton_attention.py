@@ -210,6 +210,36 @@ def test_mode_6_with_the_kernel_gives_mode_1s_tokens(family: str) -> None:
     assert torch.equal(decode(dec, prompt, 12).tokens, want)
 
 
+def in_place_model(family: str) -> torch.nn.Module:
+    """A 2-layer model on ``DEVICE``: GPT-2's test shape (heads of 16), or a Llama with grouped
+    heads of 16 ("llama") or of 8 ("llama-narrow": too narrow for the prefill kernel)."""
+    from engine.models.llama.model import Llama, LlamaConfig
+
+    from .conftest import small_model
+
+    if family == "gpt2":
+        return small_model(n_layer=2, block_size=64).to(DEVICE)
+    cfg = LlamaConfig(n_layer=2, n_head=4, n_kv_head=2,
+                      n_embd=32 if family == "llama-narrow" else 64, n_hidden=64, block_size=64,
+                      vocab_size=256)
+    return Llama.random(cfg, seed=0, std=0.2).to(DEVICE)
+
+
+def counted_updates(monkeypatch: pytest.MonkeyPatch, cache_class: type) -> list[int]:
+    """The new-row count of every ``cache_class.update`` call from now on (a read-back: the
+    gather or the dequantized copy that reading in place avoids)."""
+    calls: list[int] = []
+    real = cache_class.update
+
+    def update(self: object, layer: int, k: torch.Tensor, v: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        calls.append(k.size(2))
+        return real(self, layer, k, v)
+
+    monkeypatch.setattr(cache_class, "update", update)
+    return calls
+
+
 @pytest.mark.parametrize("family", ["gpt2", "llama", "llama-narrow"])
 def test_the_paged_cache_read_in_place_gives_mode_1s_tokens(
         family: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -221,29 +251,13 @@ def test_the_paged_cache_read_in_place_gives_mode_1s_tokens(
     from engine import decode, make_decoder
     from engine.cache.paged import PagedKVCache
     from engine.decoders.eager import Decoder
-    from engine.models.llama.model import Llama, LlamaConfig
 
-    from .conftest import random_prompt, small_model
+    from .conftest import random_prompt
 
-    if family == "gpt2":
-        model = small_model(n_layer=2, block_size=64)  # heads of 16
-    else:
-        model = Llama.random(LlamaConfig(n_layer=2, n_head=4, n_kv_head=2,
-                                         n_embd=32 if family == "llama-narrow" else 64,
-                                         n_hidden=64, block_size=64, vocab_size=256), seed=0,
-                             std=0.2)
-    model = model.to(DEVICE)
+    model = in_place_model(family)
     prompt = random_prompt(5, batch=2, vocab=model.config.vocab_size).to(DEVICE)
     want = decode(make_decoder(model, "uncached"), prompt, 20, keep_logits=True)
-    gathers = []
-    real_update = PagedKVCache.update
-
-    def update(self: PagedKVCache, layer: int, k: torch.Tensor, v: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-        gathers.append(k.size(2))
-        return real_update(self, layer, k, v)
-
-    monkeypatch.setattr(PagedKVCache, "update", update)
+    gathers = counted_updates(monkeypatch, PagedKVCache)
     dec = Decoder(model, batch_size=2, capacity=64, cache_kind="paged", reads="in_place")
     got = decode(dec, prompt, 20, keep_logits=True)
     assert set(gathers) == ({5} if family == "llama-narrow" else set())  # no step gathered
@@ -297,29 +311,14 @@ def test_the_int8_cache_read_in_place_gives_its_gathered_logits(
     from engine import decode
     from engine.cache.quantized import QuantizedKVCache
     from engine.decoders.eager import Decoder
-    from engine.models.llama.model import Llama, LlamaConfig
 
-    from .conftest import random_prompt, small_model
+    from .conftest import random_prompt
 
-    if family == "gpt2":
-        model = small_model(n_layer=2, block_size=64)
-    else:
-        model = Llama.random(LlamaConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=64,
-                                         n_hidden=64, block_size=64, vocab_size=256), seed=0,
-                             std=0.2)
-    model = model.to(DEVICE)
+    model = in_place_model(family)
     prompt = random_prompt(5, batch=2, vocab=model.config.vocab_size).to(DEVICE)
     want = decode(Decoder(model, batch_size=2, capacity=64, cache_kind="kv_int8",
                           reads="gather"), prompt, 16, keep_logits=True)
-    steps = []
-    real_update = QuantizedKVCache.update
-
-    def update(self: QuantizedKVCache, layer: int, k: torch.Tensor, v: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-        steps.append(k.size(2))
-        return real_update(self, layer, k, v)
-
-    monkeypatch.setattr(QuantizedKVCache, "update", update)
+    steps = counted_updates(monkeypatch, QuantizedKVCache)
     got = decode(Decoder(model, batch_size=2, capacity=64, cache_kind="kv_int8",
                          reads="in_place"), prompt, 16, keep_logits=True)
     assert set(steps) == {5}  # the prefill dequantized; no step did

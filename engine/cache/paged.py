@@ -35,6 +35,15 @@ def default_reads(device: torch.device | str) -> str:
     return "in_place" if triton_usable(device) else "gather"
 
 
+def resolve_reads(reads: str | None, device: torch.device | str, what: str) -> str:
+    """``reads`` checked against ``READS`` (None: ``default_reads(device)``); ``what`` names the
+    cache in the error."""
+    reads = default_reads(device) if reads is None else reads
+    if reads not in READS:
+        raise ValueError(f"unknown way to read {what} {reads!r}; allowed: {', '.join(READS)}")
+    return reads
+
+
 class PagedKVCache:
     kind = "paged"
 
@@ -42,11 +51,8 @@ class PagedKVCache:
                  head_dim: int, *, block_tokens: int = 16, pool_blocks: int | None = None,
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                  reads: str | None = None) -> None:
-        reads = default_reads(device) if reads is None else reads
-        if reads not in READS:
-            raise ValueError(f"unknown way to read a paged cache {reads!r}; allowed: "
-                             f"{', '.join(READS)}")
-        self.reads, self.in_place = reads, reads == "in_place"
+        self.reads = resolve_reads(reads, device, "a paged cache")
+        self.in_place = self.reads == "in_place"
         self._lengths: torch.Tensor | None = None  # (B,) int32: the in-place step's lengths
         self.block_tokens = block_tokens
         self.blocks_per_seq = math.ceil(capacity / block_tokens)

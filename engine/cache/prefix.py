@@ -51,7 +51,7 @@ import torch
 
 from .blocks import BlockPool, PoolExhausted
 from .invariants import InvariantError, check
-from .paged import READS, default_reads
+from .paged import resolve_reads
 from .request import Request
 
 __all__ = ["BudgetError", "Hit", "InvariantError", "Node", "PoolExhausted", "PrefixCache"]
@@ -102,10 +102,7 @@ class PrefixCache:
     def __init__(self, model: Any, budget_bytes: int, *, block_tokens: int = 16,
                  reads: str | None = None) -> None:
         cfg = model.config
-        reads = default_reads(model.device) if reads is None else reads
-        if reads not in READS:
-            raise ValueError(f"unknown way to read the prefix cache {reads!r}; allowed: "
-                             f"{', '.join(READS)}")
+        reads = resolve_reads(reads, model.device, "the prefix cache")
         # in place: our Triton kernels through each request's table (their products need heads
         # of 16 channels or more); else each request copies its cached rows into buffers
         self.in_place = reads == "in_place" and cfg.head_dim >= 16

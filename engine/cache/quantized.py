@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .paged import READS, default_reads
+from .paged import resolve_reads
 
 INT8_MAX = 127.0
 
@@ -28,11 +28,8 @@ class QuantizedKVCache:
                  dtype: torch.dtype = torch.float32, reads: str | None = None) -> None:
         if storage not in ("int8", "float16", "bfloat16"):
             raise ValueError(f"storage must be int8, float16 or bfloat16, got {storage!r}")
-        reads = default_reads(device) if reads is None else reads
-        if reads not in READS:
-            raise ValueError(f"unknown way to read a quantized cache {reads!r}; allowed: "
-                             f"{', '.join(READS)}")
-        self.reads, self.in_place = reads, reads == "in_place"
+        self.reads = resolve_reads(reads, device, "a quantized cache")
+        self.in_place = self.reads == "in_place"
         self._lengths: torch.Tensor | None = None  # (B,) int32: the in-place step's lengths
         self.kind = f"kv_{storage}"
         self.storage, self.dtype = storage, dtype
