@@ -44,6 +44,17 @@ def resolve_reads(reads: str | None, device: torch.device | str, what: str) -> s
     return reads
 
 
+def step_lengths(lengths: torch.Tensor | None, layer: int, batch: int, end: int,
+                 device: torch.device) -> torch.Tensor:
+    """The (batch,) int32 lengths an in-place step's kernel reads on the device: set once a
+    step (at layer 0), in the tensor made the first time (no allocation a step)."""
+    if lengths is None or lengths.numel() != batch:
+        return torch.full((batch,), end, dtype=torch.int32, device=device)
+    if layer == 0:
+        lengths.fill_(end)
+    return lengths
+
+
 class PagedKVCache:
     kind = "paged"
 
@@ -121,8 +132,7 @@ class PagedKVCache:
                                  self.table, start)
         from ..kernels.gpu.decode_attention import decode_attention  # noqa: PLC0415 (triton)
 
-        if layer == 0 or self._lengths is None:  # one small copy a step, not one a layer
-            self._lengths = torch.full((B,), end, dtype=torch.int32, device=q.device)
+        self._lengths = step_lengths(self._lengths, layer, B, end, q.device)
         y = decode_attention(q[:, :, 0].contiguous(), self.k_pool[layer], self.v_pool[layer],
                              self._lengths, table=self.table)  # (B, nh, hs)
         return y.unsqueeze(2)

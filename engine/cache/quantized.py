@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .paged import resolve_reads
+from .paged import resolve_reads, step_lengths
 
 INT8_MAX = 127.0
 
@@ -80,8 +80,7 @@ class QuantizedKVCache:
         from ..kernels.gpu.decode_attention import decode_attention  # noqa: PLC0415 (triton)
 
         end, ks, vs = self._write(layer, k, v)
-        if layer == 0 or self._lengths is None:  # one small copy a step, not one a layer
-            self._lengths = torch.full((k.size(0),), end, dtype=torch.int32, device=q.device)
+        self._lengths = step_lengths(self._lengths, layer, k.size(0), end, q.device)
         scales = None if ks is None or vs is None else (ks[..., 0], vs[..., 0])
         y = decode_attention(q[:, :, 0].contiguous(), self.k_q[layer], self.v_q[layer],
                              self._lengths, scales=scales)  # (B, nh, hs)

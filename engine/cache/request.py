@@ -98,12 +98,15 @@ class Request:
         then y (1, nh, T, hs), each new token over rows 0..its position, through its table."""
         from ..kernels.gpu.decode_attention import decode_attention  # noqa: PLC0415 (triton)
         from ..kernels.gpu.paged_prefill import paged_prefill  # noqa: PLC0415
+        from .paged import step_lengths  # noqa: PLC0415
 
         start, end = self._span(k)
         if layer == 0:  # blocks for the new rows (own ones: shared blocks are never written)
             self.cache.reserve(self, end)
-            self._table_t = torch.tensor([self.table], dtype=torch.int64, device=q.device)
-            self._lengths = torch.full((1,), end, dtype=torch.int32, device=q.device)
+            if self._table_t is None or self._table_t.size(1) != len(self.table):
+                # a table only grows (blocks are appended): a copy when it does, not a step
+                self._table_t = torch.tensor([self.table], dtype=torch.int64, device=q.device)
+        self._lengths = step_lengths(self._lengths, layer, 1, end, q.device)
         self.cache.pool.write(self.table, start, k[0], v[0], layer=layer)
         kp, vp = self.cache.pool.layer_view(layer)
         if k.size(2) > 1:

@@ -39,12 +39,14 @@ from ..models.state import ModelState
 from .eager import Decoder
 
 
-def own_step(model: GPT | Llama) -> tuple[Callable[..., torch.Tensor], Any]:
+def own_step(model: GPT | Llama, rope: tuple[torch.Tensor, torch.Tensor] | None = None
+             ) -> tuple[Callable[..., torch.Tensor], Any]:
     """(the family's one-token step, the model's own modules as its weights): GPT-2's
     ``decode_step`` over ``model_weights``, the Llama family's ``decode_step_llama`` over its
-    Linears by role (built once: the Llama weights hold RoPE's table)."""
+    Linears by role and RoPE's table (``rope``, else made here: mode 6 builds its weights
+    once; modes 7 and 9 inside the compiled call, with the table a buffer of theirs)."""
     if isinstance(model, Llama):
-        return decode_step_llama, step_weights(model, role_modules(model))
+        return decode_step_llama, step_weights(model, role_modules(model), rope=rope)
     return decode_step, model_weights(model)
 
 

@@ -37,10 +37,10 @@ import torch.nn as nn
 from ..cache import PreallocKVCache
 from ..models.attention import attend_read_only
 from ..models.gpt2.model import GPT
-from ..models.gpt2.step import decode_step, model_weights
 from ..models.llama.model import Llama
-from ..models.llama.step import decode_step_llama, role_modules, rope_table, step_weights
+from ..models.llama.step import rope_table
 from ..models.state import ModelState
+from .captured import own_step
 from .eager import Decoder
 
 VARIANTS = ("compiled", "fast_compiled", "eager")  # "eager": the same step, not compiled (tests)
@@ -59,12 +59,10 @@ class _ReadOnlyStep(nn.Module):
             self.register_buffer("sin", sin, persistent=False)
 
     def weights(self) -> tuple[Callable[..., torch.Tensor], Any]:
-        """The family's step and its weights, built inside the compiled call (the compiler
-        reaches every module from the model it was given, as a forward would)."""
-        if isinstance(self.model, Llama):
-            return decode_step_llama, step_weights(self.model, role_modules(self.model),
-                                                   rope=(self.cos, self.sin))
-        return decode_step, model_weights(self.model)
+        """The family's step and its weights (``own_step``), built inside the compiled call (the
+        compiler reaches every module from the model it was given, as a forward would)."""
+        rope = (self.cos, self.sin) if isinstance(self.model, Llama) else None
+        return own_step(self.model, rope)
 
     def forward(self, token: torch.Tensor, k_past: torch.Tensor, v_past: torch.Tensor,
                 pos: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
