@@ -100,12 +100,15 @@ class PrefixCache:
     """A radix tree of token ids over one block pool (see the module docstring)."""
 
     def __init__(self, model: Any, budget_bytes: int, *, block_tokens: int = 16,
-                 reads: str | None = None) -> None:
+                 reads: str | None = None, buffers: bool = True) -> None:
         cfg = model.config
         reads = resolve_reads(reads, model.device, "the prefix cache")
         # in place: our Triton kernels through each request's table (their products need heads
         # of 16 channels or more); else each request copies its cached rows into buffers
         self.in_place = reads == "in_place" and cfg.head_dim >= 16
+        # buffers=False: requests hold none and are never run through the model one by one
+        # (the serving engine's batched step reads and writes the pool itself)
+        self.buffers = buffers and not self.in_place
         block_bytes = (2 * cfg.n_layer * cfg.n_kv_head * block_tokens * cfg.head_dim
                        * torch.empty((), dtype=model.dtype, device="meta").element_size())
         n_blocks = int(budget_bytes) // block_bytes
@@ -186,7 +189,25 @@ class PrefixCache:
         return table
 
     # ---------------------------------------------------------------------------- requests
-    def _check_request(self, ids: list[int], max_new_tokens: int) -> None:
+    def peek(self, ids: list[int]) -> int:
+        """How many of ``ids`` a ``lookup`` would find cached (at most len - 1), without
+        splitting a node or touching the LRU clock: what a scheduler ranks requests by."""
+        node, pos, want = self.root, 0, list(ids[: max(len(ids) - 1, 0)])
+        while pos < len(want):
+            child = node.children.get(want[pos])
+            if child is None:
+                break
+            k = common_prefix(child.tokens, want[pos : pos + len(child.tokens)])
+            pos += k
+            if k < len(child.tokens):
+                break
+            node = child
+        return pos
+
+    def check_request(self, ids: list[int], max_new_tokens: int) -> None:
+        """ValueError / ``BudgetError`` for a request that can never run: an empty prompt, a
+        token outside the vocabulary, more tokens than the model's context, more blocks than
+        the whole budget. Nothing is touched."""
         if not ids:
             raise ValueError("the prompt is empty; give at least one token")
         lo, hi = min(ids), max(ids)
@@ -214,7 +235,7 @@ class PrefixCache:
         """A running request for prompt ``ids`` (see the module docstring); ``hit`` is a
         ``lookup`` made just before (None: no reuse, the whole prompt is computed)."""
         ids = ids if isinstance(ids, list) else [int(t) for t in ids]
-        self._check_request(ids, max_new_tokens)
+        self.check_request(ids, max_new_tokens)
         hit = hit if hit is not None else Hit(self.root, 0)
         bt, m = self.block_tokens, hit.length
         if m >= len(ids) or hit.node.end != m:
@@ -235,7 +256,7 @@ class PrefixCache:
         self.running.add(req)
         try:
             self.reserve(req, len(ids))
-            req.start(None if self.in_place else self._take_scratch(len(ids) + max_new_tokens))
+            req.start(self._take_scratch(len(ids) + max_new_tokens) if self.buffers else None)
         except BaseException:
             self.cancel(req)
             raise

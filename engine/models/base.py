@@ -152,7 +152,7 @@ class CausalLM(nn.Module):
         cache: KVCache | None = None,
         *,
         use_cache: bool = True,
-        logits: str = "all",
+        logits: str | torch.Tensor = "all",
         attention: Attention | None = None,
         input_pos: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, KVCache | None]:
@@ -162,7 +162,9 @@ class CausalLM(nn.Module):
         ``cache.length + arange(T)`` (0..T-1 without a cache). The new keys and values are
         appended at ``cache.length`` either way.
         ``use_cache=False`` with no cache runs a plain forward and returns ``None`` for the cache.
-        ``logits="last"`` applies the output projection to the last position only.
+        ``logits="last"`` applies the output projection to the last position only; a (R,) long
+        tensor, to those rows of the T (a batched step of several sequences laid end to end:
+        each sequence's last token).
         ``attention`` is the causal-mask variant (``engine.models.attention``; default: fused,
         no mask).
         """
@@ -173,7 +175,7 @@ class CausalLM(nn.Module):
         limit = self.config.block_size
         if T == 0:
             raise ValueError("idx holds no tokens; pass at least one token per sequence")
-        if past + T > limit:
+        if input_pos is None and past + T > limit:  # (given positions are checked one by one)
             raise ValueError(
                 f"context of {past + T} tokens ({past} cached + {T} new) is beyond the model's "
                 f"limit of {limit}; allowed: at most {limit} tokens in total"
@@ -200,7 +202,9 @@ class CausalLM(nn.Module):
         if cache is not None:
             cache.advance(T)
         x = final_norm(x)
-        if logits == "last":
+        if isinstance(logits, torch.Tensor):
+            x = x[:, logits]  # (B, R, C): the rows whose next token is wanted
+        elif logits == "last":
             x = x[:, -1:, :]  # generation only needs the next token's prediction
         elif logits != "all":
             raise ValueError(f"logits must be 'all' or 'last', got {logits!r}")

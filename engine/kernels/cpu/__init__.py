@@ -38,6 +38,10 @@ per machine (``gemv.cpp``, ``attend.cpp``, ``layers.cpp``, ``blocks.cpp``, ``pro
                  head h reading K/V head h // (nh / n_kv) (grouped-query attention; n_kv = nh is
                  multi-head): SDPA's result up to float32 rounding, without its per-call set-up
                  (``attend.cpp``).
+  paged_attend(q, k_pool, v_pool, table, lengths) -> y (B, nh, hs)
+                 query b (B, nh, hs) over rows 0..lengths[b]-1 of its block table (B, M) int64,
+                 read in place from one layer of a block pool (n_kv, n_blocks, bt, hs): the
+                 serving engine's batched decode step (``paged.cpp``)
   decode_layers(x, ...) -> logits
                  a whole GPT-2 decode step after the embedding -- every block, ln_f, the output
                  projection -- in one call over the kernels above and ATen (``layers.cpp``;
@@ -72,7 +76,8 @@ if TYPE_CHECKING:
     import torch
 
 SOURCES = [Path(__file__).with_name(n)
-           for n in ("gemv.cpp", "attend.cpp", "layers.cpp", "blocks.cpp", "probe.cpp")]
+           for n in ("gemv.cpp", "attend.cpp", "paged.cpp", "layers.cpp", "blocks.cpp",
+                     "probe.cpp")]
 HEADERS = [Path(__file__).with_name(n) for n in ("simd.h", "ops.h")]
 NAME = "kvlab_kernels"  # the native build's; another ISA's is NAME + "_" + its name
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
@@ -275,6 +280,13 @@ def attend(q: Any, k: Any, v: Any, k_buf: Any, v_buf: Any, pos: int) -> Any:
     import torch
 
     return torch.ops.kvlab.attend(q, k, v, k_buf, v_buf, pos)
+
+
+def paged_attend(q: Any, k_pool: Any, v_pool: Any, table: Any, lengths: Any) -> Any:
+    """``torch.ops.kvlab.paged_attend`` (see the module docstring); load it with ``available()``."""
+    import torch
+
+    return torch.ops.kvlab.paged_attend(q, k_pool, v_pool, table, lengths)
 
 
 def decode_layers(x: Any, ln_w: Any, ln_b: Any, w: Any, scale: Any, bias: Any, kind: Any,

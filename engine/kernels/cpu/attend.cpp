@@ -266,6 +266,12 @@ void check_new(const at::Tensor& t, const char* name, const char* like, int64_t 
 
 namespace kvlab {
 
+void group_partial_rows(const float* q, int64_t qs, int64_t groups, const float* keys,
+                        const float* values, int64_t n, int64_t hs, float scale, float* s,
+                        float* o, float* part) {
+  group_partial(q, qs, groups, keys, values, n, hs, scale, s, o, part);
+}
+
 at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor k_buf,
                   at::Tensor v_buf, int64_t pos) {
   TORCH_CHECK(q.dim() == 3, "q must be (B, nh, hs)");

@@ -29,6 +29,15 @@ at::Tensor linear_interleaved(const at::Tensor& x, const at::Tensor& wi, int64_t
 // attend q (B, nh, hs) over rows 0..pos, query head h reading K/V head h / (nh / n_kv)
 at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor k_buf,
                   at::Tensor v_buf, int64_t pos);
+// attend.cpp: one (sequence, K/V head)'s softmax over n contiguous rows ``hs`` floats apart, for
+// ``groups`` query heads ``qs`` floats apart: part[j * (hs + 2)] = (max score, sum of
+// exp(score - max), sum of exp(score - max) v); s holds 3 * n floats, o 3 * hs (scratch)
+void group_partial_rows(const float* q, int64_t qs, int64_t groups, const float* keys,
+                        const float* values, int64_t n, int64_t hs, float scale, float* s,
+                        float* o, float* part);
+// paged.cpp: y (B, nh, hs), query b over rows 0..lengths[b]-1 of its block table, read in place
+at::Tensor paged_attend(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                        const at::Tensor& table, const at::Tensor& lengths);
 // blocks.cpp: y (B, out) = x (B, in) @ W.T + bias over GGUF Q8_0 / Q4_1 blocks (out, in/32*bytes)
 // as stored; exact: blocks widened to fp32, else x rounded to int8 per 32 (see blocks.cpp)
 at::Tensor q8_0_linear(const at::Tensor& x, const at::Tensor& blocks,

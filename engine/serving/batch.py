@@ -1,0 +1,193 @@
+"""The batched step: every scheduled sequence's new tokens in one forward of the model.
+
+The step's tokens are laid end to end as one row of N tokens, ``idx`` (1, N), with their own
+positions (``input_pos``, (N,)). So each linear layer runs once over all N rows, and the
+weights are read once per step, whatever the batch. Only attention is per sequence. The
+model's forward is the family's own, unchanged: it meets ``RaggedBatch`` as its KV cache, and
+``RaggedBatch`` takes every layer's attention itself (``attends``/``attend``, the API through
+which ``engine.models.attention.through_cache`` lets a cache read itself in place).
+
+``RaggedBatch(pool, works, reads)``, for one step over one layer of a ``BlockPool`` at a time:
+  - Every layer's new rows k, v (1, n_kv, N, hs) are written into their blocks in one
+    ``index_copy_``: token i goes to slot ``table[pos // bt] * bt + pos % bt`` of its own
+    sequence.
+  - Decoding sequences (one new token each) attend together, each over its own rows
+    0..pos:
+      "in_place"  the pool read where it lies, through each sequence's block table: our C++
+                  kernel on a CPU (``engine.kernels.cpu.paged_attend``, fp32), our Triton
+                  split kernel on a GPU (``engine.kernels.gpu.decode_attention(table=)``)
+      "gather"    every sequence's rows copied into one padded (D, n_kv, S_max, hs) tensor
+                  by one ``index_select``, then SDPA under a (D, 1, 1, S_max) length mask
+  - A sequence with several new tokens (a prompt or a chunk of it) attends causally, each
+    token over rows 0..its position: our Triton paged prefill on a GPU in place (heads of
+    16 channels or more), else its rows gathered and SDPA under the bottom-right triangle.
+
+``default_reads(device, dtype)``: in place where our kernel runs (a CPU in fp32 with the C++
+kernel built; a CUDA GPU with Triton), else gather.
+``forward(model, pool, works, reads)`` runs one step. It returns the logits (R, vocab) of the
+works whose step reaches their last known token (``Work.samples``), in the works' order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..models.attention import sdpa
+
+READS = ("gather", "in_place")
+
+
+def default_reads(device: torch.device | str, dtype: torch.dtype) -> str:
+    """"in_place" where a paged kernel reads this pool, else "gather"."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        from ..models.attention import kernel_attends  # noqa: PLC0415
+
+        return "in_place" if kernel_attends(device, dtype) else "gather"
+    from ..kernels.gpu import triton_usable  # noqa: PLC0415 (torch-only; imports no triton)
+
+    return "in_place" if triton_usable(device) else "gather"
+
+
+class RaggedBatch:
+    """The KV cache one batched step's forward is given (the module docstring)."""
+
+    length = 0  # the forward's positions come from ``input_pos``, never from here
+
+    def __init__(self, pool: Any, works: Sequence[Any], reads: str) -> None:
+        if reads not in READS:
+            raise ValueError(f"unknown way to read the pool {reads!r}; allowed: "
+                             f"{', '.join(READS)}")
+        self.pool, self.reads = pool, reads
+        device, bt = pool.k.device, pool.block_tokens
+        slots, positions, dec_rows, dec_tables, dec_lengths = [], [], [], [], []
+        self.prefills: list[tuple[int, int, int, list[int]]] = []  # (row, start, n, table)
+        row = 0
+        for w in works:
+            table = w.seq.req.table
+            for p in range(w.start, w.start + w.n):
+                slots.append(table[p // bt] * bt + p % bt)
+            positions.extend(range(w.start, w.start + w.n))
+            if w.n == 1:
+                dec_rows.append(row)
+                dec_tables.append(table[: w.start // bt + 1])
+                dec_lengths.append(w.start + 1)
+            else:
+                self.prefills.append((row, w.start, w.n, table))
+            row += w.n
+        self.n_rows = row
+        self.slots = torch.tensor(slots, dtype=torch.long, device=device)  # (N,)
+        self.positions = torch.tensor(positions, dtype=torch.long, device=device)  # (N,)
+        self.dec_rows = torch.tensor(dec_rows, dtype=torch.long, device=device)  # (D,)
+        width = max((len(t) for t in dec_tables), default=1)
+        self.dec_table = torch.tensor([t + [0] * (width - len(t)) for t in dec_tables],
+                                      dtype=torch.long, device=device).view(len(dec_tables),
+                                                                            width)  # (D, M)
+        self.dec_lengths = torch.tensor(dec_lengths, dtype=torch.long, device=device)  # (D,)
+        if device.type == "cuda":
+            self.dec_lengths = self.dec_lengths.to(torch.int32)
+        self._dec_gather: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    # ------------------------------------------------------------------ the KV cache API
+    def attends(self, q: torch.Tensor) -> bool:
+        return True  # every layer's attention is taken here
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+               ) -> torch.Tensor:
+        """q (1, nh, N, hs), k, v (1, n_kv, N, hs): the rows written, y (1, nh, N, hs)."""
+        kl, vl = self.pool.k[layer], self.pool.v[layer]  # (n_kv, n_blocks, bt, hs)
+        n_kv, hs = kl.size(0), kl.size(3)
+        kl.view(n_kv, -1, hs).index_copy_(1, self.slots, k[0])
+        vl.view(n_kv, -1, hs).index_copy_(1, self.slots, v[0])
+        if not self.prefills:  # decode only: no copy of q's rows
+            return self._decode(layer, q[0].transpose(0, 1), kl, vl).transpose(0, 1)[None]
+        y = torch.empty_like(q)
+        if self.dec_rows.numel():
+            qd = q[0].index_select(1, self.dec_rows).transpose(0, 1)  # (D, nh, hs)
+            y[0].index_copy_(1, self.dec_rows, self._decode(layer, qd, kl, vl).transpose(0, 1))
+        for row, start, n, table in self.prefills:
+            y[:, :, row:row + n] = self._prefill(layer, q[:, :, row:row + n], start, table)
+        return y
+
+    def advance(self, n_new: int) -> None:
+        """(The engine advances each sequence itself.)"""
+
+    # ------------------------------------------------------------------------ attention
+    def _decode(self, layer: int, q: torch.Tensor, kl: torch.Tensor, vl: torch.Tensor
+                ) -> torch.Tensor:
+        """y (D, nh, hs): each decoding sequence's query over its rows 0..pos."""
+        if self.reads == "in_place" and q.device.type == "cpu":
+            from ..kernels import cpu as kernels  # noqa: PLC0415
+
+            return kernels.paged_attend(q.contiguous(), kl, vl, self.dec_table,
+                                        self.dec_lengths)
+        if self.reads == "in_place":
+            from ..kernels.gpu.decode_attention import decode_attention  # noqa: PLC0415
+
+            kp, vp = self.pool.layer_view(layer)  # (n_blocks, n_kv, bt, hs)
+            return decode_attention(q.contiguous(), kp, vp, self.dec_lengths,
+                                    table=self.dec_table)
+        idx, mask = self._decode_index()
+        D, nh, hs = q.shape
+        n_kv, s_max = kl.size(0), mask.size(-1)
+        keys = kl.view(n_kv, -1, hs).index_select(1, idx).view(n_kv, D, s_max, hs)
+        values = vl.view(n_kv, -1, hs).index_select(1, idx).view(n_kv, D, s_max, hs)
+        y = sdpa(q.unsqueeze(2), keys.transpose(0, 1), values.transpose(0, 1), attn_mask=mask)
+        return y.squeeze(2)  # (D, nh, hs)
+
+    def _decode_index(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The gathered decode's slots (D * S_max,) and its (D, 1, 1, S_max) mask, made once a
+        step (every layer uses the same)."""
+        if self._dec_gather is None:
+            bt, device = self.pool.block_tokens, self.dec_table.device
+            s_max = int(self.dec_lengths.max())
+            pos = torch.arange(s_max, device=device)  # (S_max,)
+            mask = pos[None, :] < self.dec_lengths[:, None].long()  # (D, S_max)
+            blocks = self.dec_table.gather(1, (pos // bt)[None, :].expand(len(mask), -1)
+                                           .clamp(max=self.dec_table.size(1) - 1))
+            idx = torch.where(mask, blocks * bt + pos % bt, 0)  # padding reads slot 0, masked
+            self._dec_gather = (idx.flatten(), mask[:, None, None, :])
+        return self._dec_gather
+
+    def _prefill(self, layer: int, q: torch.Tensor, start: int, table: list[int]
+                 ) -> torch.Tensor:
+        """y (1, nh, n, hs): n new tokens at positions start.., each over rows 0..its own."""
+        n, hs = q.size(2), q.size(3)
+        if self.reads == "in_place" and q.is_cuda and hs >= 16:
+            from ..kernels.gpu.paged_prefill import paged_prefill  # noqa: PLC0415
+
+            kp, vp = self.pool.layer_view(layer)
+            tab = torch.tensor([table], dtype=torch.long, device=q.device)
+            return paged_prefill(q.contiguous(), kp, vp, tab, start)
+        bt, end = self.pool.block_tokens, start + n
+        pos = torch.arange(end, device=q.device)
+        ids = torch.tensor(table[: -(-end // bt)], dtype=torch.long, device=q.device)
+        slots = ids[pos // bt] * bt + pos % bt  # (S,)
+        kl, vl = self.pool.k[layer], self.pool.v[layer]
+        n_kv = kl.size(0)
+        keys = kl.view(n_kv, -1, hs).index_select(1, slots)[None]  # (1, n_kv, S, hs)
+        values = vl.view(n_kv, -1, hs).index_select(1, slots)[None]
+        if start == 0:
+            return sdpa(q, keys, values, is_causal=True)
+        mask = torch.ones(n, end, dtype=torch.bool, device=q.device).tril(start)
+        return sdpa(q, keys, values, attn_mask=mask)
+
+
+@torch.no_grad()
+def forward(model: Any, pool: Any, works: Sequence[Any], reads: str) -> torch.Tensor:
+    """One batched step (the module docstring): logits (R, vocab) for the works that sample."""
+    batch = RaggedBatch(pool, works, reads)
+    ids: list[int] = []
+    last, row = [], 0
+    for w in works:
+        ids.extend(w.seq.tokens[w.start:w.start + w.n])
+        row += w.n
+        if w.samples:
+            last.append(row - 1)
+    idx = torch.tensor([ids], dtype=torch.long, device=pool.k.device)  # (1, N)
+    rows = torch.tensor(last, dtype=torch.long, device=pool.k.device)  # (R,)
+    logits, _ = model(idx, batch, input_pos=batch.positions, logits=rows)
+    return logits[0]  # (R, vocab)

@@ -1,0 +1,165 @@
+"""The serving engine: requests in, tokens out, many sequences decoded together over one block
+pool under a byte budget.
+
+  engine = ServingEngine(model, budget_bytes, block_tokens=16, max_seqs=64, step_tokens=512,
+                         policy="fcfs", reads=None, prefix_reuse=True)
+  seq = engine.submit(prompt_ids, max_new_tokens, eos_id=None)   a waiting ``Seq``; ValueError
+                 or ``BudgetError`` (nothing queued) for a request that can never run: empty,
+                 longer than the model's context, or more blocks than the whole budget
+  out = engine.step()            one step: ``schedule()`` then ``execute(works)``, which the
+                                 caller may also call apart (to time the scheduler alone)
+  engine.cancel(seq)             a client gone: its blocks back at once
+  engine.drain()                 steps until nothing waits or runs
+
+Every step is the scheduler's decision (``engine.serving.scheduler``), then one forward of the
+model over every scheduled token (``engine.serving.batch``), then a greedy token for each
+sequence that reached its last token. A sequence ends at ``max_new_tokens`` or after
+``eos_id``. Its computed rows then go to the prefix tree (``prefix_reuse``; else they are
+freed), and its other blocks go back to the pool. ``StepOutput`` says what the step did: the
+batch, its tokens, the tokens emitted, who finished, who was preempted, and the pool after it.
+
+One ``PrefixCache`` (a radix tree over one ``BlockPool``) is both the prefix cache and the
+block manager. A prompt that shares a prefix with a running or cached one shares its blocks,
+so a shared prefix counts once against the budget. The engine measures nothing: the serving
+experiments (``instruments/experiments/serving``) stamp times around ``step``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..cache.prefix import PrefixCache
+from .batch import READS, default_reads, forward
+from .scheduler import Scheduler, Seq, Work
+
+
+@dataclass
+class StepOutput:
+    works: list[Work]
+    emitted: list[tuple[Seq, int]] = field(default_factory=list)  # (sequence, its new token)
+    finished: list[Seq] = field(default_factory=list)
+    preempted: int = 0  # sequences preempted while this step was scheduled
+
+    @property
+    def batch(self) -> int:
+        return len(self.works)
+
+    @property
+    def tokens(self) -> int:
+        return sum(w.n for w in self.works)
+
+    @property
+    def decodes(self) -> int:
+        return sum(1 for w in self.works if w.n == 1)
+
+
+class ServingEngine:
+    """Continuous batching over the prefix cache's block pool (the module docstring)."""
+
+    def __init__(self, model: Any, budget_bytes: int, *, block_tokens: int = 16,
+                 max_seqs: int = 64, step_tokens: int = 512, policy: str = "fcfs",
+                 reads: str | None = None, prefix_reuse: bool = True,
+                 keep_logits: bool = False) -> None:
+        self.model = model
+        self.cache = PrefixCache(model, budget_bytes, block_tokens=block_tokens, buffers=False)
+        self.scheduler = Scheduler(self.cache, max_seqs=max_seqs, step_tokens=step_tokens,
+                                   policy=policy, keep_preempted=prefix_reuse)
+        self.reads = default_reads(model.device, model.dtype) if reads is None else reads
+        if self.reads not in READS:
+            raise ValueError(f"unknown way to read the pool {self.reads!r}; allowed: "
+                             f"{', '.join(READS)}")
+        if self.reads == "in_place" and model.device.type == "cpu":
+            from ..kernels import cpu as kernels  # noqa: PLC0415
+
+            built, why = kernels.available()
+            if model.dtype != torch.float32 or not built:
+                raise ValueError(f"in-place reads on a CPU need our C++ kernel over fp32 rows; "
+                                 f"the model is {model.dtype}" + ("" if built else f", the "
+                                 f"kernel {why}") + "; allowed: reads='gather'")
+        self.prefix_reuse = prefix_reuse
+        self.keep_logits = keep_logits
+        self.logits: dict[int, list[torch.Tensor]] = {}  # seq id -> each generated token's
+        self.steps = 0
+
+    # ----------------------------------------------------------------------------- requests
+    def submit(self, prompt: list[int], max_new_tokens: int, eos_id: int | None = None) -> Seq:
+        return self.scheduler.add(prompt, max_new_tokens, eos_id)
+
+    def cancel(self, seq: Seq) -> None:
+        self.scheduler.cancel(seq)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ----------------------------------------------------------------------------- stepping
+    def schedule(self) -> list[Work]:
+        return self.scheduler.schedule()
+
+    def execute(self, works: list[Work], preempted: int = 0) -> StepOutput:
+        """Run the scheduled works: one forward, a token for each that samples, the
+        sequences advanced and those done finished."""
+        out = StepOutput(works, preempted=preempted)
+        if not works:
+            return out
+        logits = forward(self.model, self.cache.pool, works, self.reads)  # (R, vocab)
+        picks = logits.argmax(-1).tolist() if logits.size(0) else []
+        r = 0
+        for w in works:
+            seq = w.seq
+            seq.computed += w.n
+            seq.req.length = seq.computed
+            if not w.samples:
+                continue
+            token = int(picks[r])
+            if self.keep_logits:
+                self.logits.setdefault(seq.id, []).append(logits[r].detach().cpu().clone())
+            r += 1
+            seq.tokens.append(token)
+            out.emitted.append((seq, token))
+            if token == seq.eos_id or seq.remaining <= 0:
+                self.scheduler.finish(seq, "eos" if token == seq.eos_id else "length")
+                if not self.prefix_reuse:  # nothing kept: the tree gives its blocks back now
+                    self._drop_tree()
+                out.finished.append(seq)
+        self.steps += 1
+        return out
+
+    def step(self) -> StepOutput:
+        before = self.scheduler.preemptions
+        works = self.schedule()
+        return self.execute(works, self.scheduler.preemptions - before)
+
+    def drain(self, max_steps: int = 1_000_000) -> list[StepOutput]:
+        """Steps until nothing waits or runs (at most ``max_steps``)."""
+        outs = []
+        while self.has_work() and len(outs) < max_steps:
+            outs.append(self.step())
+            if not outs[-1].works and self.has_work():
+                raise RuntimeError("the scheduler can run nothing although requests wait; "
+                                   "this is a bug: " + self.describe())
+        return outs
+
+    def _drop_tree(self) -> None:
+        for leaf in self.cache.evictable():
+            self.cache.evict_leaf(leaf)
+
+    # ------------------------------------------------------------------------ what it holds
+    def pool_state(self) -> dict[str, int]:
+        """Blocks of the pool: held by running sequences (own), shared (more than one
+        holder), held by the tree alone, free."""
+        refs, running = self.cache.pool.refs, self.scheduler.running
+        held = {b for s in running for b in s.req.table}
+        shared = sum(1 for b in held if refs[b] > 1)
+        return {"blocks": self.cache.pool.n_blocks, "free": len(self.cache.pool.free),
+                "running": len(held), "shared": shared,
+                "tree_only": self.cache.pool.used - len(held),
+                "waiting_seqs": len(self.scheduler.waiting), "running_seqs": len(running)}
+
+    def describe(self) -> str:
+        s = self.pool_state()
+        return (f"{s['running_seqs']} running, {s['waiting_seqs']} waiting; blocks: "
+                f"{s['running']} held by running, {s['tree_only']} by the tree alone, "
+                f"{s['free']} free of {s['blocks']}")
