@@ -7,7 +7,8 @@ model's forward is the family's own, unchanged: it meets ``RaggedBatch`` as its 
 ``RaggedBatch`` takes every layer's attention itself (``attends``/``attend``, the API through
 which ``engine.models.attention.through_cache`` lets a cache read itself in place).
 
-``RaggedBatch(pool, works, reads)``, for one step over one layer of a ``BlockPool`` at a time:
+``RaggedBatch(pool, works, reads, kernel)``, for one step over one layer of a ``BlockPool`` at a
+time (``kernel``: whose in-place kernels, "cpu" or "triton"; ``kernel_for(device)`` by default):
   - Every layer's new rows k, v (1, n_kv, N, hs) are written into their blocks in one
     ``index_copy_``: token i goes to slot ``table[pos // bt] * bt + pos % bt`` of its own
     sequence.
@@ -24,8 +25,9 @@ which ``engine.models.attention.through_cache`` lets a cache read itself in plac
 
 ``default_reads(device, dtype)``: in place where our kernel runs (a CPU in fp32 with the C++
 kernel built; a CUDA GPU with Triton), else gather.
-``forward(model, pool, works, reads)`` runs one step. It returns the logits (R, vocab) of the
-works whose step reaches their last known token (``Work.samples``), in the works' order.
+``forward(model, pool, works, reads, kernel=None)`` runs one step. It returns the logits
+(R, vocab) of the works whose step reaches their last known token (``Work.samples``), in the
+works' order.
 """
 
 from __future__ import annotations
@@ -38,6 +40,13 @@ import torch
 from ..models.attention import sdpa
 
 READS = ("gather", "in_place")
+KERNELS = ("cpu", "triton")
+
+
+def kernel_for(device: torch.device | str) -> str:
+    """Whose kernels read a pool on ``device`` in place: Triton's on a GPU, our C++ on a CPU
+    (a test runs Triton's on a CPU too, in its interpreter)."""
+    return "cpu" if torch.device(device).type == "cpu" else "triton"
 
 
 def default_reads(device: torch.device | str, dtype: torch.dtype) -> str:
@@ -57,10 +66,15 @@ class RaggedBatch:
 
     length = 0  # the forward's positions come from ``input_pos``, never from here
 
-    def __init__(self, pool: Any, works: Sequence[Any], reads: str) -> None:
+    def __init__(self, pool: Any, works: Sequence[Any], reads: str,
+                 kernel: str | None = None) -> None:
         if reads not in READS:
             raise ValueError(f"unknown way to read the pool {reads!r}; allowed: "
                              f"{', '.join(READS)}")
+        self.kernel = kernel_for(pool.k.device) if kernel is None else kernel
+        if self.kernel not in KERNELS:
+            raise ValueError(f"unknown paged kernel {self.kernel!r}; allowed: "
+                             f"{', '.join(KERNELS)}")
         self.pool, self.reads = pool, reads
         device, bt = pool.k.device, pool.block_tokens
         slots, positions, dec_rows, dec_tables, dec_lengths = [], [], [], [], []
@@ -87,7 +101,7 @@ class RaggedBatch:
                                       dtype=torch.long, device=device).view(len(dec_tables),
                                                                             width)  # (D, M)
         self.dec_lengths = torch.tensor(dec_lengths, dtype=torch.long, device=device)  # (D,)
-        if device.type == "cuda":
+        if self.kernel == "triton":
             self.dec_lengths = self.dec_lengths.to(torch.int32)
         self._dec_gather: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -119,7 +133,7 @@ class RaggedBatch:
     def _decode(self, layer: int, q: torch.Tensor, kl: torch.Tensor, vl: torch.Tensor
                 ) -> torch.Tensor:
         """y (D, nh, hs): each decoding sequence's query over its rows 0..pos."""
-        if self.reads == "in_place" and q.device.type == "cpu":
+        if self.reads == "in_place" and self.kernel == "cpu":
             from ..kernels import cpu as kernels  # noqa: PLC0415
 
             return kernels.paged_attend(q.contiguous(), kl, vl, self.dec_table,
@@ -156,7 +170,7 @@ class RaggedBatch:
                  ) -> torch.Tensor:
         """y (1, nh, n, hs): n new tokens at positions start.., each over rows 0..its own."""
         n, hs = q.size(2), q.size(3)
-        if self.reads == "in_place" and q.is_cuda and hs >= 16:
+        if self.reads == "in_place" and self.kernel == "triton" and hs >= 16:
             from ..kernels.gpu.paged_prefill import paged_prefill  # noqa: PLC0415
 
             kp, vp = self.pool.layer_view(layer)
@@ -177,9 +191,10 @@ class RaggedBatch:
 
 
 @torch.no_grad()
-def forward(model: Any, pool: Any, works: Sequence[Any], reads: str) -> torch.Tensor:
+def forward(model: Any, pool: Any, works: Sequence[Any], reads: str,
+            kernel: str | None = None) -> torch.Tensor:
     """One batched step (the module docstring): logits (R, vocab) for the works that sample."""
-    batch = RaggedBatch(pool, works, reads)
+    batch = RaggedBatch(pool, works, reads, kernel)
     ids: list[int] = []
     last, row = [], 0
     for w in works:

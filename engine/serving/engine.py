@@ -2,7 +2,12 @@
 pool under a byte budget.
 
   engine = ServingEngine(model, budget_bytes, block_tokens=16, max_seqs=64, step_tokens=512,
-                         policy="fcfs", reads=None, prefix_reuse=True)
+                         policy="fcfs", reads=None, prefix_reuse=True, keep_logits=False,
+                         kernel=None)
+                 reads: "in_place" | "gather" (``engine.serving.batch``; None: the device's
+                 default); kernel: "cpu" | "triton", whose in-place kernels (None: the
+                 device's; a test runs Triton's on a CPU in its interpreter); keep_logits: each
+                 generated token's logits kept in ``engine.logits[seq.id]`` (for the tests)
   seq = engine.submit(prompt_ids, max_new_tokens, eos_id=None)   a waiting ``Seq``; ValueError
                  or ``BudgetError`` (nothing queued) for a request that can never run: empty,
                  longer than the model's context, or more blocks than the whole budget
@@ -32,7 +37,7 @@ from typing import Any
 import torch
 
 from ..cache.prefix import PrefixCache
-from .batch import READS, default_reads, forward
+from .batch import READS, default_reads, forward, kernel_for
 from .scheduler import Scheduler, Seq, Work
 
 
@@ -62,7 +67,7 @@ class ServingEngine:
     def __init__(self, model: Any, budget_bytes: int, *, block_tokens: int = 16,
                  max_seqs: int = 64, step_tokens: int = 512, policy: str = "fcfs",
                  reads: str | None = None, prefix_reuse: bool = True,
-                 keep_logits: bool = False) -> None:
+                 keep_logits: bool = False, kernel: str | None = None) -> None:
         self.model = model
         self.cache = PrefixCache(model, budget_bytes, block_tokens=block_tokens, buffers=False)
         self.scheduler = Scheduler(self.cache, max_seqs=max_seqs, step_tokens=step_tokens,
@@ -71,7 +76,7 @@ class ServingEngine:
         if self.reads not in READS:
             raise ValueError(f"unknown way to read the pool {self.reads!r}; allowed: "
                              f"{', '.join(READS)}")
-        if self.reads == "in_place" and model.device.type == "cpu":
+        if self.reads == "in_place" and (kernel or kernel_for(model.device)) == "cpu":
             from ..kernels import cpu as kernels  # noqa: PLC0415
 
             built, why = kernels.available()
@@ -79,6 +84,7 @@ class ServingEngine:
                 raise ValueError(f"in-place reads on a CPU need our C++ kernel over fp32 rows; "
                                  f"the model is {model.dtype}" + ("" if built else f", the "
                                  f"kernel {why}") + "; allowed: reads='gather'")
+        self.kernel = kernel_for(model.device) if kernel is None else kernel
         self.prefix_reuse = prefix_reuse
         self.keep_logits = keep_logits
         self.logits: dict[int, list[torch.Tensor]] = {}  # seq id -> each generated token's
@@ -104,7 +110,7 @@ class ServingEngine:
         out = StepOutput(works, preempted=preempted)
         if not works:
             return out
-        logits = forward(self.model, self.cache.pool, works, self.reads)  # (R, vocab)
+        logits = forward(self.model, self.cache.pool, works, self.reads, self.kernel)
         picks = logits.argmax(-1).tolist() if logits.size(0) else []
         r = 0
         for w in works:
