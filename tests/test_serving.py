@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from engine import families
-from engine.cache.prefix import BudgetError
 from engine.models.llama.model import Llama
 from engine.serving import ServingEngine
 from engine.serving import batch as batch_mod

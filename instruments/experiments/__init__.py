@@ -105,6 +105,8 @@ for _e in (
     Experiment("prefix_chat", "prefix_chat", "a multi-turn chat with and without prefix reuse"),
     Experiment("prefix_workload", "prefix_workload",
                "a shared-prefix workload under KV budgets"),
+    Experiment("serving", "serving", "serving many requests (continuous batching)",
+               device_shares=(("serving", 0.08),)),
     Experiment("batch_curve", "batch_curve", "step time against the batch",
                device_shares=(("batch-curve", 0.06), ("sdpa-backends", 0.02),
                               ("triton-tiles", 0.03), ("cache-reads", 0.03))),

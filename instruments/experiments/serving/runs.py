@@ -1,0 +1,176 @@
+"""The four serving experiments' bodies, each a function of (model, params, peaks, tracker) that
+fills the tracker's tables and returns the meta it adds. ``instruments.experiments.serving``
+(the experiment module) dispatches to them.
+
+  concurrency  a closed loop of C clients for each C: each client sends its next request when
+               the last one finishes. Rows ``points`` (tokens/s, TTFT, TPOT, ITL) and
+               ``batch_steps`` (the decode-only step against the batch, beside its floor)
+  load         an open loop: seeded Poisson arrivals at each rate, served three ways (one
+               request at a time, static batches of ``max_seqs``, continuous batching).
+               Rows ``points``, plus the highest rate at which each way held the SLO
+  budget       the same requests, all at once, under KV budgets from one request's blocks to
+               every request's. Rows ``points`` with the preemptions; ``steps`` holds the
+               running batch over time
+  schedule     the prefix workload (shared system prompts and documents, Poisson arrivals)
+               under a budget smaller than its working set, FCFS against longest prefix
+               match. Rows ``points`` with the hit rate
+Every point runs on a fresh engine. A short request is served untimed first, so a point's
+first step pays no first-call cost. Each request's ids and times go to ``requests``, and each
+step to ``steps``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from instruments.experiments.serving import metrics
+from instruments.experiments.serving.driver import Arrival, drive
+from instruments.experiments.serving.workload import poisson, prefix_requests, random_requests
+from instruments.spine import Tracker
+
+SLO_SHARE = 0.9  # a rate "holds the SLO" when at least this share of its requests meet it
+
+
+def engine_for(model: Any, p: Any, budget_tokens: int, **kw: Any) -> Any:
+    from engine.serving import ServingEngine
+
+    bpt = model.config.kv_bytes_per_token(model.dtype.itemsize)
+    return ServingEngine(model, budget_tokens * bpt, block_tokens=p.block_tokens,
+                         max_seqs=kw.pop("max_seqs", p.max_seqs), step_tokens=p.step_tokens,
+                         reads=None if p.reads == "auto" else p.reads, **kw)
+
+
+def blocks_tokens(arrivals: list[Arrival], block_tokens: int) -> int:
+    """Tokens of K/V the pool needs to hold every request at its full length at once (each
+    rounded up to whole blocks, plus the one a mid-block hit copies)."""
+    return sum((-(-(len(a.prompt) + a.new_tokens) // block_tokens) + 1) * block_tokens
+               for a in arrivals)
+
+
+def warm(model: Any, p: Any) -> None:
+    eng = engine_for(model, p, 16 * p.block_tokens)
+    eng.submit([1, 2, 3, 4], 2)
+    eng.drain()
+
+
+def _keep(tr: Tracker, served: Any, every_step: bool = True) -> None:
+    for r in served.requests:
+        tr.tables.setdefault("requests", []).append(r)
+    if every_step:
+        tr.tables.setdefault("steps", []).extend(served.steps)
+
+
+def _serve(tr: Tracker, engine: Any, arrivals: list[Arrival], label: str, **kw: Any) -> Any:
+    def on_step(row: dict[str, Any]) -> None:
+        tr.work += 1
+        tr.emit(f"{label}: step {row['step'] + 1}, batch {row['batch']}", table="live",
+                row=row, force=False)
+
+    served = drive(engine, arrivals, label=label, should_stop=tr.stop, on_step=on_step, **kw)
+    tr.tables.pop("live", None)  # streamed for the page; the run keeps ``steps``
+    return served
+
+
+def concurrency(model: Any, p: Any, peaks: dict[str, float], tr: Tracker) -> dict[str, Any]:
+    cfg, dtype = model.config, str(model.dtype).removeprefix("torch.")
+    every = random_requests(max(p.concurrency) * p.rounds, cfg.vocab_size,
+                            (p.prompt_min, p.prompt_max), (p.output_min, p.output_max), p.seed)
+    curves: list[dict[str, Any]] = []
+    for c in p.concurrency:
+        arrivals = every[: max(c * p.rounds, 2)]
+        engine = engine_for(model, p, blocks_tokens(arrivals[:c], p.block_tokens) * 2,
+                            max_seqs=max(c, 1))
+        served = _serve(tr, engine, arrivals, f"C={c}", clients=c)
+        _keep(tr, served)
+        row = metrics.point(served, slo_ttft_ms=p.slo_ttft_ms, slo_tpot_ms=p.slo_tpot_ms,
+                            label=f"C={c}", concurrency=c, reads=engine.reads)
+        tr.row("points", row, f"concurrency {c}: {row['output_tok_s']:.1f} output tok/s")
+        curves.extend(metrics.by_batch(served.steps, cfg, dtype, peaks, label=f"C={c}",
+                                       concurrency=c))
+        if served.stopped:
+            return {"partial": True}
+    merged = metrics.by_batch([s for s in tr.tables.get("steps", [])], cfg, dtype, peaks,
+                              label="all")
+    tr.tables["batch_steps"] = merged + curves
+    return {"kv_overtakes_batch": metrics.kv_overtakes(merged)}
+
+
+def load(model: Any, p: Any, peaks: dict[str, float], tr: Tracker) -> dict[str, Any]:
+    cfg = model.config
+    base = random_requests(p.requests, cfg.vocab_size, (p.prompt_min, p.prompt_max),
+                           (p.output_min, p.output_max), p.seed)
+    budget = blocks_tokens(base[: p.max_seqs], p.block_tokens) * 2
+    held: dict[str, float | None] = {}
+    for rate in p.rates:
+        arrivals = poisson(base, rate, p.seed)
+        for way in p.ways:
+            engine = engine_for(model, p, budget)
+            label = f"{way} @ {rate:g}/s"
+            served = _serve(tr, engine, arrivals, label, mode=way, static_batch=p.max_seqs)
+            _keep(tr, served)
+            row = metrics.point(served, slo_ttft_ms=p.slo_ttft_ms, slo_tpot_ms=p.slo_tpot_ms,
+                                label=label, way=way, rate_per_s=rate)
+            tr.row("points", row, f"{label}: TTFT p50 {row['ttft_p50_ms'] or 0:,.0f} ms, "
+                   f"{row['output_tok_s']:.1f} tok/s")
+            if (row["slo_met"] or 0) >= SLO_SHARE:
+                held[way] = max(held.get(way) or 0.0, rate)
+            else:
+                held.setdefault(way, None)
+            if served.stopped:
+                return {"partial": True, "slo_max_rate": held}
+    return {"slo_max_rate": held, "slo_share": SLO_SHARE}
+
+
+def budget(model: Any, p: Any, peaks: dict[str, float], tr: Tracker) -> dict[str, Any]:
+    cfg = model.config
+    arrivals = random_requests(p.requests, cfg.vocab_size, (p.prompt_min, p.prompt_max),
+                               (p.output_min, p.output_max), p.seed)
+    one = max(blocks_tokens([a], p.block_tokens) for a in arrivals)
+    everything = blocks_tokens(arrivals, p.block_tokens)
+    budgets = p.budgets_tokens or _spread(one, everything)
+    for tokens in budgets:
+        engine = engine_for(model, p, tokens)
+        label = f"{tokens:,} tokens"
+        served = _serve(tr, engine, arrivals, label)
+        _keep(tr, served)
+        row = metrics.point(served, slo_ttft_ms=p.slo_ttft_ms, slo_tpot_ms=p.slo_tpot_ms,
+                            label=label, budget_tokens=tokens, kv_dtype=str(model.dtype)
+                            .removeprefix("torch."),
+                            budget_bytes=engine.cache.pool.nbytes())
+        tr.row("points", row, f"budget {label}: {row['preemptions']} preemptions, "
+               f"{row['output_tok_s']:.1f} tok/s")
+        if served.stopped:
+            return {"partial": True}
+    return {"one_request_tokens": one, "all_requests_tokens": everything}
+
+
+def _spread(lo: int, hi: int, n: int = 5) -> list[int]:
+    """``n`` budgets from ``lo`` to ``hi`` tokens, spaced evenly in log."""
+    if hi <= lo:
+        return [lo]
+    return sorted({round(lo * (hi / lo) ** (i / (n - 1))) for i in range(n)})
+
+
+def schedule(model: Any, p: Any, peaks: dict[str, float], tr: Tracker) -> dict[str, Any]:
+    cfg = model.config
+    arrivals = prefix_requests(cfg, p.requests, p.rates[0], p.output_max,
+                               systems=p.systems, system_tokens=p.system_tokens,
+                               documents=p.documents, document_tokens=p.document_tokens,
+                               seed=p.seed)
+    working = sum(len(a.prompt) + a.new_tokens for a in arrivals[: p.max_seqs])
+    tokens = p.budgets_tokens[0] if p.budgets_tokens else max(
+        blocks_tokens([max(arrivals, key=lambda a: len(a.prompt))], p.block_tokens) * 2,
+        working // 3)
+    for policy in p.policies:
+        engine = engine_for(model, p, tokens, policy=policy)
+        served = _serve(tr, engine, arrivals, policy)
+        _keep(tr, served)
+        row = metrics.point(served, slo_ttft_ms=p.slo_ttft_ms, slo_tpot_ms=p.slo_tpot_ms,
+                            label=policy, policy=policy, budget_tokens=tokens,
+                            evictions=engine.cache.evictions)
+        tr.row("points", row, f"{policy}: hit rate {row['hit_rate']:.0%}, TTFT p50 "
+               f"{row['ttft_p50_ms'] or 0:,.0f} ms")
+        if served.stopped:
+            return {"partial": True}
+    return {"budget_tokens": tokens, "working_set_tokens": working,
+            "groups": len({a.group for a in arrivals}), "rate_per_s": p.rates[0]}
