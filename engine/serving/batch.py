@@ -25,6 +25,8 @@ time (``kernel``: whose in-place kernels, "cpu" or "triton"; ``kernel_for(device
 
 ``default_reads(device, dtype)``: in place where our kernel runs (a CPU in fp32 with the C++
 kernel built; a CUDA GPU with Triton), else gather.
+``step_decodes(step, weights, pool, works)`` runs a step in which every sequence decodes
+through the family's one-token step over mode 8's products (no module calls), read in place.
 ``forward(model, pool, works, reads, kernel=None)`` runs one step. It returns the logits
 (R, vocab) of the works whose step reaches their last known token (``Work.samples``), in the
 works' order.
@@ -188,6 +190,42 @@ class RaggedBatch:
             return sdpa(q, keys, values, is_causal=True)
         mask = torch.ones(n, end, dtype=torch.bool, device=q.device).tril(start)
         return sdpa(q, keys, values, attn_mask=mask)
+
+
+def paged_attend(pool: Any, slots: torch.Tensor, table: torch.Tensor, lengths: torch.Tensor,
+                 kernel: str) -> Any:
+    """``attend(layer, q, k, v) -> y`` for a family's one-token step (``engine.models.*.step``)
+    over the pool: each sequence's new row written to its slot, then its query over its rows
+    0..pos through its table, read in place. q (B, nh, hs), k, v (B, n_kv, hs), y (B, nh, hs)."""
+    def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        kl, vl = pool.k[i], pool.v[i]  # (n_kv, n_blocks, bt, hs)
+        n_kv, hs = kl.size(0), kl.size(3)
+        kl.view(n_kv, -1, hs).index_copy_(1, slots, k.transpose(0, 1))
+        vl.view(n_kv, -1, hs).index_copy_(1, slots, v.transpose(0, 1))
+        if kernel == "cpu":
+            from ..kernels import cpu as kernels  # noqa: PLC0415
+
+            return kernels.paged_attend(q.contiguous(), kl, vl, table, lengths)
+        from ..kernels.gpu.decode_attention import decode_attention  # noqa: PLC0415
+
+        kp, vp = pool.layer_view(i)
+        return decode_attention(q.contiguous(), kp, vp, lengths, table=table)
+
+    return attend
+
+
+@torch.no_grad()
+def step_decodes(step: Any, weights: Any, pool: Any, works: Sequence[Any],
+                 kernel: str | None = None) -> torch.Tensor:
+    """A step in which every work decodes one token, through the family's one-token step
+    ``step(weights, token, pos, attend)`` (mode 8's: its products chosen per role on this
+    machine, no module calls) over the pool, read in place: logits (B, vocab). The same
+    arithmetic as ``forward`` up to float32 rounding in the products."""
+    batch = RaggedBatch(pool, works, "in_place", kernel)
+    token = torch.tensor([[w.seq.tokens[w.start]] for w in works], dtype=torch.long,
+                         device=pool.k.device)  # (B, 1)
+    attend = paged_attend(pool, batch.slots, batch.dec_table, batch.dec_lengths, batch.kernel)
+    return step(weights, token, batch.positions, attend)
 
 
 @torch.no_grad()

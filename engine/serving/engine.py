@@ -3,7 +3,8 @@ pool under a byte budget.
 
   engine = ServingEngine(model, budget_bytes, block_tokens=16, max_seqs=64, step_tokens=512,
                          policy="fcfs", reads=None, prefix_reuse=True, keep_logits=False,
-                         kernel=None)
+                         kernel=None, step="forward")
+                 step: "forward" | "fast" (``STEPS``), how an all-decode step runs;
                  reads: "in_place" | "gather" (``engine.serving.batch``; None: the device's
                  default); kernel: "cpu" | "triton", whose in-place kernels (None: the
                  device's; a test runs Triton's on a CPU in its interpreter); keep_logits: each
@@ -37,8 +38,13 @@ from typing import Any
 import torch
 
 from ..cache.prefix import PrefixCache
-from .batch import READS, default_reads, forward, kernel_for
+from .batch import READS, default_reads, forward, kernel_for, step_decodes
 from .scheduler import Scheduler, Seq, Work
+
+# How a step in which every sequence decodes runs: "forward", the model's own forward over the
+# tokens laid end to end; "fast", the family's one-token step over mode 8's products (chosen per
+# role on this machine), no module calls. A step with prompt tokens always runs the forward.
+STEPS = ("forward", "fast")
 
 
 @dataclass
@@ -67,7 +73,8 @@ class ServingEngine:
     def __init__(self, model: Any, budget_bytes: int, *, block_tokens: int = 16,
                  max_seqs: int = 64, step_tokens: int = 512, policy: str = "fcfs",
                  reads: str | None = None, prefix_reuse: bool = True,
-                 keep_logits: bool = False, kernel: str | None = None) -> None:
+                 keep_logits: bool = False, kernel: str | None = None,
+                 step: str = "forward") -> None:
         self.model = model
         self.cache = PrefixCache(model, budget_bytes, block_tokens=block_tokens, buffers=False)
         self.scheduler = Scheduler(self.cache, max_seqs=max_seqs, step_tokens=step_tokens,
@@ -85,6 +92,18 @@ class ServingEngine:
                                  f"the model is {model.dtype}" + ("" if built else f", the "
                                  f"kernel {why}") + "; allowed: reads='gather'")
         self.kernel = kernel_for(model.device) if kernel is None else kernel
+        if step not in STEPS:
+            raise ValueError(f"unknown step {step!r}; allowed: {', '.join(STEPS)}")
+        if step == "fast" and self.reads != "in_place":
+            raise ValueError("the fast step reads the pool in place; allowed: step='forward' "
+                             "with reads='gather'")
+        self.step_kind = step
+        self._fast: tuple[Any, Any] | None = None
+        if step == "fast":  # mode 8's products, chosen per role here (set-up, never a step)
+            from ..decoders.fast import fast_weights, steps_of  # noqa: PLC0415
+
+            weights = fast_weights(model).step
+            self._fast = (steps_of(weights)[0], weights)
         self.prefix_reuse = prefix_reuse
         self.keep_logits = keep_logits
         self.logits: dict[int, list[torch.Tensor]] = {}  # seq id -> each generated token's
@@ -110,7 +129,10 @@ class ServingEngine:
         out = StepOutput(works, preempted=preempted)
         if not works:
             return out
-        logits = forward(self.model, self.cache.pool, works, self.reads, self.kernel)
+        if self._fast is not None and all(w.n == 1 for w in works):
+            logits = step_decodes(*self._fast, self.cache.pool, works, self.kernel)
+        else:
+            logits = forward(self.model, self.cache.pool, works, self.reads, self.kernel)
         picks = logits.argmax(-1).tolist() if logits.size(0) else []
         r = 0
         for w in works:

@@ -4,7 +4,8 @@ Llama): the same ways of meeting the cache and the same product kinds, its own b
 
   decode_step(weights, token, pos, attend) -> logits (B, vocab)
       token (B, 1); pos its position: an int, or a (1,) long tensor when the shapes must not
-      change with the position (a captured or compiled step)
+      change with the position (a captured or compiled step), or (B,) when each sequence has
+      its own (the serving engine's batched step)
 
 What differs between the modes is passed in, never re-written:
   weights  ``StepWeights``: the embeddings, and per layer the callables a block is made of --

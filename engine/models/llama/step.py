@@ -2,7 +2,8 @@
 
   decode_step_llama(weights, token, pos, attend) -> logits (B, vocab)
       token (B, 1) at position ``pos``: an int, or a (1,) long tensor when the shapes must not
-      change with the position (mode 6's captured step); ``attend`` is
+      change with the position (mode 6's captured step), or (B,) when each sequence has its
+      own (the serving engine's batched step); ``attend`` is
       ``engine.models.attention.attend_filled`` over the preallocated (L, B, n_kv_head, T, hs)
       cache (the C++ kernel on a CPU in fp32, SDPA with ``enable_gqa=True`` elsewhere; mode 6:
       ``attend_static``; modes 7 and 9: ``attend_read_only``, which leaves the write to the
@@ -137,7 +138,9 @@ def decode_step_llama(w: LlamaStepWeights, token: torch.Tensor, pos: int | torch
     nh, nkv = w.n_head, w.n_kv_head
     x = w.embed[token[:, 0]]  # (B, C)
     hs = x.size(1) // nh
-    cos, sin = w.cos[pos].to(x.dtype), w.sin[pos].to(x.dtype)  # (hs,), or (1, hs) for a tensor
+    cos, sin = w.cos[pos].to(x.dtype), w.sin[pos].to(x.dtype)  # (hs,), or (P, hs) for a tensor
+    if cos.dim() == 2:  # P positions: one for all (a (1,) tensor) or one per sequence (B,)
+        cos, sin = cos[:, None], sin[:, None]  # (P, 1, hs): the same angles for every head
     for i, layer in enumerate(w.layers):
         h = rms_norm(x, layer.attn_norm, w.eps)
         q = rope(layer.q(h).view(batch, nh, hs), cos, sin)
