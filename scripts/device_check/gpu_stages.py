@@ -13,6 +13,10 @@
   prefix          the prefix cache on SmolLM2: TTFT against the cached prefix (the served
                   request, the extend and the cold prefill in interleaved rounds), then the
                   multi-turn chat with and without reuse (``instruments.experiments.prefix_*``)
+  serving         continuous batching on SmolLM2 (``instruments.experiments.serving``): a closed
+                  loop at concurrency 64, 1 and 16 (the most telling first: a stage out of time
+                  keeps them), the decode step against the batch beside its floor, and whether
+                  batch 64's step is within 2x its floor (the GPU goal)
   no_sdpa, no_triton  why the last two cannot run on a device (the stages table's ``skip``)
 Each is handed the check's context (``stages.Check``) and saves its run through it.
 """
@@ -59,6 +63,28 @@ def prefix(check: Any) -> None:
         run = check.experiment("prefix_chat", loaded, chat.params(turns=8, answer_tokens=32))
         for line in chat.summary(run)[-2:]:
             print("  " + line)
+
+
+def serving(check: Any) -> None:
+    """SmolLM2's real weights where installed, else seeded random ones; llama-tiny in the dry
+    run. No peers (llama.cpp here is a CPU build)."""
+    name = "llama-tiny" if check.args.tiny else "smollm2-135m"
+    weights = "random" if check.args.tiny or not lineup.installed(name)[0] else "package"
+    loaded = load(ModelSpec(name, weights, check.args.device, "float32"))
+    exp = get("serving")
+    params = exp.defaults(check.args.device, loaded.model.config)
+    params.peers = False
+    if not check.args.tiny:
+        params.concurrency, params.rounds = [64, 1, 16], 2
+    run = check.experiment("serving", loaded, params, show=True)
+    for line in exp.summary(run):
+        print("  " + line)
+    top = [r for r in run["tables"].get("batch_steps", []) if r["label"] == "all"]
+    if top and not check.args.tiny:
+        last = top[-1]
+        verdict = "within" if last["over_floor"] <= 2.0 else "NOT within"
+        print(f"  batch {last['batch']}: step {last['step_ms']:.2f} ms, {last['over_floor']:.2f}x "
+              f"its floor: {verdict} the 2x goal")
 
 
 def sdpa_backends(check: Any) -> None:

@@ -48,6 +48,7 @@ from .gpu_stages import (
     no_triton,
     prefix,
     sdpa_backends,
+    serving,
     triton_tiles,
 )
 from .runner import Stage, StageSkipped
@@ -392,6 +393,7 @@ _MEASURING = {  # the order is the registry's: the compile, likeliest to overrun
     "triton-tiles": (triton_tiles, no_triton, "gpt2's products alone under a few tile sizes"),
     "cache-reads": (cache_reads, no_triton, "modes 10, 11 read back against read in place"),
     "prefix": (prefix, None, "SmolLM2's TTFT against the cached prefix; the chat with reuse"),
+    "serving": (serving, None, "continuous batching: tokens/s and the step against the batch"),
 }
 MEASURING = [Stage(name, _MEASURING[name][0], share=share, skip=_MEASURING[name][1],
                    what=_MEASURING[name][2]) for name, share in device_shares().items()]
