@@ -141,3 +141,47 @@ def test_the_cpu_paged_kernel_reads_each_sequence_through_its_own_table(n_kv, nh
         kernels.paged_attend(q, kp, vp, table.clamp(max=nb) + nb * (table >= 0), lengths)
     with pytest.raises(RuntimeError, match="length"):
         kernels.paged_attend(q, kp, vp, table, lengths * 0)
+
+
+def test_int8_blocks_hold_four_times_the_tokens_and_batching_stays_exact() -> None:
+    """int8 K/V (a scale per token and head): the same budget holds ~4x fp32's blocks; each
+    request served among others gets what it gets served alone on the same int8 pool."""
+    from tests.test_serving import prompts
+
+    model = tiny("llama")
+    budget = 40 * block_bytes(model)
+    fp32 = ServingEngine(model, budget, block_tokens=BT)
+    int8 = ServingEngine(model, budget, block_tokens=BT, kv_storage="int8", keep_logits=True,
+                         max_seqs=8, step_tokens=24)
+    hs = model.config.head_dim
+    assert int8.cache.pool.n_blocks == budget // (block_bytes(model) * (hs + 4) // (4 * hs))
+    assert int8.cache.pool.n_blocks >= 3 * fp32.cache.pool.n_blocks
+    seqs = [int8.submit(p, 8) for p in prompts(10, seed=4)]
+    int8.drain()
+    int8.cache.check()
+    for s in seqs:
+        alone = ServingEngine(model, budget, block_tokens=BT, kv_storage="int8",
+                              keep_logits=True)
+        one = alone.submit(s.prompt, 8)
+        alone.drain()
+        assert s.generated == one.generated
+        for a, b in zip(int8.logits[s.id], alone.logits[one.id], strict=True):
+            assert float((a - b).abs().max()) <= 1e-4 * float(b.abs().max())
+    with pytest.raises(ValueError, match="read gathered"):
+        ServingEngine(model, budget, kv_storage="int8", reads="in_place")
+
+
+def test_an_int8_pool_reads_back_what_it_stored_within_its_rounding() -> None:
+    from engine.cache.blocks import BlockPool
+
+    pool = BlockPool(2, 3, 16, 4, 10, storage="int8")
+    k, v = torch.randn(2, 3, 9, 16), torch.randn(2, 3, 9, 16)
+    ids = [pool.take() for _ in range(3)]
+    pool.write(ids, 0, k, v)
+    copy = pool.copy(ids[1])
+    ko, vo = torch.zeros(2, 3, 9, 16), torch.zeros(2, 3, 9, 16)
+    pool.read_into([ids[0], copy, ids[2]], 9, ko, vo)
+    step = k.abs().amax(-1, keepdim=True) / 127  # half a step of rounding at most
+    assert bool(((ko - k).abs() <= step / 2 + 1e-6).all())
+    assert bool(((vo - v).abs() <= v.abs().amax(-1, keepdim=True) / 254 + 1e-6).all())
+    assert pool.block_bytes == 2 * 2 * 3 * 4 * (16 + 4)

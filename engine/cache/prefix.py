@@ -1,11 +1,12 @@
 """The prefix cache: a radix tree of token ids over reference-counted KV blocks, LRU-evicted.
 
-``PrefixCache(model, budget_bytes, block_tokens=16, reads=None)`` keeps the K/V rows of the
-prompts it has seen, in an ``engine.cache.blocks.BlockPool`` of ``budget_bytes // block_bytes``
-blocks on the model's device and in its dtype. ``reads`` (``engine.cache.paged``'s: None, the
-device's default): "gather" copies a request's cached rows into buffers it attends over;
-"in_place" (on a GPU) attends through its block table, no copy. A request starts the same way
-SGLang's RadixAttention serves one:
+``PrefixCache(model, budget_bytes, block_tokens=16, reads=None, buffers=True, storage="model")``
+keeps the K/V rows of the prompts it has seen, in an ``engine.cache.blocks.BlockPool`` of
+``budget_bytes // block_bytes`` blocks on the model's device and in its dtype (``storage``
+"int8": int8 rows scaled per token and head, read back in its dtype). ``reads``
+(``engine.cache.paged``'s: None, the device's default): "gather" copies a request's cached rows
+into buffers it attends over; "in_place" (on a GPU) attends through its block table, no copy.
+A request starts the same way SGLang's RadixAttention serves one:
 
   hit = cache.lookup(ids)           the longest cached prefix of ``ids`` (at most len - 1
                                     tokens: the last prompt token is always computed, so the
@@ -49,7 +50,7 @@ from typing import Any
 
 import torch
 
-from .blocks import BlockPool, PoolExhausted
+from .blocks import BlockPool, PoolExhausted, bytes_per_block
 from .invariants import InvariantError, check
 from .paged import resolve_reads
 from .request import Request
@@ -100,24 +101,26 @@ class PrefixCache:
     """A radix tree of token ids over one block pool (see the module docstring)."""
 
     def __init__(self, model: Any, budget_bytes: int, *, block_tokens: int = 16,
-                 reads: str | None = None, buffers: bool = True) -> None:
+                 reads: str | None = None, buffers: bool = True,
+                 storage: str = "model") -> None:
         cfg = model.config
         reads = resolve_reads(reads, model.device, "the prefix cache")
         # in place: our Triton kernels through each request's table (their products need heads
-        # of 16 channels or more); else each request copies its cached rows into buffers
-        self.in_place = reads == "in_place" and cfg.head_dim >= 16
+        # of 16 channels or more; int8 rows are not read in place); else each request copies
+        # its cached rows into buffers
+        self.in_place = reads == "in_place" and cfg.head_dim >= 16 and storage == "model"
         # buffers=False: requests hold none and are never run through the model one by one
         # (the serving engine's batched step reads and writes the pool itself)
         self.buffers = buffers and not self.in_place
-        block_bytes = (2 * cfg.n_layer * cfg.n_kv_head * block_tokens * cfg.head_dim
-                       * torch.empty((), dtype=model.dtype, device="meta").element_size())
+        block_bytes = bytes_per_block(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, block_tokens,
+                                      model.dtype, storage)
         n_blocks = int(budget_bytes) // block_bytes
         if n_blocks < 1:
             raise BudgetError(f"a budget of {int(budget_bytes):,} B holds no block of "
                               f"{block_tokens} tokens ({block_bytes:,} B for this model); "
                               f"allowed: at least {block_bytes:,} B")
         self.pool = BlockPool(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, block_tokens, n_blocks,
-                              device=model.device, dtype=model.dtype)
+                              device=model.device, dtype=model.dtype, storage=storage)
         self.block_tokens, self.context, self.vocab = block_tokens, cfg.block_size, cfg.vocab_size
         self.model_shape = (cfg.n_layer, cfg.n_kv_head, cfg.head_dim, model.device, model.dtype)
         self._ids = itertools.count(1)

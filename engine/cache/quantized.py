@@ -20,6 +20,13 @@ from .paged import resolve_reads, step_lengths
 INT8_MAX = 127.0
 
 
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (..., hs) as int8 rows and one scale per row (absmax / 127), the scale in x's dtype:
+    (q (..., hs), scale (..., 1)). Row r reads back as q[r] * scale[r]."""
+    s = (x.abs().amax(dim=-1, keepdim=True) / INT8_MAX).clamp_min(1e-12)
+    return torch.round(x / s).clamp(-INT8_MAX, INT8_MAX).to(torch.int8), s
+
+
 class QuantizedKVCache:
     """Rows stored as ``storage`` ("int8", "float16" or "bfloat16"), read in ``dtype``."""
 
@@ -48,9 +55,7 @@ class QuantizedKVCache:
         if scale is None:
             q[:, :, start:end] = x.to(q.dtype)
             return
-        s = (x.abs().amax(dim=-1, keepdim=True) / INT8_MAX).clamp_min(1e-12)
-        scale[:, :, start:end] = s
-        q[:, :, start:end] = torch.round(x / s).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+        q[:, :, start:end], scale[:, :, start:end] = quantize_rows(x)
 
     def _read(self, q: torch.Tensor, scale: torch.Tensor | None, end: int) -> torch.Tensor:
         rows = q[:, :, :end].to(self.dtype)

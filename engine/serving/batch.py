@@ -63,6 +63,25 @@ def default_reads(device: torch.device | str, dtype: torch.dtype) -> str:
     return "in_place" if triton_usable(device) else "gather"
 
 
+def write(pool: Any, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+          ) -> None:
+    """New rows k, v (n_kv, N, hs) into their slots (N,) of layer ``layer``, one
+    ``index_copy_`` per tensor the pool holds (rows, and scales for int8)."""
+    for t, x in zip(pool.tensors(), pool.store(k, v), strict=True):
+        t[layer].flatten(1, 2).index_copy_(1, slots, x)  # (n_kv, n_blocks * bt[, hs])
+
+
+def gather(pool: Any, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows at ``slots`` (S,) of layer ``layer``, (n_kv, S, hs) each for K and V, in the
+    model's dtype (int8 rows times their scales)."""
+    kl, vl = pool.k[layer].flatten(1, 2), pool.v[layer].flatten(1, 2)  # (n_kv, slots, hs)
+    if pool.k_scale is None:
+        return kl.index_select(1, slots), vl.index_select(1, slots)
+    ks, vs = pool.k_scale[layer].flatten(1, 2), pool.v_scale[layer].flatten(1, 2)
+    return (pool.rows(kl.index_select(1, slots), ks.index_select(1, slots)),
+            pool.rows(vl.index_select(1, slots), vs.index_select(1, slots)))
+
+
 class RaggedBatch:
     """The KV cache one batched step's forward is given (the module docstring)."""
 
@@ -114,10 +133,8 @@ class RaggedBatch:
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                ) -> torch.Tensor:
         """q (1, nh, N, hs), k, v (1, n_kv, N, hs): the rows written, y (1, nh, N, hs)."""
+        write(self.pool, layer, self.slots, k[0], v[0])
         kl, vl = self.pool.k[layer], self.pool.v[layer]  # (n_kv, n_blocks, bt, hs)
-        n_kv, hs = kl.size(0), kl.size(3)
-        kl.view(n_kv, -1, hs).index_copy_(1, self.slots, k[0])
-        vl.view(n_kv, -1, hs).index_copy_(1, self.slots, v[0])
         if not self.prefills:  # decode only: no copy of q's rows
             return self._decode(layer, q[0].transpose(0, 1), kl, vl).transpose(0, 1)[None]
         y = torch.empty_like(q)
@@ -149,8 +166,8 @@ class RaggedBatch:
         idx, mask = self._decode_index()
         D, nh, hs = q.shape
         n_kv, s_max = kl.size(0), mask.size(-1)
-        keys = kl.view(n_kv, -1, hs).index_select(1, idx).view(n_kv, D, s_max, hs)
-        values = vl.view(n_kv, -1, hs).index_select(1, idx).view(n_kv, D, s_max, hs)
+        keys, values = gather(self.pool, layer, idx)  # (n_kv, D * S_max, hs)
+        keys, values = keys.view(n_kv, D, s_max, hs), values.view(n_kv, D, s_max, hs)
         y = sdpa(q.unsqueeze(2), keys.transpose(0, 1), values.transpose(0, 1), attn_mask=mask)
         return y.squeeze(2)  # (D, nh, hs)
 
@@ -182,10 +199,7 @@ class RaggedBatch:
         pos = torch.arange(end, device=q.device)
         ids = torch.tensor(table[: -(-end // bt)], dtype=torch.long, device=q.device)
         slots = ids[pos // bt] * bt + pos % bt  # (S,)
-        kl, vl = self.pool.k[layer], self.pool.v[layer]
-        n_kv = kl.size(0)
-        keys = kl.view(n_kv, -1, hs).index_select(1, slots)[None]  # (1, n_kv, S, hs)
-        values = vl.view(n_kv, -1, hs).index_select(1, slots)[None]
+        keys, values = (t[None] for t in gather(self.pool, layer, slots))  # (1, n_kv, S, hs)
         if start == 0:
             return sdpa(q, keys, values, is_causal=True)
         mask = torch.ones(n, end, dtype=torch.bool, device=q.device).tril(start)
@@ -198,10 +212,8 @@ def paged_attend(pool: Any, slots: torch.Tensor, table: torch.Tensor, lengths: t
     over the pool: each sequence's new row written to its slot, then its query over its rows
     0..pos through its table, read in place. q (B, nh, hs), k, v (B, n_kv, hs), y (B, nh, hs)."""
     def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        write(pool, i, slots, k.transpose(0, 1), v.transpose(0, 1))
         kl, vl = pool.k[i], pool.v[i]  # (n_kv, n_blocks, bt, hs)
-        n_kv, hs = kl.size(0), kl.size(3)
-        kl.view(n_kv, -1, hs).index_copy_(1, slots, k.transpose(0, 1))
-        vl.view(n_kv, -1, hs).index_copy_(1, slots, v.transpose(0, 1))
         if kernel == "cpu":
             from ..kernels import cpu as kernels  # noqa: PLC0415
 

@@ -3,7 +3,9 @@ pool under a byte budget.
 
   engine = ServingEngine(model, budget_bytes, block_tokens=16, max_seqs=64, step_tokens=512,
                          policy="fcfs", reads=None, prefix_reuse=True, keep_logits=False,
-                         kernel=None, step="forward")
+                         kernel=None, step="forward", kv_storage="model")
+                 kv_storage: "model" (the model's dtype) | "int8" (rows scaled per token and
+                 head: about a quarter of fp32's bytes; read gathered, dequantized);
                  step: "forward" | "fast" (``STEPS``), how an all-decode step runs;
                  reads: "in_place" | "gather" (``engine.serving.batch``; None: the device's
                  default); kernel: "cpu" | "triton", whose in-place kernels (None: the
@@ -74,15 +76,21 @@ class ServingEngine:
                  max_seqs: int = 64, step_tokens: int = 512, policy: str = "fcfs",
                  reads: str | None = None, prefix_reuse: bool = True,
                  keep_logits: bool = False, kernel: str | None = None,
-                 step: str = "forward") -> None:
+                 step: str = "forward", kv_storage: str = "model") -> None:
         self.model = model
-        self.cache = PrefixCache(model, budget_bytes, block_tokens=block_tokens, buffers=False)
+        self.cache = PrefixCache(model, budget_bytes, block_tokens=block_tokens, buffers=False,
+                                 storage=kv_storage)
+        if kv_storage == "int8" and reads is None:
+            reads = "gather"  # no kernel of ours reads int8 blocks through a table yet
         self.scheduler = Scheduler(self.cache, max_seqs=max_seqs, step_tokens=step_tokens,
                                    policy=policy, keep_preempted=prefix_reuse)
         self.reads = default_reads(model.device, model.dtype) if reads is None else reads
         if self.reads not in READS:
             raise ValueError(f"unknown way to read the pool {self.reads!r}; allowed: "
                              f"{', '.join(READS)}")
+        if kv_storage == "int8" and self.reads != "gather":
+            raise ValueError("int8 K/V blocks are read gathered (dequantized); allowed: "
+                             "reads='gather' with kv_storage='int8'")
         if self.reads == "in_place" and (kernel or kernel_for(model.device)) == "cpu":
             from ..kernels import cpu as kernels  # noqa: PLC0415
 
