@@ -18,7 +18,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_EXPORTS = {"ServingEngine": "engine", "StepOutput": "engine", "Scheduler": "scheduler",
+_EXPORTS = {"ServingEngine": "engine", "StepOutput": "engine", "default_step": "engine",
+            "STEPS": "engine", "Scheduler": "scheduler",
             "Seq": "scheduler", "Work": "scheduler", "POLICIES": "scheduler",
             "RaggedBatch": "batch", "default_reads": "batch", "READS": "batch"}
 __all__ = sorted(_EXPORTS)

@@ -49,6 +49,13 @@ from .scheduler import Scheduler, Seq, Work
 STEPS = ("forward", "fast")
 
 
+def default_step(device: Any, dtype: Any) -> str:
+    """"fast" where mode 8's products and our C++ paged kernel run (a CPU in fp32 with the
+    kernel built), else "forward"."""
+    return "fast" if default_reads(device, dtype) == "in_place" and str(device) == "cpu" \
+        else "forward"
+
+
 @dataclass
 class StepOutput:
     works: list[Work]

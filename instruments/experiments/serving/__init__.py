@@ -61,6 +61,8 @@ class ServingParams:
     step_tokens: int = 512
     block_tokens: int = 16
     reads: str = "auto"  # "auto" (the device's), "in_place", "gather"
+    step: str = "auto"  # how an all-decode step runs: "auto" (the device's), "forward", "fast"
+    kv_storages: list[str] = field(default_factory=lambda: ["model", "int8"])  # budget
     peers: bool = True
     seed: int = 0
 
@@ -108,6 +110,11 @@ class ServingParams:
         if self.reads not in ("auto", "in_place", "gather"):
             raise ValueError(f"unknown way to read the pool {self.reads!r}; allowed: auto, "
                              "in_place, gather")
+        if self.step not in ("auto", "forward", "fast"):
+            raise ValueError(f"unknown step {self.step!r}; allowed: auto, forward, fast")
+        if not self.kv_storages or any(k not in ("model", "int8") for k in self.kv_storages):
+            raise ValueError(f"unknown K/V storage in {self.kv_storages}; allowed: model (the "
+                             "model's dtype), int8")
         if self.budgets_tokens:
             contexts_within("budgets in tokens", self.budgets_tokens, self.block_tokens,
                             10**9)
@@ -138,6 +145,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", default=None, help="prompt tokens MIN-MAX (uniform)")
     p.add_argument("--output", default=None, help="output tokens MIN-MAX (uniform)")
     p.add_argument("--reads", default="auto", choices=("auto", "in_place", "gather"))
+    p.add_argument("--step", default="auto", choices=("auto", "forward", "fast"),
+                   help="how an all-decode step runs (auto: the device's default)")
     p.add_argument("--no-peers", action="store_true", help="leave the peers out")
 
 
@@ -153,6 +162,7 @@ def from_args(args: argparse.Namespace, cfg: ModelConfig) -> ServingParams:
     p = ServingParams.defaults(args.device, cfg)
     p.experiment, p.reads, p.peers, p.seed = (args.experiment, args.reads, not args.no_peers,
                                               args.seed)
+    p.step = args.step
     p.concurrency = _list(args.concurrency, int, "--concurrency") or p.concurrency
     p.rates = _list(args.rates, float, "--rates") or p.rates
     p.budgets_tokens = _list(args.budgets_tokens, int, "--budgets-tokens") or []
@@ -196,8 +206,10 @@ def run(loaded: Loaded, params: ServingParams, progress: ProgressFn | None = Non
 
     model = loaded.checked(params)
     cfg, dtype = model.config, str(model.dtype).removeprefix("torch.")
-    total = {"concurrency": len(params.concurrency), "load": len(params.rates) * len(
-        params.ways), "budget": 5, "schedule": len(params.policies)}[params.experiment]
+    total = {"concurrency": len(params.concurrency),
+             "load": len(params.rates) * len(params.ways),
+             "budget": 5 * len(params.kv_storages),
+             "schedule": len(params.policies)}[params.experiment]
     tr = Tracker(progress, should_stop, total, unit="points", total_work=total * 200)
     load_start = load_avg()
     tr.emit("measuring the device's matmul peak and read bandwidth")

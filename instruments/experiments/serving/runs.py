@@ -31,13 +31,20 @@ from instruments.spine import Tracker
 SLO_SHARE = 0.9  # a rate "holds the SLO" when at least this share of its requests meet it
 
 
-def engine_for(model: Any, p: Any, budget_tokens: int, **kw: Any) -> Any:
-    from engine.serving import ServingEngine
+def engine_for(model: Any, p: Any, budget_tokens: int, kv_storage: str = "model",
+               **kw: Any) -> Any:
+    """A fresh engine whose pool holds ``budget_tokens`` tokens of K/V in the model's dtype
+    (the same bytes hold about four times the tokens in int8)."""
+    from engine.serving import ServingEngine, default_step
 
     bpt = model.config.kv_bytes_per_token(model.dtype.itemsize)
+    reads = None if p.reads == "auto" or kv_storage == "int8" else p.reads
+    step = p.step if p.step != "auto" else default_step(model.device, model.dtype)
+    if kv_storage == "int8" or reads == "gather":
+        step = "forward"  # the fast step reads blocks of the model's dtype in place
     return ServingEngine(model, budget_tokens * bpt, block_tokens=p.block_tokens,
                          max_seqs=kw.pop("max_seqs", p.max_seqs), step_tokens=p.step_tokens,
-                         reads=None if p.reads == "auto" else p.reads, **kw)
+                         reads=reads, step=step, kv_storage=kv_storage, **kw)
 
 
 def blocks_tokens(arrivals: list[Arrival], block_tokens: int) -> int:
@@ -128,19 +135,22 @@ def budget(model: Any, p: Any, peaks: dict[str, float], tr: Tracker) -> dict[str
     one = max(blocks_tokens([a], p.block_tokens) for a in arrivals)
     everything = blocks_tokens(arrivals, p.block_tokens)
     budgets = p.budgets_tokens or _spread(one, everything)
-    for tokens in budgets:
-        engine = engine_for(model, p, tokens)
-        label = f"{tokens:,} tokens"
-        served = _serve(tr, engine, arrivals, label)
-        _keep(tr, served)
-        row = metrics.point(served, slo_ttft_ms=p.slo_ttft_ms, slo_tpot_ms=p.slo_tpot_ms,
-                            label=label, budget_tokens=tokens, kv_dtype=str(model.dtype)
-                            .removeprefix("torch."),
-                            budget_bytes=engine.cache.pool.nbytes())
-        tr.row("points", row, f"budget {label}: {row['preemptions']} preemptions, "
-               f"{row['output_tok_s']:.1f} tok/s")
-        if served.stopped:
-            return {"partial": True}
+    tr.total = len(budgets) * len(p.kv_storages)
+    for storage in p.kv_storages:
+        for tokens in budgets:
+            engine = engine_for(model, p, tokens, kv_storage=storage)
+            kv = "int8" if storage == "int8" else str(model.dtype).removeprefix("torch.")
+            label = f"{kv}, {tokens:,} tokens' bytes"
+            served = _serve(tr, engine, arrivals, label)
+            _keep(tr, served)
+            row = metrics.point(served, slo_ttft_ms=p.slo_ttft_ms, slo_tpot_ms=p.slo_tpot_ms,
+                                label=label, budget_tokens=tokens, kv_dtype=kv,
+                                budget_bytes=engine.cache.pool.nbytes(),
+                                pool_tokens=engine.cache.pool.n_blocks * p.block_tokens)
+            tr.row("points", row, f"budget {label}: {row['preemptions']} preemptions, "
+                   f"{row['output_tok_s']:.1f} tok/s")
+            if served.stopped:
+                return {"partial": True}
     return {"one_request_tokens": one, "all_requests_tokens": everything}
 
 
