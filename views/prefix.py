@@ -13,9 +13,9 @@ import pandas as pd
 import streamlit as st
 
 from instruments.experiments.inputs import parse_contexts
-from instruments.experiments.prefix_chat import USER_TURNS, PrefixChatParams
-from instruments.experiments.prefix_ttft import SHARES, PrefixTtftParams
-from instruments.experiments.prefix_workload import PrefixWorkloadParams
+from instruments.experiments.prefix.chat import USER_TURNS, PrefixChatParams
+from instruments.experiments.prefix.ttft import SHARES, PrefixTtftParams
+from instruments.experiments.prefix.workload import PrefixWorkloadParams
 from instruments.process.client import Job
 from ui import header, jobs
 from ui.figures_prefix import (

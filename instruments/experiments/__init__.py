@@ -1,6 +1,7 @@
 """Every experiment, registered once; each one a module that owns everything about itself.
 
-An experiment module (``instruments/experiments/<module>.py``) holds, torch-free at import:
+An experiment module (``instruments/experiments/<module>.py``, or a package's module:
+``prefix/ttft.py``, ``serving/``) holds, torch-free at import:
   ``Params``              its parameters' dataclass: defaults (``Params.defaults(device, cfg)``
                           where they depend on the device or the model's config and family),
                           ``check(cfg, device)``
@@ -37,10 +38,11 @@ class Experiment:
     # the device check's stages of this experiment: (stage name, share of the budget its
     # fixed-time stages leave -- relative to the later stages' shares), in the order they run
     device_shares: tuple[tuple[str, float], ...] = ()
+    path: str = ""  # its module under instruments.experiments ("" = its name)
 
     @property
     def module(self) -> ModuleType:
-        return importlib.import_module(f"instruments.experiments.{self.name}")
+        return importlib.import_module(f"instruments.experiments.{self.path or self.name}")
 
     @property
     def params(self) -> type:
@@ -101,10 +103,11 @@ for _e in (
     Experiment("speculate", "speculate", "verify curve and speculative decoding",
                device_shares=(("speculate", 0.03),)),
     Experiment("prefix_ttft", "prefix_ttft", "TTFT against the cached prefix",
-               device_shares=(("prefix", 0.05),)),
-    Experiment("prefix_chat", "prefix_chat", "a multi-turn chat with and without prefix reuse"),
+               device_shares=(("prefix", 0.05),), path="prefix.ttft"),
+    Experiment("prefix_chat", "prefix_chat", "a multi-turn chat with and without prefix reuse",
+               path="prefix.chat"),
     Experiment("prefix_workload", "prefix_workload",
-               "a shared-prefix workload under KV budgets"),
+               "a shared-prefix workload under KV budgets", path="prefix.workload"),
     Experiment("serving", "serving", "serving many requests (continuous batching)",
                device_shares=(("serving", 0.08),)),
     Experiment("batch_curve", "batch_curve", "step time against the batch",

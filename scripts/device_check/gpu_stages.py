@@ -12,7 +12,7 @@
                   pair's logits compared first
   prefix          the prefix cache on SmolLM2: TTFT against the cached prefix (the served
                   request, the extend and the cold prefill in interleaved rounds), then the
-                  multi-turn chat with and without reuse (``instruments.experiments.prefix_*``)
+                  multi-turn chat with and without reuse (``instruments.experiments.prefix``)
   serving         continuous batching on SmolLM2 (``instruments.experiments.serving``): a closed
                   loop at concurrency 64, 1 and 16 (the most telling first: a stage out of time
                   keeps them), the decode step against the batch beside its floor, and whether

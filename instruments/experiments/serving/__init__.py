@@ -200,7 +200,7 @@ def summary(run: dict[str, Any]) -> list[str]:
 def run(loaded: Loaded, params: ServingParams, progress: ProgressFn | None = None,
         should_stop: StopFn | None = None) -> dict[str, Any]:
     from instruments.costmodel import costs
-    from instruments.experiments.prefix_parts import load_avg
+    from instruments.experiments.prefix.parts import load_avg
     from instruments.experiments.serving import runs
     from instruments.measure import device
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from instruments.experiments.serving import metrics
+import instruments.experiments.serving.metrics as metrics
 from instruments.experiments.serving.driver import Arrival, drive
 from instruments.experiments.serving.workload import poisson, prefix_requests, random_requests
 from instruments.spine import Tracker

@@ -9,7 +9,7 @@ no two share a prefix by chance. Generation always runs to its length (no end-of
 process of ``rate_per_s`` (exponential gaps from a seeded generator; rate inf: all at 0).
 
 ``prefix_requests(n, vocab, ..., seed)``: the prefix workload's mix
-(``instruments.experiments.prefix_workload.mix``: shared system prompts and documents, a
+(``instruments.experiments.prefix.workload.mix``: shared system prompts and documents, a
 question of its own each) with its own seeded arrivals, and each request's group (its system
 prompt and document), for cache-aware scheduling.
 """
@@ -47,7 +47,7 @@ def poisson(requests: list[Arrival], rate_per_s: float, seed: int = 0) -> list[A
 def prefix_requests(cfg: Any, n: int, rate_per_s: float, new_tokens: int, *, systems: int,
                     system_tokens: int, documents: int, document_tokens: int,
                     seed: int = 0) -> list[Arrival]:
-    from instruments.experiments.prefix_workload import PrefixWorkloadParams, mix
+    from instruments.experiments.prefix.workload import PrefixWorkloadParams, mix
 
     p = PrefixWorkloadParams([1.0], requests=n, systems=systems, system_tokens=system_tokens,
                              documents=documents, document_tokens=document_tokens,

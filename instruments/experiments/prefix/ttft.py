@@ -32,7 +32,7 @@ from typing import Any
 
 from engine.models.config import ModelConfig
 from instruments.experiments.inputs import contexts_within, parse_contexts, whole
-from instruments.experiments.prefix_parts import (
+from instruments.experiments.prefix.parts import (
     budget_for,
     drift,
     full_logits,

@@ -36,7 +36,7 @@ from typing import Any
 
 from engine.models.config import ModelConfig
 from instruments.experiments.inputs import whole
-from instruments.experiments.prefix_parts import budget_for, load_avg, serve, token_ids
+from instruments.experiments.prefix.parts import budget_for, load_avg, serve, token_ids
 from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, no_grad, record
 from instruments.store.stats import percentile
 

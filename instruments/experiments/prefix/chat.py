@@ -28,7 +28,7 @@ from typing import Any
 
 from engine.models.config import ModelConfig
 from instruments.experiments.inputs import whole
-from instruments.experiments.prefix_parts import budget_for, drift, load_avg, serve
+from instruments.experiments.prefix.parts import budget_for, drift, load_avg, serve
 from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, no_grad, record
 
 USER_TURNS = [
