@@ -180,10 +180,10 @@ def test_absent_packages_are_rows_saying_how_to_install(
 
 @pytest.mark.parametrize("name", ["llama-tiny", "tiny"])
 def test_transformers_continuous_batching_gives_our_engines_tokens(name: str) -> None:
-    pytest.importorskip("transformers")
-    loaded, p, requests = served(name)
-    if not hasattr(families.reference(loaded.model), "generate_batch"):
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers.GenerationMixin, "generate_batch"):
         pytest.skip("this transformers has no generate_batch: pip install transformers==5.23.0")
+    loaded, p, requests = served(name)
     tr = tracker(requests)
     serving_hf.rows(loaded.model, p, serving._requests(loaded.model, p), tr)
     rows = tr.tables["peers"]
