@@ -1,0 +1,253 @@
+"""Peers of the serving engine: other engines serving the concurrency experiment's requests on the
+loaded model's weights, each gated on its tokens and timed beside ours.
+
+``run_peers(loaded, params, tr)`` runs after our engine served every concurrency (the
+experiment's ``peers``: ``instruments.experiments.serving``), in the same process and never
+beside other work, and adds one row per peer and concurrency to table "peers" (``tr.row``). It
+regenerates the requests as ``runs.concurrency`` does: ``workload.random_requests(max(C) x
+rounds, ...)`` with the run's seed, the first max(C x rounds, 2) at concurrency C, a closed loop
+of C clients, greedy, no end-of-sequence. It never raises: a peer that cannot run here is a row
+saying why and how to install it.
+
+The peers:
+  "llama.cpp batched (F32)"    llama.cpp's batched decode through llama-cpp-python's low-level
+                               calls (``llamacpp_batch.Batched``) on the F32 GGUF file of the
+                               loaded weights -- the very file and model handle the llamacpp_f32
+                               peer builds (``llamacpp._build``: written, probed in a child,
+                               loaded once per model). Per C: one context of n_seq_max = C (llama-
+                               server's ``--parallel C``), C slots; each new request prefilled in
+                               its own ``llama_decode``, then one ``llama_decode`` a step of one
+                               token per live sequence (``closed_loop``). The multi-sequence path
+                               is probed in a child process first (``probe_batched``). Capped at
+                               llama.cpp's 256 sequences a context (a row says so above it).
+  "transformers generate_batch"  transformers' continuous batching on its paged cache
+                               (``serving_hf``), on SmolLM2 or GPT-2 holding the same weights.
+Row fields: peer, concurrency, ok, why (when not ok), requests, output_tokens, output_tok_s,
+duration_s (first request in to last token out, wall clock), tokens_equal (every request's
+greedy tokens equal our engine's for the same request: ``tr.tables["requests"]``, label
+"C={c}"), tokens_differing (token positions that differ, a missing one counted),
+requests_differing, step_ms_by_batch (llama.cpp: the median decode step, ms, by its batch; keys
+are the batch as text, as JSON keeps them), threads, version, note.
+
+Where llama.cpp's tokens legitimately differ: its CPU GELU reads an f16 table
+(``instruments.peers.llamacpp``), so F32 GPT-2's logits stray by ~5e-4 of the largest; a near tie
+flips a greedy token and the rest of that request. The row's note says so when GPT-2's differ.
+Llama's SiLU is fp32 (within ~7e-6 of mode 1): a difference there is named as one to look at.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+PEER = "llama.cpp batched (F32)"
+INSTALL = "make peers"  # compiles llama-cpp-python for this CPU (the Makefile says why)
+GELU_NOTE = ("GPT-2 in llama.cpp: its CPU GELU reads an f16 table (~5e-4 of the largest logit "
+             "in every MLP, instruments.peers.llamacpp), so a near tie flips a greedy token "
+             "and the rest of that request")
+
+
+@dataclass
+class Loop:
+    """What one closed loop served: each request's tokens, the decode steps' ms by batch."""
+
+    tokens: dict[int, list[int]] = field(default_factory=dict)
+    step_ms: dict[int, list[float]] = field(default_factory=dict)
+    duration_s: float = 0.0
+
+
+def run_peers(loaded: Any, params: Any, tr: Any) -> None:
+    """Every peer's rows in table "peers" (the module docstring); never raises."""
+    from instruments.lineup import PeerUnavailable
+    from instruments.peers import serving_hf
+
+    try:
+        every = _requests(loaded.model, params)
+    except Exception as exc:  # nothing to serve: one row says why
+        _unavailable(tr, "serving peers", f"the workload could not be made: {_line(exc)}")
+        return
+    for name, rows in ((PEER, llamacpp_rows), (serving_hf.PEER, serving_hf.rows)):
+        if tr.stop():
+            tr.note("stopped: the serving peers were left out")
+            return
+        try:
+            rows(loaded.model, params, every, tr)
+        except PeerUnavailable as exc:  # a missing package, a crash in a probe: says what to do
+            _unavailable(tr, name, str(exc))
+        except Exception as exc:  # an import that fails, an export, a refused call
+            fix = INSTALL if name == PEER else serving_hf.INSTALL
+            _unavailable(tr, name, f"{_line(exc)}; install or rebuild with: {fix}")
+
+
+def _requests(model: Any, params: Any) -> list[Any]:
+    from instruments.experiments.serving.workload import random_requests
+
+    return random_requests(max(params.concurrency) * params.rounds, model.config.vocab_size,
+                           (params.prompt_min, params.prompt_max),
+                           (params.output_min, params.output_max), params.seed)
+
+
+def arrivals_at(every: list[Any], c: int, rounds: int) -> list[Any]:
+    """The requests our engine served at concurrency ``c`` (``runs.concurrency``'s slice)."""
+    return every[: max(c * rounds, 2)]
+
+
+def _line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
+def _unavailable(tr: Any, peer: str, why: str, concurrency: int | None = None,
+                 **extra: Any) -> None:
+    row = {"peer": peer, "concurrency": concurrency, "ok": False, "why": why,
+           "tokens_equal": False, **extra}
+    tr.row("peers", row, f"peer {peer}: unavailable: {why}", points=0)
+
+
+def ours(tr: Any, c: int) -> dict[int, list[int]] | None:
+    """Our engine's generated ids by request index at concurrency ``c`` (None: not kept)."""
+    rows = [r for r in tr.tables.get("requests", []) if r.get("label") == f"C={c}"]
+    return {r["request"]: list(r["generated_ids"]) for r in rows} if rows else None
+
+
+def compare(want: dict[int, list[int]], got: dict[int, list[int]]) -> tuple[int, int]:
+    """(token positions that differ, requests that differ) over every request of either; a
+    token one side lacks counts as differing."""
+    tokens = requests = 0
+    for i in sorted(set(want) | set(got)):
+        a, b = want.get(i, []), got.get(i, [])
+        n = sum(x != y for x, y in zip(a, b, strict=False)) + abs(len(a) - len(b))
+        tokens += n
+        requests += n > 0
+    return tokens, requests
+
+
+def point_row(tr: Any, peer: str, c: int, arrivals: list[Any], tokens: dict[int, list[int]],
+              duration_s: float, **extra: Any) -> dict[str, Any]:
+    """A served point's row, gated on our engine's tokens at ``c``; ``extra`` joins it (a
+    ``note`` is prefixed with what the gate found)."""
+    want = ours(tr, c)
+    out_tokens = sum(len(t) for t in tokens.values())
+    note = extra.pop("note", "")
+    if want is None:
+        equal, differing, reqs = False, None, None
+        note = f"not gated: our engine's tokens at C={c} were not kept. {note}"
+    else:
+        differing, reqs = compare(want, tokens)
+        equal = differing == 0
+        if not equal:
+            note = (f"{reqs} of {len(arrivals)} requests differ from ours "
+                    f"({differing} tokens). {note}")
+    return {"peer": peer, "concurrency": c, "ok": True, "why": "", "requests": len(arrivals),
+            "output_tokens": out_tokens, "output_tok_s": out_tokens / max(duration_s, 1e-12),
+            "duration_s": duration_s, "tokens_equal": equal, "tokens_differing": differing,
+            "requests_differing": reqs, **extra, "note": note.strip()}
+
+
+def closed_loop(dec: Any, arrivals: list[Any], clients: int) -> Loop:
+    """``arrivals`` served by ``dec`` (``llamacpp_batch.Batched``'s calls) in a closed loop of
+    ``clients`` slots: a slot's request prefilled, then stepped with every live one, its cells
+    freed when it has its tokens and the slot given the next request. Each step is timed alone;
+    ``duration_s`` spans the whole loop, prefills included."""
+    clock = time.perf_counter
+    out = Loop()
+    pending = deque(range(len(arrivals)))
+    slots: dict[int, list[int]] = {}  # seq id -> [request, next position, last token]
+
+    def fill(seq: int) -> None:
+        while pending:  # a request done by its prefill alone frees the slot at once
+            i = pending.popleft()
+            a = arrivals[i]
+            out.tokens[i] = [dec.prefill(seq, list(a.prompt))]
+            if a.new_tokens > 1:
+                slots[seq] = [i, len(a.prompt), out.tokens[i][0]]
+                return
+            dec.clear(seq)
+
+    t0 = clock()
+    for seq in range(min(clients, len(arrivals))):
+        fill(seq)
+    while slots:
+        live = sorted(slots)
+        s0 = clock()
+        got = dec.step([(s, slots[s][2], slots[s][1]) for s in live])
+        out.step_ms.setdefault(len(live), []).append((clock() - s0) * 1e3)
+        for seq, token in zip(live, got, strict=True):
+            slot = slots[seq]
+            out.tokens[slot[0]].append(token)
+            slot[1], slot[2] = slot[1] + 1, token
+            if len(out.tokens[slot[0]]) >= arrivals[slot[0]].new_tokens:
+                del slots[seq]
+                dec.clear(seq)
+                fill(seq)
+    out.duration_s = clock() - t0
+    return out
+
+
+def llamacpp_rows(model: Any, params: Any, every: list[Any], tr: Any) -> None:
+    """The llama.cpp peer's rows (the module docstring). Raises where it cannot start at all
+    (the caller's unavailable row); a concurrency that fails is a row of its own."""
+    import torch
+
+    from instruments.lineup import PeerUnavailable
+    from instruments.lineup import peers as lineup_peers
+    from instruments.peers import llamacpp, native
+    from instruments.peers.built import engine_for
+    from instruments.peers.llamacpp_batch import MAX_SEQS, Batched, probe_batched
+
+    ok, why = lineup_peers.available("llamacpp_f32", str(model.device), model.config.family)
+    if not ok:
+        raise PeerUnavailable(why)
+    threads = torch.get_num_threads()  # ours ran on these
+    tr.emit(f"peer {PEER}: the F32 GGUF file, its load and probes")
+    built = engine_for(model, ("llamacpp", "f32"),
+                       lambda: llamacpp._build(model, "f32", threads))
+    api, path = built.state["api"], built.state["path"]
+    native.probe(("llama.cpp batched", built.version, "f32", repr(model.config)),
+                 probe_batched, path, threads, what=f"llama.cpp ({built.version}) decoding 4 "
+                 f"sequences in one batch from {path.name}",
+                 fix=llamacpp.FIX.format(qtype="f32"))
+    seq_tokens = params.prompt_max + params.output_max
+    base_note = (f"one context of n_seq_max = C, {seq_tokens} cells a sequence (kv_unified "
+                 f"off), fp32 KV, flash attention off, {threads} threads; a new request "
+                 "prefilled in its own llama_decode, then one llama_decode a step over every "
+                 "live sequence; step_ms_by_batch times the decode steps alone, the duration "
+                 "includes the prefills")
+    for c in params.concurrency:
+        if tr.stop():
+            return
+        arrivals = arrivals_at(every, c, params.rounds)
+        if c > MAX_SEQS:
+            _unavailable(tr, PEER, f"llama.cpp holds at most {MAX_SEQS} sequences in a "
+                         "context (LLAMA_MAX_SEQ)", c, version=built.version)
+            continue
+        tr.emit(f"peer {PEER}: concurrency {c}")
+        dec = None
+        try:
+            dec = Batched(api, built.handle, seqs=c, seq_tokens=seq_tokens, threads=threads)
+            built.state["contexts"].add(dec)  # freed before the model, were it released first
+            first = dec.prefill(0, list(arrivals[0].prompt[:4]))  # untimed: its first graphs
+            dec.step([(0, first, min(4, len(arrivals[0].prompt)))])
+            dec.clear(0)
+            loop = closed_loop(dec, arrivals, c)
+        except Exception as exc:  # this point failed (a refused batch): the next may not
+            _unavailable(tr, PEER, _line(exc), c, version=built.version, threads=threads)
+            continue
+        finally:
+            if dec is not None:
+                dec.close()
+        row = point_row(tr, PEER, c, arrivals, loop.tokens, loop.duration_s,
+                        step_ms_by_batch={str(b): statistics.median(ms)
+                                          for b, ms in sorted(loop.step_ms.items())},
+                        threads=threads, version=built.version, note=base_note)
+        if not row["tokens_equal"] and model.config.family == "gpt2":
+            row["note"] = f"{row['note']}. {GELU_NOTE}"
+        elif not row["tokens_equal"]:
+            row["note"] = (f"{row['note']}. llama.cpp's F32 Llama is within ~7e-6 of mode 1's "
+                           "logits: a difference here is a near tie or a bug to look at")
+        tr.row("peers", row, f"peer {PEER}: concurrency {c}: {row['output_tok_s']:.1f} "
+               f"output tok/s, tokens {'equal' if row['tokens_equal'] else 'DIFFER'}",
+               points=0)
