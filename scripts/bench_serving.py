@@ -74,18 +74,18 @@ def step_rows(model: Any, batches: list[int], context: int, steps: int, rounds: 
               peaks: dict[str, float]) -> list[dict[str, Any]]:
     """Per batch and way: the step's samples (ms), median, floor, the scheduler's median."""
     from instruments.experiments.serving.metrics import step_floor_ms
+    from instruments.peers.serving import Stepper
 
-    try:
-        from instruments.peers import serving as peers
-    except ImportError:
-        peers = None  # type: ignore[assignment]
     rows = []
     for batch in batches:
         engines = {w: _engine(model, batch, context, steps * rounds + 2, **kw)
                    for w, kw in WAYS.items()}
-        llama = None
-        if peers is not None and hasattr(peers, "BatchedLlamaCpp"):
-            llama = peers.BatchedLlamaCpp.for_bench(model, batch, context)
+        try:
+            llama = Stepper(model, batch, context, steps * rounds + 2)
+            llama.time_steps(1)  # untimed, as ours
+        except Exception as exc:  # noqa: BLE001 (not installed, refused: said, not fatal)
+            print(f"llama.cpp batched at batch {batch}: unavailable: {exc}", file=sys.stderr)
+            llama = None
         samples: dict[str, list[float]] = {w: [] for w in [*engines, *(["llama.cpp"]
                                                                     if llama else [])]}
         sched: dict[str, list[float]] = {w: [] for w in engines}
@@ -112,6 +112,8 @@ def step_rows(model: Any, batches: list[int], context: int, steps: int, rounds: 
                          "schedule_ms": statistics.median(sched[w]) if w in sched else None,
                          **floor, "over_floor": med / floor["floor_ms"]})
         del engines
+        if llama is not None:
+            llama.close()
     return rows
 
 

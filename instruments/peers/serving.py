@@ -187,29 +187,76 @@ def closed_loop(dec: Any, arrivals: list[Any], clients: int) -> Loop:
     return out
 
 
-def llamacpp_rows(model: Any, params: Any, every: list[Any], tr: Any) -> None:
-    """The llama.cpp peer's rows (the module docstring). Raises where it cannot start at all
-    (the caller's unavailable row); a concurrency that fails is a row of its own."""
+def llamacpp_model(model: Any) -> tuple[Any, int]:
+    """The llamacpp_f32 peer's F32 file of ``model``'s weights, loaded and probed (a single
+    sequence, then several in one batch, each in a child process first): (built, threads).
+    Raises ``PeerUnavailable`` where it cannot run."""
     import torch
 
     from instruments.lineup import PeerUnavailable
     from instruments.lineup import peers as lineup_peers
     from instruments.peers import llamacpp, native
     from instruments.peers.built import engine_for
-    from instruments.peers.llamacpp_batch import MAX_SEQS, Batched, probe_batched
+    from instruments.peers.llamacpp_batch import probe_batched
 
     ok, why = lineup_peers.available("llamacpp_f32", str(model.device), model.config.family)
     if not ok:
         raise PeerUnavailable(why)
     threads = torch.get_num_threads()  # ours ran on these
-    tr.emit(f"peer {PEER}: the F32 GGUF file, its load and probes")
     built = engine_for(model, ("llamacpp", "f32"),
                        lambda: llamacpp._build(model, "f32", threads))
-    api, path = built.state["api"], built.state["path"]
+    path = built.state["path"]
     native.probe(("llama.cpp batched", built.version, "f32", repr(model.config)),
                  probe_batched, path, threads, what=f"llama.cpp ({built.version}) decoding 4 "
                  f"sequences in one batch from {path.name}",
                  fix=llamacpp.FIX.format(qtype="f32"))
+    return built, threads
+
+
+class Stepper:
+    """``batch`` sequences of ``context`` random tokens prefilled in one llama.cpp context
+    (untimed), then ``time_steps(k)``: k decode steps of one token per sequence, each one
+    ``llama_decode`` timed alone (ms): the batched step ``scripts/bench_serving.py`` sets beside
+    ours at the same batch and context."""
+
+    def __init__(self, model: Any, batch: int, context: int, steps: int, seed: int = 0) -> None:
+        import random
+
+        from instruments.peers.llamacpp_batch import Batched
+
+        built, threads = llamacpp_model(model)
+        self.dec = Batched(built.state["api"], built.handle, seqs=batch,
+                           seq_tokens=context + steps + 2, threads=threads)
+        built.state["contexts"].add(self.dec)
+        rng = random.Random(seed)
+        self.live = []
+        for seq in range(batch):
+            ids = [rng.randrange(model.config.vocab_size) for _ in range(context)]
+            ids[0] = seq + 1
+            self.live.append((seq, self.dec.prefill(seq, ids), context))
+        self.version = built.version
+
+    def time_steps(self, k: int) -> list[float]:
+        out = []
+        for _ in range(k):
+            t0 = time.perf_counter()
+            tokens = self.dec.step(self.live)
+            out.append((time.perf_counter() - t0) * 1e3)
+            self.live = [(s, t, p + 1) for (s, _, p), t in zip(self.live, tokens, strict=True)]
+        return out
+
+    def close(self) -> None:
+        self.dec.close()
+
+
+def llamacpp_rows(model: Any, params: Any, every: list[Any], tr: Any) -> None:
+    """The llama.cpp peer's rows (the module docstring). Raises where it cannot start at all
+    (the caller's unavailable row); a concurrency that fails is a row of its own."""
+    from instruments.peers.llamacpp_batch import MAX_SEQS, Batched
+
+    tr.emit(f"peer {PEER}: the F32 GGUF file, its load and probes")
+    built, threads = llamacpp_model(model)
+    api = built.state["api"]
     seq_tokens = params.prompt_max + params.output_max
     base_note = (f"one context of n_seq_max = C, {seq_tokens} cells a sequence (kv_unified "
                  f"off), fp32 KV, flash attention off, {threads} threads; a new request "
