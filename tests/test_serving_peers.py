@@ -45,7 +45,8 @@ def served(name: str) -> tuple[Loaded, ServingParams, list[dict[str, Any]]]:
     if name not in _SERVED:
         state = families.load(name, "random")
         model = state.model
-        params = replace(ServingParams.defaults("cpu", model.config), concurrency=[1, 3])
+        params = replace(ServingParams.defaults("cpu", model.config), concurrency=[1, 3],
+                         peer_concurrency=[])  # the peers at every concurrency
         tr = Tracker(None, None, 2)
         runs.concurrency(model, params, PEAKS, tr)
         loaded = Loaded(model, ModelSpec(name, "random", "cpu", "float32"), {}, state)
@@ -232,3 +233,9 @@ def test_the_closed_loop_serves_each_request_as_alone_within_its_slots() -> None
     assert fake.most == 3 and not fake.held and max(loop.step_ms) == 3
     assert serving.compare(loop.tokens, loop.tokens) == (0, 0)
     assert serving.compare({0: [1, 2, 3]}, {0: [1, 5], 1: [4]}) == (3, 2)
+
+
+def test_peers_serve_only_the_concurrencies_asked_that_ours_served() -> None:
+    p = replace(ServingParams(), concurrency=[1, 2, 4, 16, 64], peer_concurrency=[1, 16, 32])
+    assert serving.peer_points(p) == [1, 16]
+    assert serving.peer_points(replace(p, peer_concurrency=[])) == [1, 2, 4, 16, 64]

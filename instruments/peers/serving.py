@@ -90,6 +90,13 @@ def _requests(model: Any, params: Any) -> list[Any]:
                            (params.output_min, params.output_max), params.seed)
 
 
+def peer_points(params: Any) -> list[int]:
+    """The concurrencies the peers serve: those of ``params.peer_concurrency`` our engine served
+    (every one where the list is empty)."""
+    wanted = getattr(params, "peer_concurrency", None) or params.concurrency
+    return [c for c in params.concurrency if c in wanted]
+
+
 def arrivals_at(every: list[Any], c: int, rounds: int) -> list[Any]:
     """The requests our engine served at concurrency ``c`` (``runs.concurrency``'s slice)."""
     return every[: max(c * rounds, 2)]
@@ -263,7 +270,7 @@ def llamacpp_rows(model: Any, params: Any, every: list[Any], tr: Any) -> None:
                  "prefilled in its own llama_decode, then one llama_decode a step over every "
                  "live sequence; step_ms_by_batch times the decode steps alone, the duration "
                  "includes the prefills")
-    for c in params.concurrency:
+    for c in peer_points(params):
         if tr.stop():
             return
         arrivals = arrivals_at(every, c, params.rounds)

@@ -34,7 +34,7 @@ import contextlib
 import time
 from typing import Any
 
-from instruments.peers.serving import _line, _unavailable, arrivals_at, point_row
+from instruments.peers.serving import _line, _unavailable, arrivals_at, peer_points, point_row
 
 PEER = "transformers generate_batch"
 INSTALL = "pip install transformers==5.23.0"
@@ -121,7 +121,7 @@ def rows(model: Any, params: Any, every: list[Any], tr: Any) -> None:
                                  generation_config=_generation(), max_new_tokens=2)
         if len(warm) != 1 or next(iter(warm.values())).error is not None:
             raise RuntimeError("generate_batch returned no tokens for a 4-token prompt")
-        for c in params.concurrency:
+        for c in peer_points(params):
             if tr.stop():
                 return
             arrivals = arrivals_at(every, c, params.rounds)

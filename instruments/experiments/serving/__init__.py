@@ -15,7 +15,10 @@ load (kind "serving"; CLI ``python -m instruments serving [--experiment NAME]``)
   steps        every step: its time, the scheduler's, the batch and its tokens, the queues and
                the block pool after it
   peers        (concurrency, ``peers``) other engines' batched decoding on the same weights
-               and requests, gated on their tokens (``instruments.peers.serving``)
+               and requests at ``peer_concurrency``, gated on their tokens
+               (``instruments.peers.serving``)
+  recheck      (budget) the tightest budget's first ``recheck`` requests served again alone
+               through the one decode loop: the requests and tokens that differ
 Meta: the measured peaks, the weights' and a token's K/V bytes, and the experiment's own facts
 (the batch where K/V reads overtake the weights', the highest rate each way held the SLO...).
 """
@@ -64,6 +67,8 @@ class ServingParams:
     step: str = "auto"  # how an all-decode step runs: "auto" (the device's), "forward", "fast"
     kv_storages: list[str] = field(default_factory=lambda: ["model", "int8"])  # budget
     peers: bool = True
+    peer_concurrency: list[int] = field(default_factory=lambda: [1, 16])  # where peers run
+    recheck: int = 32  # budget: the tightest point's requests served again alone, compared
     seed: int = 0
 
     @classmethod
@@ -190,6 +195,9 @@ def summary(run: dict[str, Any]) -> list[str]:
               f"{r['output_tok_s']:.1f} output tok/s at concurrency {r['concurrency']}, "
               f"tokens {'equal' if r['tokens_equal'] else 'DIFFER'}" if r.get("ok")
               else f"unavailable: {r['why']}") for r in run["tables"].get("peers", [])]
+    lines += [f"{'again alone':>18s}: {r['requests']} requests of {r['label']} "
+              f"({r['preemptions']} preemptions): {r['tokens_differing']} of {r['tokens']} "
+              "tokens differ" for r in run["tables"].get("recheck", [])]
     if run["meta"].get("kv_overtakes_batch"):
         lines.append("K/V reads overtake the weights' at batch "
                      f"{run['meta']['kv_overtakes_batch']}")

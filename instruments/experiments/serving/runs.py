@@ -151,7 +151,29 @@ def budget(model: Any, p: Any, peaks: dict[str, float], tr: Tracker) -> dict[str
                    f"{row['output_tok_s']:.1f} tok/s")
             if served.stopped:
                 return {"partial": True}
+            if p.recheck and storage == "model" and tokens == budgets[0]:  # the tightest
+                tr.row("recheck", recheck(model, served, p.recheck, label),
+                       f"{label}: {p.recheck} requests served again alone", points=0)
     return {"one_request_tokens": one, "all_requests_tokens": everything}
+
+
+def recheck(model: Any, served: Any, limit: int, label: str) -> dict[str, Any]:
+    """Up to ``limit`` of a point's requests served again alone, through the one decode loop
+    (``engine.loop.generate``, a preallocated cache, greedy): how many requests and tokens
+    differ from what they got served together."""
+    from engine.loop import generate
+
+    reqs = [r for r in served.requests if r["generated_ids"]][:limit]
+    tokens = requests = 0
+    for r in reqs:
+        want = generate(model, [r["prompt_ids"]], len(r["generated_ids"]), logits="last")
+        diff = sum(a != b for a, b in zip(want[0].tolist(), r["generated_ids"], strict=True))
+        tokens += diff
+        requests += diff > 0
+    return {"label": label, "requests": len(reqs), "requests_differing": requests,
+            "tokens_differing": tokens,
+            "tokens": sum(len(r["generated_ids"]) for r in reqs),
+            "preemptions": sum(r["preemptions"] for r in reqs)}
 
 
 def _spread(lo: int, hi: int, n: int = 5) -> list[int]:
