@@ -34,6 +34,7 @@ from instruments.store import readme_blocks as mk
 from instruments.store import readme_code as code
 from instruments.store import readme_llama as llama
 from instruments.store import readme_prefix as prefix
+from instruments.store import readme_serving as serving
 from instruments.store import readme_speed as speed
 from instruments.store import readme_tables
 from instruments.store.readme_blocks import ReadmeError, Run, rel
@@ -107,6 +108,10 @@ BLOCKS: dict[str, Block] = {
                                "`python scripts/bench_prefix.py` (it waits for a quiet host and "
                                "writes its runs here)")
        for part in ("targets", "ttft", "chat", "workload")},
+    **{f"serving-{part}": Block("serving", getattr(serving, f"serving_{part}"),
+                                "`python scripts/bench_serving.py` (it waits for a quiet host "
+                                "and writes its runs here)")
+       for part in ("targets", "step", "concurrency", "load", "budget", "schedule")},
     "gpu-checks": Block("gpu", gpu.checks_block, "`scripts/gpu_check.sh --out docs/runs/gpu/"
                         "<date>-<gpu>` on a GPU machine (its run files and logs)",
                         recursive=True),

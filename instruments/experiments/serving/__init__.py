@@ -19,8 +19,9 @@ load (kind "serving"; CLI ``python -m instruments serving [--experiment NAME]``)
                (``instruments.peers.serving``)
   recheck      (budget) the tightest budget's first ``recheck`` requests served again alone
                through the one decode loop: the requests and tokens that differ
-Meta: the measured peaks, the weights' and a token's K/V bytes, and the experiment's own facts
-(the batch where K/V reads overtake the weights', the highest rate each way held the SLO...).
+Meta: ``serving_experiment`` (which of the four), the measured peaks, the weights' and a
+token's K/V bytes, and the experiment's own facts (the batch where K/V reads overtake the
+weights', the highest rate each way held the SLO...).
 """
 
 from __future__ import annotations
@@ -235,4 +236,5 @@ def run(loaded: Loaded, params: ServingParams, progress: ProgressFn | None = Non
     return record(loaded, "serving", params, tr.tables, partial=partial, notes=tr.notes,
                   measured_peaks=pk.to_dict(), weights_bytes=costs.linear_weight_bytes(
                       cfg, dtype), kv_bytes_per_token=costs.kv_bytes_per_token(cfg, dtype),
-                  load_avg_start=load_start, load_avg_end=load_avg(), **extra)
+                  load_avg_start=load_start, load_avg_end=load_avg(),
+                  serving_experiment=params.experiment, **extra)
