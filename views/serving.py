@@ -158,12 +158,12 @@ def _over_time(j: Job, steps, points, meta: dict) -> None:  # noqa: ANN001 (Data
     peers = jobs.rows(j, "peers")
     left, right = st.columns(2)
     with left:
-        _chart(batch_figure(steps, meta), "serving_batch")
-        _chart(pool_figure(steps, meta), "serving_pool")
+        _chart(batch_figure(steps, meta), "serving_fig_batch")
+        _chart(pool_figure(steps, meta), "serving_fig_pool")
     with right:
         _chart(throughput_figure(points, meta, peers if not peers.empty else None),
-               "serving_tput")
-        _chart(percentiles_figure(points, meta), "serving_pct")
+               "serving_fig_tput")
+        _chart(percentiles_figure(points, meta), "serving_fig_pct")
 
 
 def _draw(j: Job) -> None:
@@ -185,7 +185,7 @@ def _draw(j: Job) -> None:
                "requests on. All measured: each step's own time on the run's clock.")
     exp = experiment_of(points, meta)
     if exp == "concurrency":
-        _chart(step_figure(jobs.rows(j, "batch_steps"), meta), "serving_steps")
+        _chart(step_figure(jobs.rows(j, "batch_steps"), meta), "serving_fig_steps")
         over = meta.get("kv_overtakes_batch")
         st.caption("The decode-only steps at each batch (median: line; each: faint points) "
                    "beside the floor computed from the FLOPs and bytes each step needs and "
@@ -203,14 +203,14 @@ def _draw(j: Job) -> None:
     elif exp == "budget":
         b1, b2 = st.columns(2)
         with b1:
-            _chart(budget_figure(points, meta), "serving_budget_pts")
+            _chart(budget_figure(points, meta), "serving_fig_budget_pts")
         with b2:
-            _chart(budget_timeline_figure(steps, meta), "serving_budget_time")
+            _chart(budget_timeline_figure(steps, meta), "serving_fig_budget_time")
         st.caption(f"One request at its full length needs {meta.get('one_request_tokens')} "
                    f"tokens of blocks, all {int(points['requests'].max())} at once "
                    f"{meta.get('all_requests_tokens')} (computed).")
     else:
-        _chart(schedule_figure(points, meta), "serving_policies")
+        _chart(schedule_figure(points, meta), "serving_fig_policies")
         st.caption(f"KV budget {meta.get('budget_tokens')} tokens against a working set of "
                    f"{meta.get('working_set_tokens')} (computed); {meta.get('groups')} shared "
                    f"prefixes, arrivals at {meta.get('rate_per_s')} requests/s.")
@@ -257,9 +257,9 @@ else:
         o1, o2 = st.columns(2)
         with o1:
             _chart(overlay_figure(frame, "output_tok_s", "output tokens/s (measured)",
-                                  experiment), "serving_overlay_tput")
+                                  experiment), "serving_fig_overlay_tput")
         with o2:
             _chart(overlay_figure(frame, "ttft_p50_ms", "TTFT p50 (ms, measured)",
-                                  experiment), "serving_overlay_ttft")
+                                  experiment), "serving_fig_overlay_ttft")
         st.caption("Colour: the run; dash: the way. Files: " + ", ".join(
             f"`{project_path(labels[k].get('path', ''))}`" for k in chosen) + ".")
