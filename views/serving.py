@@ -171,9 +171,10 @@ def _draw(j: Job) -> None:
     if not j.finished:
         live = jobs.rows(j, "live")
         _over_time(j, live, points, meta)
+        done = f"{len(points)} point{'s' if len(points) != 1 else ''}"
         st.caption(f"Live: {len(live)} of the steps so far (two a second at most reach the "
-                   f"page), {len(points)} points finished. Every step is drawn when the run "
-                   "ends. Times are measured steps on the run's own clock.")
+                   f"page), {done} finished. Every step is drawn when the run ends. Times are "
+                   "measured steps on the run's own clock.")
         return
     steps = jobs.rows(j, "steps")
     if steps.empty and points.empty:
