@@ -18,7 +18,8 @@ Per point ("points" rows, as they arrive and once finished; the x is the experim
                      batch where K/V reads overtake the weights' marked
   points_table       the points with their columns headed by unit
 The budget's, the schedule's and the saved runs' figures are in ``ui.figures_serving_runs``.
-``experiment_of(points, meta)`` says which of the four experiments a run was.
+``experiment_of(points, meta)`` says which of the four experiments a run was; ``titled``,
+``right_axis`` and ``log_ticks`` are the look both modules share.
 """
 
 from __future__ import annotations
@@ -67,6 +68,13 @@ def titled(fig: go.Figure, title: str, meta: dict[str, Any] | None) -> go.Figure
                       margin=dict(t=80), modebar=dict(orientation="v"),
                       legend=dict(orientation="h", x=0, xanchor="left", y=-0.2, yanchor="top"))
     return fig
+
+
+def right_axis(title: str) -> dict[str, Any]:
+    """A right-hand y axis from 0 with its own ticks (Streamlit's theme would sync them to the
+    left axis's gridlines: 2.07, 4.13...)."""
+    return dict(title=title, overlaying="y", side="right", rangemode="tozero", showgrid=False,
+                tickmode="auto", nticks=6)
 
 
 def log_ticks(fig: go.Figure, values: pd.Series, **where: int) -> None:
@@ -164,9 +172,7 @@ def pool_figure(steps: pd.DataFrame, meta: dict[str, Any] | None = None) -> go.F
             hovertemplate="%{x:.3f} s: %{y:.1f} blocks per running request<extra></extra>"))
         _separators(fig, df)
     tokens = (meta or {}).get("block_tokens")
-    fig.update_layout(yaxis2=dict(title="blocks per running request", overlaying="y",
-                                  side="right", rangemode="tozero", showgrid=False,
-                                  tickmode="auto", nticks=6))
+    fig.update_layout(yaxis2=right_axis("blocks per running request"))
     style(fig, CLOCK, f"blocks{f' of {tokens} tokens' if tokens else ''} (counted after each "
           "step)", legend=None, height=460)
     return titled(fig, "The block pool filling", meta)

@@ -17,7 +17,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from ui.figures import DASHES, style
-from ui.figures_serving import AXES, COLORS, RUNNING, SERIES, log_ticks, titled
+from ui.figures_serving import AXES, COLORS, RUNNING, SERIES, log_ticks, right_axis, titled
 
 
 def budget_figure(points: pd.DataFrame, meta: dict[str, Any] | None = None) -> go.Figure:
@@ -35,8 +35,7 @@ def budget_figure(points: pd.DataFrame, meta: dict[str, Any] | None = None) -> g
                 x=x, y=df[col], mode="lines+markers", yaxis="y2", name=f"batch: {name}",
                 marker=dict(symbol=symbol, size=9), line=dict(color=RUNNING),
                 hovertemplate="%{x} tokens: %{y:.1f} " + name + "<extra></extra>"))
-    fig.update_layout(yaxis2=dict(title="running batch (requests)", overlaying="y",
-                                  side="right", rangemode="tozero", showgrid=False))
+    fig.update_layout(yaxis2=right_axis("running batch (requests)"))
     style(fig, "KV budget (tokens)", "preemptions (count)", legend=None, height=380)
     return titled(fig, "Preemptions and the batch against the KV budget", meta)
 
@@ -62,8 +61,9 @@ def budget_timeline_figure(steps: pd.DataFrame, meta: dict[str, Any] | None = No
                 customdata=hit[["preempted"]], hovertemplate="%{x:.3f} s: %{customdata[0]} "
                 "preempted<extra>" + str(label) + "</extra>"))
     style(fig, "time (s, on the budget's own clock)", "running requests (measured run)",
-          legend="KV budget; ✕ preemption", height=380)
-    return titled(fig, "The running batch over time under each budget", meta)
+          legend=None, height=380)
+    return titled(fig, "The running batch over time under each KV budget (✕: preemptions)",
+                  meta)
 
 
 def schedule_figure(points: pd.DataFrame, meta: dict[str, Any] | None = None) -> go.Figure:
@@ -85,8 +85,7 @@ def schedule_figure(points: pd.DataFrame, meta: dict[str, Any] | None = None) ->
                                                            color=RUNNING),
                 hovertemplate=f"%{{x}}: TTFT p{q} %{{y:,.1f}} ms<extra></extra>"))
     fig.update_layout(yaxis=dict(tickformat=".0%", range=[0, 1]),
-                      yaxis2=dict(title="time to first token (ms, measured)", overlaying="y",
-                                  side="right", rangemode="tozero", showgrid=False))
+                      yaxis2=right_axis("time to first token (ms, measured)"))
     style(fig, "scheduling policy", "hit rate", legend=None, height=380)
     return titled(fig, "Prefix hits and TTFT per scheduling policy", meta)
 
