@@ -130,6 +130,11 @@ def _saved(results: Path, device: str, rate_tok_s: float, day: int) -> None:
     save_run(run, results)
 
 
+def _overlay(at):  # noqa: ANN001, ANN202 (AppTest objects)
+    (picker,) = [m for m in at.multiselect if m.label == "Runs to overlay"]
+    return picker
+
+
 def test_saved_runs_of_the_chosen_experiment_are_overlaid(results: Path) -> None:
     _saved(results, "Host A", 10.0, 1)
     _saved(results, "Host B", 20.0, 2)
@@ -138,7 +143,7 @@ def test_saved_runs_of_the_chosen_experiment_are_overlaid(results: Path) -> None
     assert any("No saved concurrency" in c.value for c in at.caption)
     at.radio(key="serving_experiment").set_value("load").run()
     no_traceback(at)
-    picked = at.multiselect(key="serving_overlay_load").value
+    picked = _overlay(at).value
     assert [p.split(" · ")[0] for p in picked] == ["Host B", "Host A"]  # newest first
     tput, ttft = (_spec(c)["data"] for c in charts(at))
     assert [t["name"] for t in tput] == [f"{p} · {w}" for p in picked
@@ -146,5 +151,8 @@ def test_saved_runs_of_the_chosen_experiment_are_overlaid(results: Path) -> None
     assert _values(tput[0]["y"]) == [20.0, 80.0]  # Host B's single, at 1 and 4 requests/s
     assert _values(tput[2]["y"]) == [10.0, 40.0]  # then Host A's
     assert _values(ttft[0]["y"]) == [10.0, 40.0]
-    at.multiselect(key="serving_overlay_load").set_value(picked[1:]).run()
+    _overlay(at).set_value(picked[1:]).run()
     assert len(_spec(charts(at)[0])["data"]) == 2
+    _saved(results, "Host C", 30.0, 3)  # a run ends while the page is open: it is drawn
+    at.run()
+    assert [p.split(" · ")[0] for p in _overlay(at).value] == ["Host C", "Host B", "Host A"]

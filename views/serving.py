@@ -249,9 +249,10 @@ if not labels:
     st.caption(f"No saved {TITLES[experiment].lower()} run in `{project_path(results_dir())}` "
                "yet.")
 else:
+    newest = str(mine[0].get("run_id"))[:8]  # a run saved since: the newest three again
     chosen = st.multiselect("Runs to overlay", list(labels), list(labels)[:3],
-                            key=f"serving_overlay_{experiment}", help="Newest first; each "
-                            "run names its host.")
+                            key=f"serving_overlay_{experiment}_{newest}", help="Newest first; "
+                            "each run names its host.")
     frame = table_frame([labels[k] for k in chosen], "points")
     if not frame.empty:
         frame["run"] = [k for k in chosen for _ in labels[k]["tables"]["points"]]
