@@ -45,7 +45,8 @@ AXES = {"concurrency": ("concurrency", "concurrency (clients, closed loop)", Tru
         "budget": ("budget_tokens", "KV budget (tokens)", True),
         "schedule": ("policy", "scheduling policy", False)}
 SERIES = {"load": "way", "schedule": None, "concurrency": None, "budget": None}
-LOG = dict(type="log", exponentformat="none")  # plotly's own ticks: a narrow range still gets some
+# plotly's own log ticks (a narrow range still gets several), each labelled in full
+LOG = dict(type="log", exponentformat="none", minorloglabels="complete")
 CLOCK = "time (s, on the run's clock: measured steps laid end to end)"
 
 
