@@ -27,6 +27,7 @@ PAGES = [
     st.Page("views/memory.py", title="Memory", icon=":material/memory:"),
     st.Page("views/planner.py", title="KV memory planner", icon=":material/calculate:"),
     st.Page("views/prefix.py", title="Prefix cache", icon=":material/account_tree:"),
+    st.Page("views/serving.py", title="Serving", icon=":material/dns:"),
     st.Page("views/correctness.py", title="Correctness lab", icon=":material/bug_report:"),
     st.Page("views/results.py", title="Results", icon=":material/folder_open:"),
 ]

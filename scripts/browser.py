@@ -5,6 +5,8 @@ drive it, shared by the browser tests and the benchmark scripts that measure fro
                                    test preset when ``tiny``), yields (url, process)
   settle(page)                     wait until the app is idle, and refuse a page with an exception
   wait_finished(page, timeout_ms)  wait until the job section's progress bar is gone
+  sweep_page(pw, url, model)       Chromium on the Latency sweep page, ``model`` with random
+                                   weights chosen and loaded (``model_page``: another page)
 ``CHROMIUM`` and ``ARGS`` launch Debian's chromium headless with Playwright.
 """
 
@@ -98,10 +100,15 @@ def wait_finished(page, timeout_ms: int) -> None:
 def sweep_page(pw, url: str, model: str):  # noqa: ANN001, ANN201 (playwright objects)
     """A headless Chromium page on the server's Latency sweep page with ``model`` and random
     weights chosen (the model loaded in the measuring process): where a new user presses Run."""
+    return model_page(pw, url, model, "sweep", "Latency sweep")
+
+
+def model_page(pw, url: str, model: str, path: str, title: str):  # noqa: ANN001, ANN201
+    """``sweep_page`` for the page at ``/path`` whose heading is ``title``."""
     page = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS).new_page(
         viewport={"width": 1440, "height": 1000})
-    page.goto(f"{url}/sweep")
-    page.wait_for_selector('h1:has-text("Latency sweep")', timeout=120_000)
+    page.goto(f"{url}/{path}")
+    page.wait_for_selector(f'h1:has-text("{title}")', timeout=120_000)
     settle(page)
     # A preset's option reads "gpt2 (GPT-2)" (ui.state's label): matched by its name.
     for label, option in (("Preset", re.compile(rf"^{re.escape(model)} \(")),

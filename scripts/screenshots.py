@@ -1,14 +1,16 @@
-"""The README's headline picture, retaken as a user meets the Latency sweep page. A fresh server
-whose results go where a user's do (not a test's temporary folder), a preset users run (gpt2 by
-default) with random weights, Run with every other default, the whole page shot when the sweep
-has finished.
+"""The README's headline picture, retaken as a user meets the Latency sweep page; and the
+Serving page's. A fresh server whose results go where a user's do (not a test's temporary
+folder), a preset users run with random weights, Run with every other default (Serving: the
+closed loop at ``--concurrency``), the whole page shot when the run has finished.
 
     python scripts/screenshots.py                     # docs/screenshots/sweep.png, gpt2
     python scripts/screenshots.py --model smollm2-135m --out /tmp/shots
+    python scripts/screenshots.py --page serving      # docs/screenshots/serving.png, smollm2-135m
 
-The sweep is a measurement: take it on a quiet host (nothing else running), and the page names
-the host's device in its sidebar. Needs Debian's ``chromium`` and Playwright; the run lands in
-``--results`` (default ``results/``, where ``make run`` saves).
+A run is a measurement: take it on a quiet host (nothing else running); the page names the
+host's device in its sidebar (and Serving's figures in their titles). Needs Debian's
+``chromium`` and Playwright; the run lands in ``--results`` (default ``results/``, where
+``make run`` saves).
 """
 
 from __future__ import annotations
@@ -20,9 +22,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scripts.browser import settle, streamlit_server, sweep_page, wait_finished  # noqa: E402
+from scripts.browser import (  # noqa: E402
+    model_page,
+    settle,
+    streamlit_server,
+    sweep_page,
+    wait_finished,
+)
 
-SWEEP_TIMEOUT_MS = 600_000  # gpt2's default sweep takes 1-2 minutes on two cores
+RUN_TIMEOUT_MS = 900_000  # gpt2's default sweep takes 1-2 minutes on two cores
+# page -> (its path, heading, Run button, the default model, the line it says when done)
+PAGES = {"sweep": ("sweep", "Latency sweep", "Run sweep", "gpt2", "Finished \\d+ points"),
+         "serving": ("serving", "Serving", "Serve", "smollm2-135m", "Finished \\d+ points")}
 
 
 def shoot(page, path: Path) -> None:  # noqa: ANN001 (a playwright page)
@@ -37,23 +48,35 @@ def shoot(page, path: Path) -> None:  # noqa: ANN001 (a playwright page)
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="gpt2", help="a preset users run (not tiny)")
+    parser.add_argument("--page", choices=list(PAGES), default="sweep")
+    parser.add_argument("--model", default=None, help="a preset users run (not tiny; default: "
+                        "gpt2 for the sweep, smollm2-135m for Serving)")
+    parser.add_argument("--concurrency", default="1, 4, 16",
+                        help="Serving: the closed loop's clients")
     parser.add_argument("--results", type=Path, default=ROOT / "results")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "screenshots")
     args = parser.parse_args(argv)
-    if args.model in ("tiny", "llama-tiny"):
-        parser.error(f"--model {args.model} is a test shape; the README shows a preset users run")
+    path, title, button, default, done = PAGES[args.page]
+    model = args.model or default
+    if model in ("tiny", "llama-tiny"):
+        parser.error(f"--model {model} is a test shape; the README shows a preset users run")
     from playwright.sync_api import sync_playwright
 
     args.results.mkdir(parents=True, exist_ok=True)
     with streamlit_server(args.results, tiny=False) as (url, _), sync_playwright() as pw:
-        page = sweep_page(pw, url, args.model)
-        page.get_by_role("button", name="Run sweep").click()
+        page = sweep_page(pw, url, model) if args.page == "sweep" else model_page(
+            pw, url, model, path, title)
+        if args.page == "serving":
+            field = page.get_by_role("textbox", name="Concurrencies (clients)")
+            field.fill(args.concurrency)
+            field.press("Enter")
+            settle(page)
+        page.get_by_role("button", name=button).click()
         page.wait_for_selector('[data-testid="stProgress"]', timeout=60_000)
-        wait_finished(page, SWEEP_TIMEOUT_MS)
-        page.wait_for_selector("text=/Finished \\d+ points/", timeout=10_000)
+        wait_finished(page, RUN_TIMEOUT_MS)
+        page.wait_for_selector(f"text=/{done}/", timeout=10_000)
         settle(page)
-        name = "sweep.png" if args.model == "gpt2" else f"sweep_{args.model}.png"
+        name = f"{args.page}.png" if model == default else f"{args.page}_{model}.png"
         shoot(page, args.out / name)
         print(f"wrote {args.out / name}")
     return 0

@@ -21,7 +21,7 @@ from instruments.store.results import collect_meta, load_runs, new_run, save_run
 from ui.apptest import APP, charts, configure_sweep, no_traceback, open_page, wait_job
 
 PAGES = ["overview", "generate", "sweep", "flops", "floor", "memory", "planner", "prefix",
-         "correctness", "results"]
+         "serving", "correctness", "results"]
 pytestmark = pytest.mark.timeout(180)
 
 

@@ -71,6 +71,14 @@ def results_dir() -> Path:
     return Path(env) if env else REPO_ROOT / "results"
 
 
+def project_path(path: str | Path) -> str:
+    """``path`` as a page shows it: relative to the project where it lies inside it."""
+    try:
+        return str(Path(path).resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
+
+
 PROBE_POLL_S = 0.5  # while the probe runs, how often the sidebar looks whether it has landed
 
 

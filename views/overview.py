@@ -39,6 +39,8 @@ GUIDE = [
      "How many sequences fit here; what paged blocks, int8 KV or fewer KV heads would save."),
     ("views/prefix.py", "Prefix cache",
      "A prompt's KV kept and reused: TTFT against the cached prefix, a chat, a workload."),
+    ("views/serving.py", "Serving",
+     "Many requests batched continuously: the batch and block pool over time, tokens/s, TTFT."),
     ("views/correctness.py", "Correctness lab",
      "Checks against transformers, and the silent bugs each check can or cannot see."),
     ("views/results.py", "Results",

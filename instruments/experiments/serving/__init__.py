@@ -91,7 +91,7 @@ class ServingParams:
         if self.experiment not in EXPERIMENTS:
             raise ValueError(f"unknown serving experiment {self.experiment!r}; allowed: "
                              f"{', '.join(EXPERIMENTS)}")
-        contexts_within("concurrencies", self.concurrency, 1, 1024)
+        contexts_within("concurrency", self.concurrency, 1, 1024)
         for name, value, lo, hi in (
                 ("rounds", self.rounds, 1, 100), ("requests", self.requests, 1, 10_000),
                 ("shortest prompt", self.prompt_min, 1, None),
@@ -122,7 +122,7 @@ class ServingParams:
             raise ValueError(f"unknown K/V storage in {self.kv_storages}; allowed: model (the "
                              "model's dtype), int8")
         if self.budgets_tokens:
-            contexts_within("budgets in tokens", self.budgets_tokens, self.block_tokens,
+            contexts_within("KV budget (tokens)", self.budgets_tokens, self.block_tokens,
                             10**9)
         if not self.slo_ttft_ms > 0 or not self.slo_tpot_ms > 0:
             raise ValueError("the SLO's TTFT and TPOT must be above 0 ms")
