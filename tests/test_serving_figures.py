@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 from ui.figures_serving import (
+    axis,
     batch_figure,
     experiment_of,
     host,
@@ -222,7 +223,13 @@ def test_a_real_run_draws_every_step_and_its_pool_adds_up(real_runs: dict[str, d
         assert list(total) == list(s["blocks"])  # own + shared + tree + free, every step
         assert meta["device_name"] in batch.layout.title.text
         tput = throughput_figure(pts, meta)
-        assert list(tput.data[0].y) == list(pts["output_tok_s"])
+        x = axis(pts, meta)[0]
+        if exp == "budget":  # a line per K/V dtype, the model's own first
+            first = pts[pts["kv_dtype"] == pts["kv_dtype"].iloc[0]].sort_values(x)
+            assert len(tput.data) == pts["kv_dtype"].nunique() == 2
+        else:  # bars (schedule) in the points' order; lines sorted along x
+            first = pts if exp == "schedule" else pts.sort_values(x)
+        assert list(tput.data[0].y) == list(first["output_tok_s"])
     conc = real_runs["concurrency"]
     steps_all = pd.DataFrame(conc["tables"]["batch_steps"])
     fig = step_figure(steps_all, conc["meta"])

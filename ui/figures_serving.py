@@ -42,9 +42,10 @@ POOL = (("own", "held by running requests alone", "#1f77b4"),
 # experiment -> (points column on x, its axis title, log x)
 AXES = {"concurrency": ("concurrency", "concurrency (clients, closed loop)", True),
         "load": ("rate_per_s", "arrival rate (requests/s, Poisson)", True),
-        "budget": ("budget_tokens", "KV budget (tokens)", True),
+        "budget": ("budget_tokens", "KV budget (bytes of this many tokens in the model's "
+                   "dtype)", True),
         "schedule": ("policy", "scheduling policy", False)}
-SERIES = {"load": "way", "schedule": None, "concurrency": None, "budget": None}
+SERIES = {"load": "way", "schedule": None, "concurrency": None, "budget": "kv_dtype"}
 # plotly's own log ticks (a narrow range still gets several), each labelled in full
 LOG = dict(type="log", exponentformat="none", minorloglabels="complete")
 CLOCK = "time (s, on the run's clock: measured steps laid end to end)"
@@ -85,12 +86,13 @@ def log_ticks(fig: go.Figure, values: pd.Series, **where: int) -> None:
 
 
 def experiment_of(points: pd.DataFrame, meta: dict[str, Any] | None = None) -> str:
-    """Which serving experiment made these points: the meta's "experiment" where it names one
-    (a saved run's names the kind, "serving"), else the points' own labels, else the meta each
-    experiment adds at its end."""
+    """Which serving experiment made these points: the run's ``serving_experiment``, else the
+    meta's "experiment" where it names one (a saved run's names the kind, "serving"), else the
+    points' own labels, else the meta each experiment adds at its end."""
     cols, m = set(points.columns), meta or {}
-    if m.get("experiment") in AXES:
-        return str(m["experiment"])
+    for key in ("serving_experiment", "experiment"):
+        if m.get(key) in AXES:
+            return str(m[key])
     for exp, col in (("load", "way"), ("schedule", "policy"), ("concurrency", "concurrency"),
                      ("budget", "budget_tokens")):
         if col in cols:
@@ -185,7 +187,7 @@ def axis(points: pd.DataFrame, meta: dict[str, Any] | None = None) -> tuple[str,
 
 
 def _series(points: pd.DataFrame, meta: dict[str, Any] | None) -> list[tuple[str, pd.DataFrame]]:
-    """The points split into lines: per way (load), else one line."""
+    """The points split into lines: per way (load), per K/V dtype (budget), else one line."""
     col = SERIES[experiment_of(points, meta)]
     if col is None or col not in points.columns:
         return [("measured", points)]

@@ -4,7 +4,7 @@ loaded model's weights, each gated on its tokens and timed beside ours.
 ``run_peers(loaded, params, tr)`` runs after our engine served every concurrency (the
 experiment's ``peers``: ``instruments.experiments.serving``), in the same process and never
 beside other work, and adds one row per peer and concurrency to table "peers" (``tr.row``). It
-regenerates the requests as ``runs.concurrency`` does: ``workload.random_requests(max(C) x
+regenerates the requests as ``runs.concurrency`` does: ``workload.randomrequests(max(C) x
 rounds, ...)`` with the run's seed, the first max(C x rounds, 2) at concurrency C, a closed loop
 of C clients, greedy, no end-of-sequence. It never raises: a peer that cannot run here is a row
 saying why and how to install it.
@@ -43,6 +43,17 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from instruments.peers.serving_rows import (  # noqa: F401 (the peers' shared names, here too)
+    arrivals_at,
+    compare,
+    line,
+    ours,
+    peer_points,
+    point_row,
+    requests,
+    unavailable,
+)
+
 PEER = "llama.cpp batched (F32)"
 INSTALL = "make peers"  # compiles llama-cpp-python for this CPU (the Makefile says why)
 GELU_NOTE = ("GPT-2 in llama.cpp: its CPU GELU reads an f16 table (~5e-4 of the largest logit "
@@ -65,9 +76,9 @@ def run_peers(loaded: Any, params: Any, tr: Any) -> None:
     from instruments.peers import serving_hf
 
     try:
-        every = _requests(loaded.model, params)
+        every = requests(loaded.model, params)
     except Exception as exc:  # nothing to serve: one row says why
-        _unavailable(tr, "serving peers", f"the workload could not be made: {_line(exc)}")
+        unavailable(tr, "serving peers", f"the workload could not be made: {line(exc)}")
         return
     for name, rows in ((PEER, llamacpp_rows), (serving_hf.PEER, serving_hf.rows)):
         if tr.stop():
@@ -76,82 +87,10 @@ def run_peers(loaded: Any, params: Any, tr: Any) -> None:
         try:
             rows(loaded.model, params, every, tr)
         except PeerUnavailable as exc:  # a missing package, a crash in a probe: says what to do
-            _unavailable(tr, name, str(exc))
+            unavailable(tr, name, str(exc))
         except Exception as exc:  # an import that fails, an export, a refused call
             fix = INSTALL if name == PEER else serving_hf.INSTALL
-            _unavailable(tr, name, f"{_line(exc)}; install or rebuild with: {fix}")
-
-
-def _requests(model: Any, params: Any) -> list[Any]:
-    from instruments.experiments.serving.workload import random_requests
-
-    return random_requests(max(params.concurrency) * params.rounds, model.config.vocab_size,
-                           (params.prompt_min, params.prompt_max),
-                           (params.output_min, params.output_max), params.seed)
-
-
-def peer_points(params: Any) -> list[int]:
-    """The concurrencies the peers serve: those of ``params.peer_concurrency`` our engine served
-    (every one where the list is empty)."""
-    wanted = getattr(params, "peer_concurrency", None) or params.concurrency
-    return [c for c in params.concurrency if c in wanted]
-
-
-def arrivals_at(every: list[Any], c: int, rounds: int) -> list[Any]:
-    """The requests our engine served at concurrency ``c`` (``runs.concurrency``'s slice)."""
-    return every[: max(c * rounds, 2)]
-
-
-def _line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
-
-
-def _unavailable(tr: Any, peer: str, why: str, concurrency: int | None = None,
-                 **extra: Any) -> None:
-    row = {"peer": peer, "concurrency": concurrency, "ok": False, "why": why,
-           "tokens_equal": False, **extra}
-    tr.row("peers", row, f"peer {peer}: unavailable: {why}", points=0)
-
-
-def ours(tr: Any, c: int) -> dict[int, list[int]] | None:
-    """Our engine's generated ids by request index at concurrency ``c`` (None: not kept)."""
-    rows = [r for r in tr.tables.get("requests", []) if r.get("label") == f"C={c}"]
-    return {r["request"]: list(r["generated_ids"]) for r in rows} if rows else None
-
-
-def compare(want: dict[int, list[int]], got: dict[int, list[int]]) -> tuple[int, int]:
-    """(token positions that differ, requests that differ) over every request of either; a
-    token one side lacks counts as differing."""
-    tokens = requests = 0
-    for i in sorted(set(want) | set(got)):
-        a, b = want.get(i, []), got.get(i, [])
-        n = sum(x != y for x, y in zip(a, b, strict=False)) + abs(len(a) - len(b))
-        tokens += n
-        requests += n > 0
-    return tokens, requests
-
-
-def point_row(tr: Any, peer: str, c: int, arrivals: list[Any], tokens: dict[int, list[int]],
-              duration_s: float, **extra: Any) -> dict[str, Any]:
-    """A served point's row, gated on our engine's tokens at ``c``; ``extra`` joins it (a
-    ``note`` is prefixed with what the gate found)."""
-    want = ours(tr, c)
-    out_tokens = sum(len(t) for t in tokens.values())
-    note = extra.pop("note", "")
-    if want is None:
-        equal, differing, reqs = False, None, None
-        note = f"not gated: our engine's tokens at C={c} were not kept. {note}"
-    else:
-        differing, reqs = compare(want, tokens)
-        equal = differing == 0
-        if not equal:
-            note = (f"{reqs} of {len(arrivals)} requests differ from ours "
-                    f"({differing} tokens). {note}")
-    return {"peer": peer, "concurrency": c, "ok": True, "why": "", "requests": len(arrivals),
-            "output_tokens": out_tokens, "output_tok_s": out_tokens / max(duration_s, 1e-12),
-            "duration_s": duration_s, "tokens_equal": equal, "tokens_differing": differing,
-            "requests_differing": reqs, **extra, "note": note.strip()}
+            unavailable(tr, name, f"{line(exc)}; install or rebuild with: {fix}")
 
 
 def closed_loop(dec: Any, arrivals: list[Any], clients: int) -> Loop:
@@ -275,7 +214,7 @@ def llamacpp_rows(model: Any, params: Any, every: list[Any], tr: Any) -> None:
             return
         arrivals = arrivals_at(every, c, params.rounds)
         if c > MAX_SEQS:
-            _unavailable(tr, PEER, f"llama.cpp holds at most {MAX_SEQS} sequences in a "
+            unavailable(tr, PEER, f"llama.cpp holds at most {MAX_SEQS} sequences in a "
                          "context (LLAMA_MAX_SEQ)", c, version=built.version)
             continue
         tr.emit(f"peer {PEER}: concurrency {c}")
@@ -288,7 +227,7 @@ def llamacpp_rows(model: Any, params: Any, every: list[Any], tr: Any) -> None:
             dec.clear(0)
             loop = closed_loop(dec, arrivals, c)
         except Exception as exc:  # this point failed (a refused batch): the next may not
-            _unavailable(tr, PEER, _line(exc), c, version=built.version, threads=threads)
+            unavailable(tr, PEER, line(exc), c, version=built.version, threads=threads)
             continue
         finally:
             if dec is not None:

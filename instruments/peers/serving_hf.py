@@ -3,7 +3,7 @@ paged cache and scheduler) serving the concurrency experiment's requests on the 
 
 ``rows(model, params, every, tr)`` adds its rows to table "peers" (``instruments.peers.serving``
 gives the fields, makes the requests and gates the tokens). The model is
-``engine.families.reference(model)``: the family's transformers model (``LlamaForCausalLM`` for
+``engine.lineup.reference(model)``: the family's transformers model (``LlamaForCausalLM`` for
 SmolLM2, ``GPT2LMHeadModel``) holding a copy of the loaded weights, on the model's device, its
 attention "sdpa" -- transformers' continuous batching takes sdpa, its paged eager or flash, and
 switches to flash itself where flash is installed (a GPU); on a CPU it stays sdpa.
@@ -34,7 +34,7 @@ import contextlib
 import time
 from typing import Any
 
-from instruments.peers.serving import _line, _unavailable, arrivals_at, peer_points, point_row
+from instruments.peers.serving_rows import arrivals_at, line, peer_points, point_row, unavailable
 
 PEER = "transformers generate_batch"
 INSTALL = "pip install transformers==5.23.0"
@@ -107,11 +107,11 @@ def rows(model: Any, params: Any, every: list[Any], tr: Any) -> None:
     import torch
     import transformers
 
-    from engine import families
+    from instruments import lineup
 
     version = f"transformers {transformers.__version__}"
     tr.emit(f"peer {PEER}: the transformers model holding the weights")
-    hf = families.reference(model).to(model.device).eval()
+    hf = lineup.reference(model).to(model.device).eval()
     if not hasattr(hf, "generate_batch"):
         raise RuntimeError(f"{version} has no generate_batch (continuous batching)")
     hf.set_attn_implementation("sdpa")
@@ -130,7 +130,7 @@ def rows(model: Any, params: Any, every: list[Any], tr: Any) -> None:
             try:
                 tokens, duration_s, attention = serve(hf, arrivals, cb)
             except Exception as exc:  # this point failed: the next may not
-                _unavailable(tr, PEER, _line(exc), c, version=version, threads=threads)
+                unavailable(tr, PEER, line(exc), c, version=version, threads=threads)
                 continue
             note = (f"continuous batching, {attention} attention on its paged cache "
                     f"(page_size {cb.page_size}, {cb.num_blocks} blocks), "
