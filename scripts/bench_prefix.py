@@ -22,6 +22,7 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -52,6 +53,23 @@ def wait_quiet(max_load: float, settle_s: float, wait_s: float) -> bool:
     return False
 
 
+def each_when_quiet(names: list[str], args: argparse.Namespace,
+                    run: Callable[[str], int]) -> int:
+    """``run(name)`` for each name in turn, each begun once ``wait_quiet`` says the host is
+    quiet (``args``: max_load, settle_s, wait_s); the first nonzero status stops it, and a
+    host that never quietens stops it with 1, saying so."""
+    for name in names:
+        if not wait_quiet(args.max_load, args.settle_s, args.wait_s):
+            print(f"{name}: the load average never stayed under {args.max_load} for "
+                  f"{args.settle_s:.0f} s within {args.wait_s:.0f} s; nothing more was run",
+                  file=sys.stderr)
+            return 1
+        print(f"{name}: load average {os.getloadavg()[0]:.2f}, starting", flush=True)
+        if rc := run(name):
+            return rc
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[1])
     p.add_argument("--only", default=",".join(RUNS), help="ttft, chat, workload")
@@ -67,17 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"unknown run {unknown[0]!r}; allowed: {', '.join(RUNS)}", file=sys.stderr)
         return 2
-    for name in wanted:
-        if not wait_quiet(args.max_load, args.settle_s, args.wait_s):
-            print(f"{name}: the load average never stayed under {args.max_load} for "
-                  f"{args.settle_s:.0f} s within {args.wait_s:.0f} s; nothing more was run",
-                  file=sys.stderr)
-            return 1
-        print(f"{name}: load average {os.getloadavg()[0]:.2f}, starting", flush=True)
-        rc = cli.main([*RUNS[name], "--model", args.model, "--threads", str(args.threads),
-                       "--results-dir", args.out, "--no-progress"])
-        if rc:
-            return rc
+    return each_when_quiet(wanted, args, lambda name: cli.main(
+        [*RUNS[name], "--model", args.model, "--threads", str(args.threads),
+         "--results-dir", args.out, "--no-progress"]))
     return 0
 
 

@@ -40,7 +40,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from scripts.bench_prefix import wait_quiet  # noqa: E402
+from scripts.bench_prefix import each_when_quiet  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PARTS = ("step", "concurrency", "load", "budget", "schedule")
@@ -173,21 +173,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from instruments import cli
 
-    for name in wanted:
-        if not wait_quiet(args.max_load, args.settle_s, args.wait_s):
-            print(f"{name}: the load average never stayed under {args.max_load} for "
-                  f"{args.settle_s:.0f} s within {args.wait_s:.0f} s; nothing more was run",
-                  file=sys.stderr)
-            return 1
-        print(f"{name}: load average {os.getloadavg()[0]:.2f}, starting", flush=True)
-        if name == "step":
-            rc = step_part(args)
-        else:
-            rc = cli.main(["serving", "--experiment", name, "--model", args.model,
-                           "--threads", str(args.threads), "--results-dir", args.out,
-                           "--no-progress"])
-        if rc:
-            return rc
+    return each_when_quiet(wanted, args, lambda name: step_part(args) if name == "step" else
+                           cli.main(["serving", "--experiment", name, "--model", args.model,
+                                     "--threads", str(args.threads), "--results-dir",
+                                     args.out, "--no-progress"]))
     return 0
 
 

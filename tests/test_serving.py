@@ -14,26 +14,15 @@ import pytest
 import torch
 
 from engine import families
-from engine.models.llama.model import Llama
 from engine.serving import ServingEngine
 from engine.serving import batch as batch_mod
 from engine.serving import scheduler as sched_mod
 from instruments.checks.gate import tolerance
-from tests.conftest import small_model
+from tests.test_prefix_exact import tiny  # both families' lively test shapes
 
 pytestmark = pytest.mark.timeout(600)
 BT = 8  # block tokens: small, so that tables hold many blocks and runs break
 NEW = 10
-_MODELS: dict[str, torch.nn.Module] = {}
-
-
-def tiny(family: str) -> torch.nn.Module:
-    if family not in _MODELS:
-        _MODELS[family] = small_model(seed=3) if family == "gpt2" else Llama.random(
-            families.config("llama-tiny"), seed=3, std=0.2)
-    return _MODELS[family]
-
-
 def block_bytes(model: torch.nn.Module) -> int:
     cfg = model.config
     return 2 * cfg.n_layer * cfg.n_kv_head * cfg.head_dim * BT * model.dtype.itemsize

@@ -76,6 +76,20 @@ def source(run: Run, root: Path) -> str:
     return f"{machine(run)}: `{rel(run['path'], root)}`"
 
 
+def run_line(run: Run, root: Path) -> str:
+    """The run file, its host, threads, model and the load average around it, in one line."""
+    m = run.get("meta") or {}
+    start, end = m.get("load_avg_start"), m.get("load_avg_end")
+    load = "" if not start else f", load {start[0]:.2f}→{(end or ['?'])[0]:.2f}"
+    return (f"`{rel(run['path'], root)}` ({host(run).split(' (')[0]}, {m.get('threads')} "
+            f"threads, {m.get('model')}{load}).")
+
+
+def ms(v: Any) -> str:
+    """A time in ms as the tables print it: one decimal from 10 on, two below, — for none."""
+    return "—" if v is None else f"{v:,.1f}" if v >= 10 else f"{v:,.2f}"
+
+
 def md_table(head: Iterable[str], rows: Iterable[Iterable[Any]]) -> list[str]:
     head = list(head)
     return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head),

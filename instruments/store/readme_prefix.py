@@ -12,9 +12,8 @@ Each names the host, the load average when the run began and ended, and its run 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-from instruments.store.readme_blocks import Run, host, md_table, newest, rel, table
+from instruments.store.readme_blocks import Run, md_table, ms, newest, rel, run_line, table
 
 MIB = 2**20
 TTFT_GOAL, LOOKUP_GOAL, TURN_GOAL = 1.1, 0.01, 1.5
@@ -29,19 +28,6 @@ def _missing(runs: list[Run], kind: str, root: Path) -> str | None:
     return f"_No {kind} run in `{folder}/` yet: {FILLS} makes one._"
 
 
-def _where(run: Run, root: Path) -> str:
-    """The run file, its host, threads, model and the load average around it, in one line."""
-    m = run.get("meta") or {}
-    start, end = m.get("load_avg_start"), m.get("load_avg_end")
-    load = "" if not start else f", load {start[0]:.2f}→{(end or ['?'])[0]:.2f}"
-    return (f"`{rel(run['path'], root)}` ({host(run).split(' (')[0]}, {m.get('threads')} "
-            f"threads, {m.get('model')}{load}).")
-
-
-def _ms(v: Any) -> str:
-    return "—" if v is None else f"{v:,.1f}" if v >= 10 else f"{v:,.2f}"
-
-
 def prefix_ttft(runs: list[Run], root: Path) -> str:
     """The longest prompt's points (the others are in the run file and on the page)."""
     if (note := _missing(runs, "prefix_ttft", root)) is not None:
@@ -50,10 +36,10 @@ def prefix_ttft(runs: list[Run], root: Path) -> str:
     rows = table(run, "ttft", root)
     n = max(r["prompt_len"] for r in rows)
     head = ["P", "TTFT (ms)", "÷ alone+lookup", "÷ extend+lookup"]
-    body = [[r["cached_tokens"], _ms(r["ttft_ms"]), f"{r['over_predicted']:.2f}",
+    body = [[r["cached_tokens"], ms(r["ttft_ms"]), f"{r['over_predicted']:.2f}",
              f"{r['over_extend']:.2f}"]
             for r in rows if r["prompt_len"] == n]
-    return "\n".join([f"N = {n:,}: {_where(run, root)}", "", *md_table(head, body)])
+    return "\n".join([f"N = {n:,}: {run_line(run, root)}", "", *md_table(head, body)])
 
 
 def prefix_chat(runs: list[Run], root: Path) -> str:
@@ -63,11 +49,11 @@ def prefix_chat(runs: list[Run], root: Path) -> str:
     by = {(r["turn"], r["mode"]): r for r in table(run, "turns", root)}
     head = ["turn", "cached/prompt", "TTFT (ms)", "K/V computed (MiB)"]
     body = [[t, f"{a['cached_tokens']}/{a['prompt_tokens']}",
-             f"{_ms(a['ttft_ms'])}/{_ms(b['ttft_ms'])}",
+             f"{ms(a['ttft_ms'])}/{ms(b['ttft_ms'])}",
              f"{a['kv_bytes_computed'] / MIB:.2f}/{b['kv_bytes_computed'] / MIB:.2f}"]
             for t in sorted({t for t, _ in by})
             if (a := by.get((t, "reuse"))) and (b := by.get((t, "no reuse")))]
-    return "\n".join([_where(run, root), "", *md_table(head, body)])
+    return "\n".join([run_line(run, root), "", *md_table(head, body)])
 
 
 def prefix_workload(runs: list[Run], root: Path) -> str:
@@ -77,13 +63,13 @@ def prefix_workload(runs: list[Run], root: Path) -> str:
     m = run["meta"]
     head = ["budget (MiB)", "hit rate", "TTFT p50/p99 (ms)", "held (MiB)", "evictions"]
     body = [[r["label"].replace(" MiB", ""), f"{r['hit_rate']:.0%}",
-             f"{_ms(r['ttft_p50_ms'])}/{_ms(r['ttft_p99_ms'])}",
+             f"{ms(r['ttft_p50_ms'])}/{ms(r['ttft_p99_ms'])}",
              f"{r['bytes_held_max'] / MIB:.1f}", r["evictions"]]
             for r in table(run, "budgets", root)]
     mix = (f"{m.get('requests')} requests, {m.get('rate_per_s')}/s; {m.get('systems')}×"
            f"{m.get('system_tokens')}-token system prompts, {m.get('documents')}×"
            f"{m.get('document_tokens')}-token documents.")
-    return "\n".join([f"{_where(run, root)} {mix}", "", *md_table(head, body)])
+    return "\n".join([f"{run_line(run, root)} {mix}", "", *md_table(head, body)])
 
 
 def prefix_targets(runs: list[Run], root: Path) -> str:

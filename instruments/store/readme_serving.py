@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from instruments.store.readme_blocks import Run, host, md_table, rel, table
+from instruments.store.readme_blocks import Run, md_table, ms, rel, run_line, table
 
 FILLS = "`python scripts/bench_serving.py`"
 FLOOR_GOAL, SPEEDUP_GOAL, HF_GOAL, SCHEDULE_GOAL = 1.3, 6.0, 4.0, 0.05
@@ -33,18 +33,6 @@ def _newest(runs: list[Run], kind: str, experiment: str | None = None) -> Run | 
 def _missing(runs: list[Run], what: str, root: Path) -> str:
     folder = rel(Path(runs[0]["path"]).parent, root) if runs else "docs/runs/serving"
     return f"_No {what} run in `{folder}/` yet: {FILLS} makes one on a quiet host._"
-
-
-def _where(run: Run, root: Path) -> str:
-    m = run.get("meta") or {}
-    start, end = m.get("load_avg_start"), m.get("load_avg_end")
-    load = "" if not start else f", load {start[0]:.2f}→{(end or ['?'])[0]:.2f}"
-    return (f"`{rel(run['path'], root)}` ({host(run)}, {m.get('threads')} threads, "
-            f"{m.get('model')}{load}).")
-
-
-def _ms(v: Any) -> str:
-    return "—" if v is None else f"{v:,.1f}" if v >= 10 else f"{v:,.2f}"
 
 
 def _by(rows: list[dict[str, Any]], key: str) -> dict[Any, dict[str, Any]]:
@@ -63,12 +51,12 @@ def serving_step(runs: list[Run], root: Path) -> str:
     body = []
     for b in sorted({r["batch"] for r in rows}):
         any_row = next(cell[(w, b)] for w in ways if (w, b) in cell)
-        body.append([b, *(f"{_ms(cell[(w, b)]['step_ms'])} ({cell[(w, b)]['over_floor']:.2f})"
+        body.append([b, *(f"{ms(cell[(w, b)]['step_ms'])} ({cell[(w, b)]['over_floor']:.2f})"
                           if (w, b) in cell else "—" for w in ways),
-                     f"{_ms(any_row['floor_ms'])} ({_ms(any_row['weights_read_ms'])} + "
-                     f"{_ms(any_row['kv_read_ms'])})"])
+                     f"{ms(any_row['floor_ms'])} ({ms(any_row['weights_read_ms'])} + "
+                     f"{ms(any_row['kv_read_ms'])})"])
     ctx = rows[0]["context"]
-    return "\n".join([f"Each sequence at {ctx} tokens; {_where(run, root)}", "",
+    return "\n".join([f"Each sequence at {ctx} tokens; {run_line(run, root)}", "",
                       *md_table(head, body)])
 
 
@@ -160,10 +148,10 @@ def serving_concurrency(runs: list[Run], root: Path) -> str:
     head = ["clients", "output tok/s", "TTFT p50 / p99 (ms)", "TPOT p50 / p99 (ms)",
             "ITL p99 (ms)", "mean batch"]
     body = [[p["concurrency"], f"{p['output_tok_s']:,.1f}",
-             f"{_ms(p['ttft_p50_ms'])} / {_ms(p['ttft_p99_ms'])}",
-             f"{_ms(p['tpot_p50_ms'])} / {_ms(p['tpot_p99_ms'])}", _ms(p["itl_p99_ms"]),
+             f"{ms(p['ttft_p50_ms'])} / {ms(p['ttft_p99_ms'])}",
+             f"{ms(p['tpot_p50_ms'])} / {ms(p['tpot_p99_ms'])}", ms(p["itl_p99_ms"]),
              f"{p['batch_mean']:.1f}"] for p in table(run, "points", root)]
-    lines = [_where(run, root), "", *md_table(head, body)]
+    lines = [run_line(run, root), "", *md_table(head, body)]
     peers = (run.get("tables") or {}).get("peers", [])
     if peers:
         ours = _by(table(run, "points", root), "concurrency")
@@ -189,13 +177,13 @@ def serving_load(runs: list[Run], root: Path) -> str:
     head = ["way", "rate (/s)", "output tok/s", "TTFT p50 / p99 (ms)", "TPOT p50 (ms)",
             "met the SLO"]
     body = [[p["way"], f"{p['rate_per_s']:g}", f"{p['output_tok_s']:,.1f}",
-             f"{_ms(p['ttft_p50_ms'])} / {_ms(p['ttft_p99_ms'])}", _ms(p["tpot_p50_ms"]),
+             f"{ms(p['ttft_p50_ms'])} / {ms(p['ttft_p99_ms'])}", ms(p["tpot_p50_ms"]),
              f"{(p['slo_met'] or 0):.0%}"] for p in table(run, "points", root)]
     held = m.get("slo_max_rate") or {}
     said = "; ".join(f"{w}: {f'{r:g}/s' if r else 'none'}" for w, r in held.items())
     return "\n".join([f"SLO: TTFT ≤ {m.get('slo_ttft_ms'):g} ms and TPOT ≤ "
                       f"{m.get('slo_tpot_ms'):g} ms, held at a rate where ≥ "
-                      f"{m.get('slo_share', 0.9):.0%} of requests meet it. {_where(run, root)}",
+                      f"{m.get('slo_share', 0.9):.0%} of requests meet it. {run_line(run, root)}",
                       "", *md_table(head, body), "",
                       f"Highest rate holding the SLO: {said}."])
 
@@ -209,7 +197,7 @@ def serving_budget(runs: list[Run], root: Path) -> str:
     body = [[p["kv_dtype"], f"{p['budget_bytes'] / 2**20:,.1f}", f"{p['pool_tokens']:,}",
              f"{p['batch_max']} / {p['batch_mean']:.1f}", p["preemptions"],
              f"{p['output_tok_s']:,.1f}"] for p in table(run, "points", root)]
-    lines = [_where(run, root), "", *md_table(head, body)]
+    lines = [run_line(run, root), "", *md_table(head, body)]
     for r in (run.get("tables") or {}).get("recheck", []):
         lines += ["", f"Served again alone ({r['label']}): {r['requests']} requests, "
                   f"{r['tokens_differing']} of {r['tokens']} tokens differ."]
@@ -223,8 +211,8 @@ def serving_schedule(runs: list[Run], root: Path) -> str:
     m = run.get("meta") or {}
     head = ["policy", "hit rate", "TTFT p50 / p99 (ms)", "output tok/s", "evictions"]
     body = [[p["policy"], f"{p['hit_rate']:.0%}",
-             f"{_ms(p['ttft_p50_ms'])} / {_ms(p['ttft_p99_ms'])}", f"{p['output_tok_s']:,.1f}",
+             f"{ms(p['ttft_p50_ms'])} / {ms(p['ttft_p99_ms'])}", f"{p['output_tok_s']:,.1f}",
              p["evictions"]] for p in table(run, "points", root)]
     return "\n".join([f"Budget {m.get('budget_tokens'):,} tokens against a working set of "
-                      f"{m.get('working_set_tokens'):,}; {_where(run, root)}", "",
+                      f"{m.get('working_set_tokens'):,}; {run_line(run, root)}", "",
                       *md_table(head, body)])
