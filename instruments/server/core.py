@@ -104,6 +104,7 @@ def core_main(commands: Any, events: Any, spec: dict[str, Any], options: dict[st
         events.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
     events.send(("ready", _facts(loaded, engine)))
+    events.send(("state", _state(engine, idle=True)))
     seqs: dict[int, Any] = {}  # rid -> Seq
     rids: dict[int, int] = {}  # seq id -> rid
     with torch.no_grad():

@@ -74,6 +74,12 @@ class ServerMetrics:
                             "(read while idle)", lb, registry=r)
         self.steps = Counter("kvlab:engine_steps", "Engine steps", lb, registry=r)
         self._preempted = self._steps = 0
+        for metric in (self.running, self.waiting, self.kv_usage, self.queries, self.hits,
+                       self.preemptions, self.prompt_tokens, self.generation_tokens, self.ttft,
+                       self.itl, self.e2e, self.leaked, self.steps):
+            metric.labels(model)  # every series shown from the start, at 0 (as vLLM's)
+        for reason in ("stop", "length", "abort"):
+            self.success.labels(model, reason)
 
     def state(self, s: dict[str, Any]) -> None:
         m = self.model
