@@ -328,3 +328,24 @@ def test_bounded_load_ends_with_no_error_and_no_leaked_block(server: str) -> Non
     m = metrics(server)
     assert m["vllm:num_requests_running"] == 0 and m["vllm:num_requests_waiting"] == 0
     assert m['kvlab:kv_blocks{state="running"}'] == 0 and m["kvlab:kv_blocks_leaked"] == 0
+
+
+# ---------------------------------------------------------------------------- report
+def test_a_guidellm_report_becomes_a_run_of_ours() -> None:
+    from instruments.server.report import to_run
+    from instruments.store import results
+
+    report = json.loads((ROOT / "tests" / "fixtures" / "guidellm_report.json").read_text())
+    m = report["benchmarks"][0]["metrics"]
+    run = to_run(report, server="kvlab", meta={"device_name": "a CPU", "model": MODEL})
+    assert run["kind"] == "serving_http" and not results.validate_run(run)
+    (row,) = run["tables"]["points"]
+    assert row["label"] == "C=2" and row["concurrency"] == 2 and row["requests"] == 2
+    tokens = m["output_token_count"]["successful"]["total_sum"]
+    assert row["output_tok_s"] == pytest.approx(tokens / report["benchmarks"][0]["duration"])
+    assert row["ttft_p99_ms"] == m["time_to_first_token_ms"]["successful"]["percentiles"]["p99"]
+    assert row["itl_p50_ms"] == m["inter_token_latency_ms"]["successful"]["percentiles"]["p50"]
+    assert row["e2e_mean_ms"] == pytest.approx(m["request_latency"]["successful"]["mean"] * 1e3)
+    assert run["meta"]["errors"] == 0 and run["meta"]["device_name"] == "a CPU"
+    with pytest.raises(ValueError, match="not a guidellm report"):
+        to_run({"benchmarks": []}, server="kvlab", meta={})
