@@ -15,7 +15,7 @@ import pytest
 from instruments.store.results import REPO_ROOT
 
 README_LINES = 120
-DOCS_WORDS = 12_000
+DOCS_WORDS = 13_000  # 12,000 before docs/serving-http.md
 DIARY = re.compile(r"\btoday\b|\bthis session\b|\bthis machine\b", re.I)
 # blocks that quote the code's own docstrings and help lines verbatim (instruments.store.
 # readme_code): their wording is the code's, not the docs' voice
