@@ -349,3 +349,22 @@ def test_a_guidellm_report_becomes_a_run_of_ours() -> None:
     assert run["meta"]["errors"] == 0 and run["meta"]["device_name"] == "a CPU"
     with pytest.raises(ValueError, match="not a guidellm report"):
         to_run({"benchmarks": []}, server="kvlab", meta={})
+
+
+# ---------------------------------------------------------------------------- sampling
+def test_sampling_keeps_the_argmax_where_it_must_and_checks_its_fields() -> None:
+    import torch
+
+    from engine.serving.sampling import Sampler, Sampling
+
+    logits = torch.randn(64, generator=torch.Generator().manual_seed(0)) * 3
+    top = int(logits.argmax())
+    for s in (Sampling(0.0), Sampling(1.0, top_k=1), Sampling(2.0, top_p=1e-6, seed=5)):
+        assert all(Sampler(s).pick(logits) == top for _ in range(20)), s
+    a, b = (Sampler(Sampling(1.5, top_p=0.9, top_k=20, seed=7)) for _ in range(2))
+    draws = [a.pick(logits) for _ in range(50)]
+    assert draws == [b.pick(logits) for _ in range(50)] and len(set(draws)) > 1
+    assert set(draws) <= set(torch.topk(logits, 20).indices.tolist())
+    for bad in (dict(temperature=-1), dict(top_p=0), dict(top_k=-2), dict(seed=-1)):
+        with pytest.raises(ValueError):
+            Sampling(**bad)
