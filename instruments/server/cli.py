@@ -138,11 +138,7 @@ def run(args: argparse.Namespace) -> int:
         spec["weights"] = "random" if lineup.family_of(spec["name"]).name == "gpt2" else \
             lineup.preset(spec["name"]).weights[0]
     served = args.served_model_name or args.model
-    cfg = lineup.config(spec["name"])
-    bpt = cfg.kv_bytes_per_token(4 if args.dtype == "float32" else 2)
-    # the pool: what max-seqs full contexts need, within the asked-for bytes
-    budget_tokens = int(min(args.kv_budget_mb * 2**20 / bpt, args.max_seqs * cfg.block_size))
-    options = {"budget_tokens": max(budget_tokens, args.block_tokens * 2),
+    options = {"budget_bytes": int(args.kv_budget_mb * 2**20),
                "block_tokens": args.block_tokens, "max_seqs": args.max_seqs,
                "step_tokens": args.step_tokens, "policy": args.policy,
                "reads": None if args.reads == "auto" else args.reads, "step": args.step}

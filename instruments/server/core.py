@@ -94,9 +94,12 @@ def core_main(commands: Any, events: Any, spec: dict[str, Any], options: dict[st
         loaded = load(ModelSpec(**spec))
         model = loaded.model
         options = dict(options)
-        budget_tokens = options.pop("budget_tokens")
         bpt = model.config.kv_bytes_per_token(model.dtype.itemsize)
-        engine = ServingEngine(model, budget_tokens * bpt, **options)
+        # the pool: what max_seqs whole contexts need, within the bytes asked for
+        budget_tokens = min(options.pop("budget_bytes") // bpt,
+                            options["max_seqs"] * model.config.block_size)
+        engine = ServingEngine(model, max(budget_tokens, 2 * options["block_tokens"]) * bpt,
+                               **options)
         with torch.no_grad():  # the first call's costs, paid before any client waits
             engine.submit([1, 2, 3, 4], 2)
             engine.drain()
