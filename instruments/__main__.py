@@ -4,4 +4,5 @@ import sys
 
 from instruments.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # a spawned child (the server's engine core) imports this as well
+    sys.exit(main())

@@ -13,6 +13,8 @@
   python -m instruments readme [--check]   (the README's and docs' generated blocks)
   python -m instruments gguf --model gpt2 --weights random --type q8_0 OUT.gguf   (a GGUF file
                         of the model's weights for llama.cpp: f32 | q8_0 | q4_1)
+  python -m instruments server --model smollm2-135m [--port 8000]   (the serving engine behind
+                        an OpenAI-compatible endpoint: ``instruments.server``)
 Each command is an experiment of ``instruments.experiments`` (the older names sweep, e2e and
 predict still work); its flags, defaults and printed summary come from the experiment's own
 module. It runs in this process (its own process: nothing else runs beside the timed steps)
@@ -81,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name in experiments.in_all():
         experiments.get(name).add_arguments(p)
     _store_parsers(sub)
+    from instruments.server import cli as server_cli
+
+    server_cli.add_parser(sub, lineup.models(tests=True))
     return parser
 
 
@@ -332,10 +337,17 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         args.argv = argv
         if args.command is None:
-            raise CliError(f"choose a command: "
-                           f"{', '.join([*experiments.EXPERIMENTS, 'all', *STORE_COMMANDS])}")
+            every = [*experiments.EXPERIMENTS, "all", *STORE_COMMANDS, "server"]
+            raise CliError(f"choose a command: {', '.join(every)}")
         if args.command in STORE_COMMANDS:
             return store_command(args)
+        if args.command == "server":
+            from instruments.server import cli as server_cli
+
+            try:
+                return server_cli.run(args)
+            except ValueError as exc:
+                raise CliError(str(exc).strip().splitlines()[0]) from exc
         if args.threads:
             import torch
 

@@ -53,7 +53,7 @@ def test_arrows_point_one_way(folder: str, forbidden: set[str]) -> None:
 
 # The parts of instruments, lowest first: a part may import itself and the parts before it.
 INSTRUMENT_PARTS = ("store", "lineup", "costmodel", "measure", "spine", "peers", "checks",
-                    "experiments", "process", "cli", "__main__")
+                    "experiments", "process", "server", "cli", "__main__")
 
 
 def modules_imported(path: Path, package: str) -> set[str]:

@@ -11,17 +11,20 @@ pool under a byte budget.
                  default); kernel: "cpu" | "triton", whose in-place kernels (None: the
                  device's; a test runs Triton's on a CPU in its interpreter); keep_logits: each
                  generated token's logits kept in ``engine.logits[seq.id]`` (for the tests)
-  seq = engine.submit(prompt_ids, max_new_tokens, eos_id=None)   a waiting ``Seq``; ValueError
-                 or ``BudgetError`` (nothing queued) for a request that can never run: empty,
-                 longer than the model's context, or more blocks than the whole budget
+  seq = engine.submit(prompt_ids, max_new_tokens, eos_id=None, sampling=None)   a waiting
+                 ``Seq``; ValueError or ``BudgetError`` (nothing queued) for a request that
+                 can never run: empty, longer than the model's context, or more blocks than
+                 the whole budget. ``sampling``: an ``engine.serving.sampling.Sampling``
+                 (None or greedy: the argmax)
   out = engine.step()            one step: ``schedule()`` then ``execute(works)``, which the
                                  caller may also call apart (to time the scheduler alone)
   engine.cancel(seq)             a client gone: its blocks back at once
   engine.drain()                 steps until nothing waits or runs
 
 Every step is the scheduler's decision (``engine.serving.scheduler``), then one forward of the
-model over every scheduled token (``engine.serving.batch``), then a greedy token for each
-sequence that reached its last token. A sequence ends at ``max_new_tokens`` or after
+model over every scheduled token (``engine.serving.batch``), then a token for each sequence
+that reached its last token: the argmax, or its own ``Sampler``'s draw when it asked to
+sample (``engine.serving.sampling``). A sequence ends at ``max_new_tokens`` or after
 ``eos_id``. Its computed rows then go to the prefix tree (``prefix_reuse``; else they are
 freed), and its other blocks go back to the pool. ``StepOutput`` says what the step did: the
 batch, its tokens, the tokens emitted, who finished, who was preempted, and the pool after it.
@@ -41,6 +44,7 @@ import torch
 
 from ..cache.prefix import PrefixCache
 from .batch import READS, default_reads, forward, kernel_for, step_decodes
+from .sampling import Sampler, Sampling
 from .scheduler import Scheduler, Seq, Work
 
 # How a step in which every sequence decodes runs: "forward", the model's own forward over the
@@ -122,14 +126,20 @@ class ServingEngine:
         self.prefix_reuse = prefix_reuse
         self.keep_logits = keep_logits
         self.logits: dict[int, list[torch.Tensor]] = {}  # seq id -> each generated token's
+        self.samplers: dict[int, Sampler] = {}  # seq id -> its draws (sampled requests only)
         self.steps = 0
 
     # ----------------------------------------------------------------------------- requests
-    def submit(self, prompt: list[int], max_new_tokens: int, eos_id: int | None = None) -> Seq:
-        return self.scheduler.add(prompt, max_new_tokens, eos_id)
+    def submit(self, prompt: list[int], max_new_tokens: int, eos_id: int | None = None,
+               sampling: Sampling | None = None) -> Seq:
+        seq = self.scheduler.add(prompt, max_new_tokens, eos_id)
+        if sampling is not None and not sampling.greedy:
+            self.samplers[seq.id] = Sampler(sampling)
+        return seq
 
     def cancel(self, seq: Seq) -> None:
         self.scheduler.cancel(seq)
+        self.samplers.pop(seq.id, None)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
@@ -156,7 +166,8 @@ class ServingEngine:
             seq.req.length = seq.computed
             if not w.samples:
                 continue
-            token = int(picks[r])
+            sampler = self.samplers.get(seq.id)
+            token = int(picks[r]) if sampler is None else sampler.pick(logits[r])
             if self.keep_logits:
                 self.logits.setdefault(seq.id, []).append(logits[r].detach().cpu().clone())
             r += 1
@@ -164,6 +175,7 @@ class ServingEngine:
             out.emitted.append((seq, token))
             if token == seq.eos_id or seq.remaining <= 0:
                 self.scheduler.finish(seq, "eos" if token == seq.eos_id else "length")
+                self.samplers.pop(seq.id, None)
                 if not self.prefix_reuse:  # nothing kept: the tree gives its blocks back now
                     self._drop_tree()
                 out.finished.append(seq)

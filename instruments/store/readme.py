@@ -35,6 +35,7 @@ from instruments.store import readme_code as code
 from instruments.store import readme_llama as llama
 from instruments.store import readme_prefix as prefix
 from instruments.store import readme_serving as serving
+from instruments.store import readme_serving_http as http
 from instruments.store import readme_speed as speed
 from instruments.store import readme_tables
 from instruments.store.readme_blocks import ReadmeError, Run, rel
@@ -104,6 +105,8 @@ BLOCKS: dict[str, Block] = {
                                "bench_speculate.py --models smollm2-135m --threads 1 "
                                f"--results-dir docs/runs/speculate-smollm2` {_QUIET}"),
     "models": Block(None, code.models, source="the family table (engine/families.py)"),
+    "serving-http": Block("serving-http", http.serving_http, "`python scripts/bench_server.py "
+                          f"--out docs/runs/serving-http` {_QUIET}"),
     **{f"prefix-{part}": Block("prefix", getattr(prefix, f"prefix_{part}"),
                                "`python scripts/bench_prefix.py` (it waits for a quiet host and "
                                "writes its runs here)")
