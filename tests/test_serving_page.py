@@ -157,3 +157,20 @@ def test_saved_runs_of_the_chosen_experiment_are_overlaid(results: Path) -> None
     _saved(results, "Host C", 30.0, 3)  # a run ends while the page is open: it is drawn
     at.run()
     assert [p.split(" · ")[0] for p in _overlay(at).value] == ["Host C", "Host B", "Host A"]
+
+
+def test_guidellms_runs_are_drawn_beside_the_harness(results: Path) -> None:
+    meta = collect_meta(model="llama-tiny", device="cpu", device_name="Host H", dtype="float32",
+                        threads=2, server="kvlab")
+    save_run(new_run("serving_http", meta, {"points": [
+        dict(rate_per_s=r, output_tok_s=5.0 * r, ttft_p50_ms=3.0) for r in (1.0, 4.0)]}),
+        results)
+    _saved(results, "Host A", 10.0, 1)
+    at = open_page("serving")
+    at.radio(key="serving_experiment").set_value("load").run()
+    no_traceback(at)
+    assert any("Over HTTP" in s.value for s in at.subheader)
+    tput = [_spec(c) for c in charts(at) if "guidellm" in _spec(c)["layout"]["title"]["text"]]
+    names = [t["name"] for t in tput[0]["data"]]
+    assert any(n.startswith("ours over HTTP · Host H") for n in names)
+    assert any(n.startswith("our harness · Host A") for n in names)

@@ -29,6 +29,7 @@ from ui.figures_serving import (
     throughput_figure,
 )
 from ui.figures_serving import latency_figure as percentiles_figure
+from ui.figures_serving_http import http_figure, http_points
 from ui.figures_serving_runs import (
     budget_figure,
     budget_timeline_figure,
@@ -265,3 +266,19 @@ else:
                                   experiment), "serving_fig_overlay_ttft")
         st.caption("Colour: the run; dash: the way. Files: " + ", ".join(
             f"`{project_path(labels[k].get('path', ''))}`" for k in chosen) + ".")
+
+# ------------------------------------------------------- over HTTP: guidellm's runs beside ours
+http = [r for r in saved_runs().runs if r.get("kind") == "serving_http"]
+if http:
+    st.subheader("Over HTTP: guidellm against our server and llama-server")
+    loop = "closed" if experiment == "concurrency" else "poisson"
+    pts = http_points(http + [r for r in saved_runs().runs if r.get("kind") == "serving"])
+    h1, h2 = st.columns(2)
+    with h1:
+        _chart(http_figure(pts, "output_tok_s", "output tokens/s (measured)", loop),
+               "serving_fig_http_tput")
+    with h2:
+        _chart(http_figure(pts, "ttft_p50_ms", "TTFT p50 (ms, measured)", loop),
+               "serving_fig_http_ttft")
+    st.caption("guidellm's runs are made by `scripts/bench_server.py` "
+               "([docs/serving-http.md](docs/serving-http.md)); each line names its host.")
