@@ -62,6 +62,8 @@ def test_tiny_sweep_draws_and_saves(results: Path) -> None:
     runs = load_runs(results).runs
     assert len(runs) == 1 and runs[0]["kind"] == "latency_sweep"
     assert runs[0]["meta"]["partial"] is False
+    saved = f"Saved to `$KVLAB_RESULTS_DIR/{Path(runs[0]['path']).name}`"  # no absolute path
+    assert any(saved in s.value for s in at.success), [s.value for s in at.success]
     assert len(runs[0]["tables"]["latency"]) == 9 and runs[0]["tables"]["cumulative"]
     # The field's terms: percentiles per point, TTFT / TPOT and pp / tg per generation.
     frames = [d.value for d in at.dataframe]
