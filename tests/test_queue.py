@@ -9,26 +9,32 @@ from instruments.process.queue import Cancelled, DeviceQueue
 
 
 def test_two_runs_never_overlap_and_both_finish() -> None:
+    """The first run holds the device until the other two are seen queued (no sleep that a busy
+    host could outlast); how many hold it at once is counted, not timed."""
     runner = DeviceQueue()
-    spans: list[tuple[float, float]] = []
-    waits: list[int] = []
+    holding, at_once, waits = [0], [], []
+    lock, release = threading.Lock(), threading.Event()
 
     def job(name: str) -> None:
         with runner.turn("cpu", owner=name, what="sweep", on_wait=lambda p, r: waits.append(p)):
-            start = time.monotonic()
-            time.sleep(0.3)
-            spans.append((start, time.monotonic()))
+            with lock:
+                holding[0] += 1
+                at_once.append(holding[0])
+            release.wait(10)
+            with lock:
+                holding[0] -= 1
 
     threads = [threading.Thread(target=job, args=(f"s{i}",)) for i in range(3)]
     for t in threads:
         t.start()
+    end = time.monotonic() + 10  # bounds a hang only
+    while len(set(waits)) < 2 and time.monotonic() < end:  # positions 1 and 2 both seen
+        time.sleep(0.01)
+    assert sorted(set(waits))[-2:] == [1, 2], waits  # the others queued behind the first
+    release.set()
     for t in threads:
         t.join(10)
-    assert len(spans) == 3
-    spans.sort()
-    for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
-        assert start >= end, "two measurements overlapped"
-    assert waits and max(waits) >= 1  # someone saw a queue position
+    assert at_once == [1, 1, 1], "two measurements overlapped"
 
 
 def test_cancel_while_waiting_releases_the_queue() -> None:
