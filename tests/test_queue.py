@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from instruments.process.queue import Cancelled, DeviceQueue
+
+
+def _until(what: Callable[[], bool]) -> None:
+    end = time.monotonic() + 10  # bounds a hang only
+    while not what() and time.monotonic() < end:
+        time.sleep(0.01)
 
 
 def test_two_runs_never_overlap_and_both_finish() -> None:
@@ -27,9 +34,7 @@ def test_two_runs_never_overlap_and_both_finish() -> None:
     threads = [threading.Thread(target=job, args=(f"s{i}",)) for i in range(3)]
     for t in threads:
         t.start()
-    end = time.monotonic() + 10  # bounds a hang only
-    while len(set(waits)) < 2 and time.monotonic() < end:  # positions 1 and 2 both seen
-        time.sleep(0.01)
+    _until(lambda: len(set(waits)) >= 2)  # positions 1 and 2 both seen
     assert sorted(set(waits))[-2:] == [1, 2], waits  # the others queued behind the first
     release.set()
     for t in threads:
@@ -56,10 +61,10 @@ def test_cancel_while_waiting_releases_the_queue() -> None:
 
     t1 = threading.Thread(target=holder)
     t1.start()
-    time.sleep(0.1)
+    _until(lambda: runner.status("cpu")[0] is not None)  # "a" holds the device
     t2 = threading.Thread(target=waiter)
     t2.start()
-    time.sleep(0.2)
+    _until(lambda: bool(runner.status("cpu")[1]))  # "b" queued: seen, not slept for
     running, waiting = runner.status("cpu")
     assert running is not None and running.owner == "a" and [w.owner for w in waiting] == ["b"]
     stop.set()

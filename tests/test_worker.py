@@ -7,13 +7,11 @@ demand (out of memory); everything else runs through ``instruments.process.clien
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +24,8 @@ from instruments.process import client, protocol
 from instruments.process.worker import Channel, Worker, classify, same_random
 from instruments.spine import ModelSpec
 from instruments.store.results import load_runs
+
+from .held import frozen_at, until
 
 pytestmark = pytest.mark.timeout(240)
 TINY = ModelSpec("tiny")
@@ -43,38 +43,6 @@ def wait(job: client.Job, timeout_s: float = 120.0) -> client.Job:
         time.sleep(0.05)
     assert job.finished, f"job still {job.state}: {job.message}"
     return job
-
-
-@contextlib.contextmanager
-def frozen_at(rows: int, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
-    """The measuring process is frozen (SIGSTOP) as its ``rows``-th latency row reaches the
-    client, and thawed (SIGCONT) on leaving; yields the frozen pid, once frozen. What the test
-    then does lands while the process can measure nothing more: no race with how fast this host
-    measures the rest of the sweep."""
-    frozen: list[int] = []
-    real = client.Job.add
-
-    def add(self: client.Job, event: object) -> None:
-        real(self, event)  # type: ignore[arg-type]
-        if not frozen and len(self.tables.get("latency", [])) >= rows and self.pid:
-            os.kill(self.pid, signal.SIGSTOP)
-            frozen.append(self.pid)
-
-    monkeypatch.setattr(client.Job, "add", add)
-    try:
-        yield frozen
-    finally:
-        for pid in frozen:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
-
-
-def until(what: Callable[[], bool], why: str, timeout_s: float = 120.0) -> None:
-    """Wait for ``what``; ``timeout_s`` only bounds a hang (what is judged is ``what``)."""
-    end = time.monotonic() + timeout_s
-    while not what():
-        assert time.monotonic() < end, f"still waiting: {why}"
-        time.sleep(0.01)
 
 
 # ------------------------------------------------------------------------- in this process
@@ -185,13 +153,13 @@ def test_stop_ends_it_after_the_current_step(tmp_path: Path,
     input before it can measure on: the sweep ends before its first mode's 63 contexts, however
     fast this host measures them (it had 61 left)."""
     contexts = list(range(2, 128, 2))
-    with frozen_at(2, monkeypatch) as frozen:
+    with frozen_at(2, monkeypatch) as held:
         job = client.submit("latency", small_sweep(contexts=contexts, repeats=3), TINY,
                             results_dir=tmp_path)
-        until(lambda: bool(frozen) or job.finished, "the second row")
+        until(lambda: bool(held.pids) or job.finished, "the second row")
         assert not job.finished, job.state
         job.request_stop()
-        until(lambda: job.message == "stopping after the current step", "the stop sent")
+        until(lambda: "stop" in held.sent, "the stop sent")
     wait(job)
     assert job.state == "stopped" and job.run["meta"]["partial"]
     (saved,) = load_runs(tmp_path).runs
@@ -201,10 +169,10 @@ def test_stop_ends_it_after_the_current_step(tmp_path: Path,
 
 def test_a_killed_process_keeps_its_rows_and_the_next_run_starts_afresh(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    with frozen_at(3, monkeypatch) as frozen:  # killed mid-sweep, however fast the host
+    with frozen_at(3, monkeypatch) as held:  # killed mid-sweep, however fast the host
         job = client.submit("latency", small_sweep(contexts=list(range(2, 128, 2)), repeats=3),
                             TINY, results_dir=tmp_path)
-        until(lambda: bool(frozen) or job.finished, "the third row")
+        until(lambda: bool(held.pids) or job.finished, "the third row")
         assert not job.finished, job.state
         os.kill(job.pid, signal.SIGKILL)
     wait(job)
