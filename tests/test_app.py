@@ -20,6 +20,8 @@ from streamlit.testing.v1 import AppTest
 from instruments.store.results import collect_meta, load_runs, new_run, save_run
 from ui.apptest import APP, charts, configure_sweep, no_traceback, open_page, wait_job
 
+from .held import frozen_at, until
+
 PAGES = ["overview", "generate", "sweep", "flops", "floor", "memory", "planner", "prefix",
          "serving", "correctness", "results"]
 pytestmark = pytest.mark.timeout(180)
@@ -62,6 +64,8 @@ def test_tiny_sweep_draws_and_saves(results: Path) -> None:
     runs = load_runs(results).runs
     assert len(runs) == 1 and runs[0]["kind"] == "latency_sweep"
     assert runs[0]["meta"]["partial"] is False
+    saved = f"Saved to `$KVLAB_RESULTS_DIR/{Path(runs[0]['path']).name}`"  # no absolute path
+    assert any(saved in s.value for s in at.success), [s.value for s in at.success]
     assert len(runs[0]["tables"]["latency"]) == 9 and runs[0]["tables"]["cumulative"]
     # The field's terms: percentiles per point, TTFT / TPOT and pp / tg per generation.
     frames = [d.value for d in at.dataframe]
@@ -79,16 +83,18 @@ def test_tiny_sweep_draws_and_saves(results: Path) -> None:
     assert len(charts(at)) >= 2
 
 
-def test_stop_keeps_a_partial_run(results: Path) -> None:
+def test_stop_keeps_a_partial_run(results: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stop is pressed while the measuring process is held after its second row: the sweep
+    cannot end first, however fast this host runs it."""
     at = open_page("sweep")
     configure_sweep(at, "2-128:2", repeats=3)
-    at.button[0].click().run()
-    job = at.session_state["sweep_job"]
-    end = time.monotonic() + 60
-    while job.done < 2 and not job.finished and time.monotonic() < end:
-        time.sleep(0.1)
-    at.run()
-    at.button(key="sweep_job_stop").click().run()
+    with frozen_at(2, monkeypatch) as held:
+        at.button[0].click().run()
+        job = at.session_state["sweep_job"]
+        until(lambda: bool(held.pids) or job.finished, "the second row")
+        at.run()
+        at.button(key="sweep_job_stop").click().run()
+        until(lambda: "stop" in held.sent, "the stop sent")
     job = wait_job(at, "sweep_job")
     assert job.state == "stopped"
     rows = job.tables["latency"]
@@ -99,15 +105,16 @@ def test_stop_keeps_a_partial_run(results: Path) -> None:
     assert any("Stopped" in w.value for w in at.warning)
 
 
-def test_a_killed_measuring_process_keeps_what_it_measured(results: Path) -> None:
+def test_a_killed_measuring_process_keeps_what_it_measured(
+        results: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     at = open_page("sweep")
     configure_sweep(at, "2-128:2", repeats=3)
-    at.button[0].click().run()
-    job = at.session_state["sweep_job"]
-    end = time.monotonic() + 60
-    while len(job.tables.get("latency", [])) < 2 and time.monotonic() < end:
-        time.sleep(0.05)
-    os.kill(job.pid, signal.SIGKILL)  # a crash, the OOM killer, a kill -9
+    with frozen_at(2, monkeypatch) as held:  # killed mid-sweep, however fast the host
+        at.button[0].click().run()
+        job = at.session_state["sweep_job"]
+        until(lambda: bool(held.pids) or job.finished, "the second row")
+        assert not job.finished, job.state
+        os.kill(job.pid, signal.SIGKILL)  # a crash, the OOM killer, a kill -9
     job = wait_job(at, "sweep_job")
     assert job.state == "failed" and "measuring process died" in job.error
     assert any("measuring process died" in e.value for e in at.error)
@@ -384,6 +391,8 @@ def test_the_first_page_draws_while_the_probe_and_the_load_run(
     at.run()
     no_traceback(at)
     assert at.title[0].value == "KV Cache Lab"
+    lab = at.caption[0].value  # what the lab is: every family it runs, not one model
+    assert lab.startswith("Language models written from scratch (GPT-2 and Llama families)"), lab
     said = _values(at)
     assert said.count("probing…") >= 2, said  # memory, cores / threads
     assert "Device facts: probing… (the CPU is ready)" in said, said  # the sidebar's foot

@@ -3,7 +3,9 @@
 Drives AppTest sessions with odd values: widget values the browser would clamp are checked at
 their bounds (and the engine's own validation behind them), requested choices the machine lacks
 (cuda without a GPU, an unknown preset, a dtype the device lacks) and bad weights folders show a
-message. (Out of memory and a crashed measuring process: tests/test_worker.py, test_app.py.)
+message. On the command line each list says which quantity it could not read (batch sizes,
+context lengths, prompt lengths, token counts). (Out of memory and a crashed measuring process:
+tests/test_worker.py, test_app.py.)
 """
 
 from __future__ import annotations
@@ -122,3 +124,21 @@ def test_another_presets_weights_choice_is_dropped_unsaid(tmp_path: Path,
     # the Weights box shows the new preset's own choice, not gpt2's
     assert at.sidebar.selectbox(key="weights:smollm2-135m").value == "package"
     assert not [m for m in messages(at) if "not available here" in m], messages(at)
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["batch_curve", "--batches", "0,100000"], "batch size 0 is outside 1..256"),
+    (["batch_curve", "--contexts", "0"], "context length 0 is outside 1..128"),
+    (["memory", "--crossover-batches", "x"], "cannot read 'x' as a batch size"),
+    (["scope", "--grow", "batch", "--points", "999"], "batch size 999 is outside 1..256"),
+    (["staircase", "--ts", "0"], "token count 0 is outside 1..128"),
+    (["prefix_ttft", "--prompt-lens", "0"], "prompt length 0 is outside 1..256"),
+])
+def test_each_list_on_the_command_line_names_its_own_quantity(
+        argv: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from instruments import cli
+
+    model = "llama-tiny" if argv[0].startswith("prefix") else "tiny"
+    assert cli.main([*argv, "--model", model, "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "allowed:" in err, err

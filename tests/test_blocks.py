@@ -14,6 +14,7 @@ compiles the AVX-512 / AVX-VNNI / plain paths into object files without running 
 from __future__ import annotations
 
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -205,7 +206,7 @@ def test_read_bytes_reads_every_byte() -> None:
 def test_isa_names_what_this_cpu_runs() -> None:
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     isa = kernels.isa()
-    assert isa in ("avx512-vnni", "avx512", "avx-vnni", "avx2", "scalar")
+    assert isa in kernels.ISA_NAMES
     if os.environ.get("KVLAB_KERNEL_ISA", "native") == "native" and " avx2 " in flags:
         assert isa.startswith("avx512") == (" avx512f " in flags)
 
@@ -245,6 +246,8 @@ def test_every_isa_path_compiles(isa: str, tmp_path: Path) -> None:
     cxx = shutil.which("c++") or shutil.which("g++")
     if cxx is None:
         pytest.skip("no C++ compiler")
+    if platform.machine().lower() not in ("x86_64", "amd64"):  # the flags are x86's
+        pytest.skip(f"the x86 instruction sets compile on an x86-64 host, not {platform.machine()}")
     incs = [f"-I{p}" for p in include_paths()]
     procs = []
     for src in ("blocks.cpp",) if isa == "avx-vnni" else ("blocks.cpp", "gemv.cpp", "attend.cpp",

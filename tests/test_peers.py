@@ -243,13 +243,17 @@ def test_ctranslate2_runs_on_its_own_openmp_runtime_not_torchs(tmp_path: Path) -
 
 def test_a_paused_ctranslate2_generation_does_not_abort_the_exit() -> None:
     """A measuring process that ends with a CTranslate2 generation still paused (nobody called
-    close) exits cleanly: the generations are ended before the interpreter shuts down."""
+    close) exits cleanly: the generations are ended before the interpreter shuts down, and only
+    once the engine holds no batch (an exit just after the result landed aborted 4 processes of
+    12). A race: four processes give this test a fair chance to see it come back (without the
+    wait, 1 of 3 runs of the test failed), not a certainty."""
     usable("ct2_float32")
-    done = _python(
-        "from tests.conftest import small_model; from engine.loop import random_prompt; "
-        "from instruments import lineup; m = small_model(seed=3); "
-        "d = lineup.make_decoder(m, 'ct2_float32', capacity=64); "
-        "ids = random_prompt(m, 1, 20, seed=1); d.seek(ids, 10); d.step(ids[:, 10:11]); "
-        "print('stepped')")
-    assert done.returncode == 0 and "stepped" in done.stdout, done.stderr[-2000:]
-    assert "Fatal Python error" not in done.stderr, done.stderr[-2000:]
+    code = ("from tests.conftest import small_model; from engine.loop import random_prompt; "
+            "from instruments import lineup; m = small_model(seed=3); "
+            "d = lineup.make_decoder(m, 'ct2_float32', capacity=64); "
+            "ids = random_prompt(m, 1, 20, seed=1); d.seek(ids, 10); d.step(ids[:, 10:11]); "
+            "print('stepped')")
+    for _ in range(4):  # one after another: side by side they exit too slowly to race
+        done = _python(code)
+        assert done.returncode == 0 and "stepped" in done.stdout, done.stderr[-2000:]
+        assert "Fatal Python error" not in done.stderr, done.stderr[-2000:]

@@ -274,30 +274,39 @@ def test_the_first_minutes_table_spans_its_days_and_keeps_hosts_and_runs_apart(c
     folder = copy / "docs" / "runs" / "sweep-first"
     shutil.rmtree(folder)
 
-    def timing(paint_s: float, **how: str) -> dict:
-        return {"timing": [{"read_every_s": 0.1, "server_up_s": 0.8, "bare_title_s": 1.8,
-                            "page_title_s": 1.9, "page_settled_s": 2.5, "page_filled_s": 6.0,
-                            "settled_point_s": 1.5, "paint_point_s": paint_s,
-                            "paint_run_s": 1.0, **how}]}
+    def timing(paint_s: float, **how: object) -> dict:
+        row = {"read_every_s": 0.1, "server_up_s": 0.8, "bare_title_s": 1.8,
+               "page_title_s": 1.9, "page_settled_s": 2.5, "page_filled_s": 6.0,
+               "settled_point_s": 1.5, "paint_point_s": paint_s, "paint_run_s": 1.0, **how}
+        return {"timing": [{k: v for k, v in row.items() if v is not None}]}
 
     _save(folder / "every-0.1s-run-9", "sweep_first_timing", timing(4.0),
           "2026-12-01T10:00:00+00:00")
-    _save(folder / "every-0.1s-run-10", "sweep_first_timing", timing(6.0),
-          "2026-12-02T10:00:00+00:00")
+    _save(folder / "every-0.1s-run-10", "sweep_first_timing",  # 0.6 s over the bare app: missed
+          timing(6.0, page_title_s=2.4), "2026-12-02T10:00:00+00:00")
+    _save(folder / "every-0.1s-run-13", "sweep_first_timing",  # no bare app timed: not judged
+          timing(5.0, bare_title_s=None, settled_point_s=3.5), "2026-12-02T10:30:00+00:00")
     _save(folder / "every-0.1s-run-11", "sweep_first_timing", timing(9.0),
           "2026-12-02T11:00:00+00:00", device_name="Other CPU")
     _save(folder / "every-0.1s-run-12", "sweep_first_timing",
           timing(3.0, started_with="make run"), "2026-12-02T12:00:00+00:00")
     readme.write(copy)
     body = (copy / "README.md").read_text()
-    # one row per host and way of starting the app, each with the days of its own runs only
+    # one row per host and way of starting the app, each with the days of its own runs only;
+    # the first page judged against the bare app beside it, the first point against 3 s
     before = "| `streamlit run app.py` | 0.1 s |"
-    assert f"| 2026-12-01 – 2026-12-02 {before} 2 |" in body and "| 4.0–6.0 | 0 of 2 |" in body
-    assert "| 2026-12-02 | `make run` | 0.1 s | 1 |" in body and "| 3.0 | 0 of 1 |" in body
+    assert f"| 2026-12-01 – 2026-12-02 {before} 3 |" in body
+    assert "| +0.1 – +0.6 | 1.5–3.5 | 4.0–6.0 | 1 of 2 (1 without a bare app) | 2 of 3 |" in body
+    assert "| 2026-12-02 | `make run` | 0.1 s | 1 |" in body
+    assert "| +0.1 | 1.5 | 3.0 | 1 of 1 | 1 of 1 |" in body
     assert "| Other CPU (" in body and f"| 2026-12-02 {before} 1 |" in body
+    assert "first page ≤ a bare Streamlit app's title + 0.5 s" in body and "≤ 2 s" not in body
+    # the verdict over every committed run (here beside the copy's make-run ones): run 13 alone
+    # could not judge the first page
+    assert " runs (and 1 timed no bare app), the first point in " in body
     # run 9 before run 10, not after it as a string sort would put it
     order = [t["folder"] for t in first_rows(load_runs(folder, recursive=True).runs)]
-    assert order == [f"every-0.1s-run-{n}" for n in (9, 10, 11, 12)]
+    assert order == [f"every-0.1s-run-{n}" for n in (9, 10, 11, 12, 13)]
 
 
 def test_the_peers_table_sets_each_engine_against_the_floor_of_its_own_run(copy: Path) -> None:

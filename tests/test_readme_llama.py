@@ -44,7 +44,9 @@ def test_the_llamacpp_lines_say_ours_over_theirs_whichever_is_faster(copy: Path)
     assert "**smollm2-135m** (1 run; 1 thread(s), 128 tokens): ours ÷ llama.cpp's step " \
         "Q4_1 0.80×, Q8_0 not compared (llama.cpp's make peers), F32 0.75×; our q4_1 step " \
         "0.25× a read of the fp32 weights." in summary
-    assert "our kernel built for avx2" in summary and "gpt2" not in summary
+    assert "llama.cpp's is the host's): avx2 on Test CPU (" in summary
+    assert "; never run on avx512-vnni, avx512, avx-vnni, scalar:" in summary
+    assert "gpt2" not in summary
     table = (copy / "docs" / "llama.md").read_text()
     assert "| smollm2-135m | avx2 | 1 | 128 | 10.0 / 12.5 = 0.80 | – | 30.0 / 40.0 = 0.75 " \
         "| 0.25 |" in table
@@ -55,4 +57,5 @@ def test_the_llamacpp_lines_say_ours_over_theirs_whichever_is_faster(copy: Path)
     readme.write(copy)
     summary = _summary(copy)
     assert "(2 runs; 1 thread(s), 128 tokens)" in summary and "Q4_1 0.80–1.25×" in summary
-    assert "avx2, avx512-vnni" in summary
+    assert "host's): avx512-vnni on Test CPU (" in summary and "; avx2 on Test CPU (" in summary
+    assert "; never run on avx512, avx-vnni, scalar:" in summary  # widest first, the rest said

@@ -320,3 +320,15 @@ def test_a_copy_inside_another_repository_does_not_take_its_commit(
     assert own is not None and len(own) == 12
     monkeypatch.setenv("KVLAB_GIT_REV", "d1ff11f0774f")  # a copy's caller knows better (run 1)
     assert results._git_rev() == "d1ff11f0774f"
+
+
+def test_a_page_names_a_saved_run_relative_to_the_project(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Never this machine's absolute path: it ends up in screenshots and shared pages."""
+    from ui.state import REPO_ROOT, shown_path
+
+    monkeypatch.delenv("KVLAB_RESULTS_DIR", raising=False)
+    assert shown_path(REPO_ROOT / "results" / "a.json") == "results/a.json"
+    monkeypatch.setenv("KVLAB_RESULTS_DIR", str(tmp_path / "runs"))
+    assert shown_path(tmp_path / "runs" / "b.json") == "$KVLAB_RESULTS_DIR/b.json"
+    assert shown_path(Path.home() / "c.json") == "~/c.json"

@@ -31,7 +31,7 @@ from ui.figures_serving_runs import (
     overlay_figure,
     schedule_figure,
 )
-from ui.state import REPO_ROOT, project_path
+from ui.state import REPO_ROOT, shown_path
 
 META = {"model": "llama-tiny", "dtype": "float32", "device": "cpu", "device_name": "Test CPU 9",
         "threads": 2, "platform": "Linux-test-x86_64", "block_tokens": 16}
@@ -190,8 +190,8 @@ def test_every_figure_names_its_host_and_the_table_its_units() -> None:
 
 
 def test_a_run_saved_inside_the_project_is_named_from_its_root() -> None:
-    assert project_path(REPO_ROOT / "results" / "a.json") == "results/a.json"
-    assert project_path("/elsewhere/a.json") == "/elsewhere/a.json"
+    assert shown_path(REPO_ROOT / "results" / "a.json") == "results/a.json"
+    assert shown_path("/elsewhere/a.json") == "a.json"  # never the machine's absolute path
 
 
 # ------------------------------------------------------------------------- a real tiny run

@@ -32,7 +32,7 @@ import streamlit as st
 from instruments.process import client
 from instruments.process.client import Job
 from ui.runs import download_buttons
-from ui.state import current_choice, project_path, results_dir, session_alive, session_id
+from ui.state import current_choice, results_dir, session_alive, session_id, shown_path
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -158,7 +158,7 @@ def finished_banner(job: Job) -> None:
     elif job.state == "stopped":
         st.warning(f"Stopped after {job.done} of {job.total or '?'} {job.unit}; what was "
                    "measured is kept.")
-    where = f" Saved to `{project_path(job.saved_path)}`." if job.saved_path else ""
+    where = f" Saved to `{shown_path(job.saved_path)}`." if job.saved_path else ""
     if job.save_error:
         st.error(f"Not saved: {job.save_error} The run stays in this session; download it below.")
     elif job.state == "done":

@@ -10,7 +10,9 @@ offers the CPU (and its dtypes) at once, its Device label says "probing…" wher
 appear, pages show "probing…" where they need the facts, and a fragment at the sidebar's foot
 reruns the page when the answer lands (nothing moves but what the answer fills in). The
 model itself lives in the device's measuring process, never here. ``results_dir()`` is
-``$KVLAB_RESULTS_DIR`` or ``results/``.
+``$KVLAB_RESULTS_DIR`` or ``results/``; ``shown_path(path)`` is how a page names a saved file:
+relative to the project (``results/...``), or to ``$KVLAB_RESULTS_DIR``, never this machine's
+absolute path (it ends up in screenshots).
 With ``KVLAB_TINY=1`` the test shapes ("tiny", "llama-tiny") are offered first: tests and smoke
 runs use them.
 """
@@ -71,12 +73,16 @@ def results_dir() -> Path:
     return Path(env) if env else REPO_ROOT / "results"
 
 
-def project_path(path: str | Path) -> str:
-    """``path`` as a page shows it: relative to the project where it lies inside it."""
-    try:
-        return str(Path(path).resolve().relative_to(REPO_ROOT))
-    except ValueError:
-        return str(path)
+def shown_path(path: str | Path) -> str:
+    """``path`` as a page shows it: ``results/x.json`` inside the project,
+    ``$KVLAB_RESULTS_DIR/x.json`` inside that folder, else its name under ``~`` or bare."""
+    full = Path(path).resolve()
+    env = os.environ.get("KVLAB_RESULTS_DIR")
+    for root, name in ((REPO_ROOT, ""), (Path(env) if env else None, "$KVLAB_RESULTS_DIR/"),
+                       (Path.home(), "~/")):
+        if root is not None and full.is_relative_to(root.resolve()):
+            return name + full.relative_to(root.resolve()).as_posix()
+    return full.name
 
 
 PROBE_POLL_S = 0.5  # while the probe runs, how often the sidebar looks whether it has landed

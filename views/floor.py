@@ -53,9 +53,9 @@ def _start(key: str, experiment: str, params: object, what: str) -> None:
     jobs.start_checked(key, experiment, params, what, cfg, choice.device)
 
 
-def _contexts(text: str) -> list[int] | None:
+def _contexts(text: str, name: str = "context length") -> list[int] | None:
     try:
-        return parse_contexts(text, block)
+        return parse_contexts(text, block, name)
     except ValueError as exc:
         st.error(str(exc))
         return None
@@ -161,7 +161,7 @@ with tab_stair:
                         help="Also time the full uncached forward at each T (slow on a CPU).")
     if st.button("Run staircase", type="primary", icon=":material/play_arrow:",
                  key="floor_stair_go", disabled=jobs.running(KEY_S)):
-        ts = _contexts(stext)
+        ts = _contexts(stext, "token count")
         if ts:
             _start(KEY_S, "staircase", StaircaseParams(ts, repeats, forward),
                    f"matmul staircase, {choice.model}")

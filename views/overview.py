@@ -15,6 +15,7 @@ from importlib import metadata
 
 import streamlit as st
 
+from instruments import lineup
 from instruments.costmodel import costs
 from instruments.measure.specs import lookup_peaks
 from instruments.process import client
@@ -61,9 +62,15 @@ def _version(name: str) -> str:
         return "not installed"
 
 
-choice = header.page("KV Cache Lab", "A GPT-2 written from scratch, with a KV cache, measured "
-                     "live on this machine: where the time and the memory of text generation "
-                     "actually go.")
+_FAMILIES = lineup.family_titles()  # the family table's, so a family added there is named here
+SUBTITLE = (f"Language models written from scratch ({', '.join(_FAMILIES[:-1])} and "
+            f"{_FAMILIES[-1]} families) decoding with and without a KV cache, measured live on "
+            "this machine: where the time and the memory of text generation actually go."
+            if len(_FAMILIES) > 1 else
+            f"A {_FAMILIES[0]} model written from scratch, decoding with and without a KV cache, "
+            "measured live on this machine: where the time and the memory of text generation "
+            "actually go.")
+choice = header.page("KV Cache Lab", SUBTITLE)
 
 dev_col, model_col = st.columns(2)
 with dev_col:

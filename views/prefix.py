@@ -59,7 +59,7 @@ with tab_ttft:
     if st.button("Measure TTFT", type="primary", icon=RUN_ICON, key="prefix_ttft_go",
                  disabled=jobs.running(KEY_T)):
         try:
-            lens = parse_contexts(lens_text, block)
+            lens = parse_contexts(lens_text, block, "prompt length")
             shares = sorted({float(s) for s in shares_text.split(",") if s.strip()})
         except ValueError as exc:
             st.error(str(exc) if "allowed" in str(exc) else

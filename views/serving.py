@@ -37,7 +37,7 @@ from ui.figures_serving_runs import (
     schedule_figure,
 )
 from ui.runs import saved_runs
-from ui.state import RUN_ICON, project_path, results_dir
+from ui.state import RUN_ICON, shown_path, results_dir
 
 KEY = "serving_job"
 TITLES = {"concurrency": "Concurrency (closed loop)", "load": "Load (Poisson arrivals)",
@@ -247,7 +247,7 @@ for run in mine:
     name = _label(run)
     labels[name if name not in labels else f"{name} [{str(run.get('run_id'))[:6]}]"] = run
 if not labels:
-    st.caption(f"No saved {TITLES[experiment].lower()} run in `{project_path(results_dir())}` "
+    st.caption(f"No saved {TITLES[experiment].lower()} run in `{shown_path(results_dir())}` "
                "yet.")
 else:
     newest = str(mine[0].get("run_id"))[:8]  # a run saved since: the newest three again
@@ -265,7 +265,7 @@ else:
             _chart(overlay_figure(frame, "ttft_p50_ms", "TTFT p50 (ms, measured)",
                                   experiment), "serving_fig_overlay_ttft")
         st.caption("Colour: the run; dash: the way. Files: " + ", ".join(
-            f"`{project_path(labels[k].get('path', ''))}`" for k in chosen) + ".")
+            f"`{shown_path(labels[k].get('path', ''))}`" for k in chosen) + ".")
 
 # ------------------------------------------------------- over HTTP: guidellm's runs beside ours
 http = [r for r in saved_runs().runs if r.get("kind") == "serving_http"]

@@ -89,7 +89,7 @@ def from_args(args: argparse.Namespace, cfg: ModelConfig) -> BatchCurveParams:
     return BatchCurveParams(
         parse_modes(args.modes) if args.modes else base.modes,
         parse_contexts(args.contexts, cfg.block_size) if args.contexts else base.contexts,
-        parse_contexts(args.batches, MAX_BATCH) if args.batches else base.batches,
+        parse_contexts(args.batches, MAX_BATCH, "batch size") if args.batches else base.batches,
         args.repeats)
 
 

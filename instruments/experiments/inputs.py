@@ -99,8 +99,9 @@ def spread_order(values: list[int]) -> list[int]:
     return [ordered[i] for i in out]
 
 
-def _expand_contexts(text: str, block_size: int) -> list[int]:
-    """Every length a custom list names, in order, repeats included (ValueError if unreadable)."""
+def _expand_contexts(text: str, block_size: int, name: str = "context length") -> list[int]:
+    """Every value a custom list names, in order, repeats included (ValueError if unreadable,
+    naming the quantity: ``name``, e.g. "batch size")."""
     allowed = (f"allowed: whole numbers 1..{block_size} and ranges like 8-{block_size}:8, "
                "separated by commas")
     out: list[int] = []
@@ -109,7 +110,7 @@ def _expand_contexts(text: str, block_size: int) -> list[int]:
             continue
         m = re.fullmatch(r"(\d+)\s*-\s*(\d+)(?:\s*:\s*(\d+))?|(\d+)", part)
         if m is None:
-            raise ValueError(f"cannot read {part!r} as a context length; {allowed}")
+            raise ValueError(f"cannot read {part!r} as a {name}; {allowed}")
         if m.group(4) is not None:
             values = [int(m.group(4))]
         else:
@@ -120,18 +121,20 @@ def _expand_contexts(text: str, block_size: int) -> list[int]:
             values = list(range(start, stop + 1, step))
         bad = [v for v in values if not 1 <= v <= block_size]
         if bad:
-            raise ValueError(f"context length {bad[0]} is outside 1..{block_size}; {allowed}")
+            raise ValueError(f"{name} {bad[0]} is outside 1..{block_size}; {allowed}")
         out.extend(values)
     if not out:
-        raise ValueError(f"no context lengths given; {allowed}")
+        raise ValueError(f"no {name} given; {allowed}")
     return out
 
 
-def parse_contexts(text: str, block_size: int) -> list[int]:
-    """'8, 16, 100', ranges 'start-stop:step' ('8-1024:8', step optional) or a preset name."""
+def parse_contexts(text: str, block_size: int, name: str = "context length") -> list[int]:
+    """'8, 16, 100', ranges 'start-stop:step' ('8-1024:8', step optional) or a preset name.
+    ``name`` is the quantity the list holds, as errors say it ("batch size", "prompt length":
+    the same grammar reads those lists, up to their own largest value)."""
     if text.strip() in CONTEXT_PRESETS:
         return preset_contexts(text.strip(), block_size)
-    return sorted(set(_expand_contexts(text, block_size)))
+    return sorted(set(_expand_contexts(text, block_size, name)))
 
 
 def repeated_contexts(text: str, block_size: int) -> list[int]:

@@ -89,10 +89,9 @@ def from_args(args: argparse.Namespace, cfg: ModelConfig) -> MemoryParams:
     block_size = cfg.block_size
     base = MemoryParams.defaults(args.device, cfg)
     try:
-        batches = parse_contexts(args.crossover_batches, MAX_BATCH)
+        batches = parse_contexts(args.crossover_batches, MAX_BATCH, "batch size")
     except ValueError as exc:
-        raise ValueError(f"--crossover-batches: {exc}".replace("context length",
-                                                               "batch size")) from exc
+        raise ValueError(f"--crossover-batches: {exc}") from exc
     contexts = (parse_contexts(args.memory_contexts, block_size) if args.memory_contexts
                 else base.contexts)
     return MemoryParams(contexts, args.batch, args.cache_kind, args.fill or base.fill,

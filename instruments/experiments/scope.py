@@ -83,7 +83,7 @@ def from_args(args: argparse.Namespace, cfg: ModelConfig) -> ScopeParams:
 
     if args.grow == "batch":
         points: list[Any] = parse_contexts(args.points or ",".join(map(str, BATCH_POINTS)),
-                                           MAX_BATCH)
+                                           MAX_BATCH, "batch size")
     else:
         default = ",".join(family_sizes(cfg.family))
         points = [p.strip() for p in (args.points or default).split(",")]

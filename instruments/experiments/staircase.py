@@ -72,7 +72,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def from_args(args: argparse.Namespace, cfg: ModelConfig) -> StaircaseParams:
     block_size = cfg.block_size
-    ts = parse_contexts(args.ts, block_size) if args.ts else None
+    ts = parse_contexts(args.ts, block_size, "token count") if args.ts else None
     return StaircaseParams(ts, args.repeats, args.with_forward)
 
 

@@ -172,6 +172,11 @@ def models(*, tests: bool = False) -> list[str]:
     return families.names(tests=tests)
 
 
+def family_titles() -> list[str]:
+    """The titles of the model families the lab runs ("GPT-2", "Llama", any registered later)."""
+    return [f.title for f in families.FAMILIES.values()]
+
+
 preset = families.preset
 installed = families.installed  # (are a preset's real weights installed, how to install them)
 config = families.config

@@ -18,7 +18,8 @@ returns with ``return_logits_vocab``), timed like any step. Another token (teach
 gate) starts a new generation from the held tokens: correct logits, at a prefill's cost.
 ``seek(ids, t)`` starts one whose next step feeds ``ids[:, t]``, so the sweep's timed step is
 a true loop step at its context; the state after the static prompt is cached by CTranslate2
-(``cache_static_prompt``) so re-seeking the same context is cheap.
+(``cache_static_prompt``) so re-seeking the same context is cheap. Closing a generation (and
+every paused one at exit) waits until the engine holds no batch: its result lands first.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import importlib.util
 import os
 import sys
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -68,6 +70,7 @@ def import_ctranslate2() -> Any:
     return ctranslate2
 
 
+CLOSE_S = 5.0  # the longest a closed generation's batch is waited for
 IDLE_S = 60.0  # a paused generation nobody steps for this long is ended (frees the worker)
 EOS = "<|endoftext|>"
 
@@ -183,6 +186,7 @@ class _Stream:
         self.next_token: int | None = None
         self.logits: torch.Tensor | None = None
         self.held = list(held)
+        self._engine = built.handle
         start = held[-1:] + ([ahead] if ahead is not None else [])
         static = [names[t] for t in held[:-1]] or None
         self.result = built.handle.generate_batch(
@@ -226,6 +230,13 @@ class _Stream:
             self._go.set()
         with contextlib.suppress(Exception):  # ending it is all we wanted
             self.result.result()
+        # The result lands before the worker has let the batch go: an exit in between aborted
+        # the process ("terminate called without an active exception", 4 exits in 12), so the
+        # generation is ended once the engine says no batch is left (bounded: never a hang).
+        end = time.monotonic() + CLOSE_S
+        while (self._engine.num_active_batches or self._engine.num_queued_batches) \
+                and time.monotonic() < end:
+            time.sleep(0.001)
         self.ended = True
 
 

@@ -5,8 +5,9 @@ it runs, ``machine_now()`` that answer or the placeholder the pages draw from me
 marked "probing"), ``devices()`` waits for it. On a torch built without GPU support the CPU's
 measuring process (``instruments.process.processes``, started ahead for the first page) answers
 with its greeting; otherwise a short-lived ``python -m instruments.process.probe`` does.
-``$KVLAB_PROBE_DELAY_S`` holds the probe back that many seconds (for tests of the pages drawn while
-it runs). Torch-free; ``instruments.process.client`` passes these names on.
+``$KVLAB_PROBE_HOLD_FILE`` holds the probe back until that file exists (at most START_TIMEOUT_S):
+tests of the pages drawn while it runs release it once they have seen them, so no host is too
+slow to draw them in time. Torch-free; ``instruments.process.client`` passes these names on.
 """
 
 from __future__ import annotations
@@ -72,9 +73,10 @@ def _find_devices() -> dict[str, Any]:
     what the CPU is: its greeting answers, and no second interpreter imports torch beside it on
     a 2-core machine. Otherwise (or if that process cannot start) a short-lived process asks
     torch."""
-    delay = os.environ.get("KVLAB_PROBE_DELAY_S", "")
-    if delay.replace(".", "", 1).isdigit():
-        time.sleep(float(delay))
+    hold = os.environ.get("KVLAB_PROBE_HOLD_FILE", "")
+    end = time.monotonic() + START_TIMEOUT_S  # a file never made holds no server for good
+    while hold and not os.path.exists(hold) and time.monotonic() < end:
+        time.sleep(0.05)
     if not probe.gpu_build():
         try:
             return probe.from_hello(process("cpu").hello)

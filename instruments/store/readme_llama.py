@@ -8,7 +8,9 @@ Makers as in ``instruments.store.readme_blocks`` (``make(runs, root) -> str``):
                    cache by formula, tensors and allocator, and by formula with a K/V head per
                    query head (what GQA saves)
   llamacpp_summary the README's lines: per model, ours over llama.cpp per format over every
-                   run, thread count and context, q4_1 against the fp32 read, our kernel's ISA
+                   run, thread count and context, q4_1 against the fp32 read; which instruction
+                   sets have run it, on which hosts, and which never have (our kernel's build,
+                   ``meta.kernel_isa``: -march=native, so the host's, as llama.cpp's is)
   llamacpp         the peers runs with llama.cpp: per run (host, threads, model), our step over
                    llama.cpp's on the same weights at each format and context, and our q4_1
                    step over the fp32 read floor, against the goal (<= 1) and the target (0.8);
@@ -20,6 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from engine.kernels.cpu import ISA_NAMES
 from instruments.store.peers_report import LLAMACPP_PAIRS as PAIRS
 from instruments.store.peers_report import llamacpp_pairs
 from instruments.store.readme_blocks import (
@@ -110,13 +113,14 @@ def llamacpp_summary(runs: list[Run], root: Path) -> str:
             by_model.setdefault(str((run.get("meta") or {}).get("model")), []).append(run)
     if not by_model:
         raise ReadmeError("no peers run with llama.cpp is committed")
-    lines, isas, hosts = [], set(), set()
+    lines, isas = [], {}
     for model, chosen in sorted(by_model.items()):
         points = [p for r in chosen for p in _pairs(r, root)]
         threads = sorted({(r.get("meta") or {}).get("threads") for r in chosen})
         contexts = sorted({p["context"] for p in points})
-        isas |= {(r.get("meta") or {}).get("kernel_isa") or "unrecorded" for r in chosen}
-        hosts |= {host(r) for r in chosen}
+        for r in chosen:
+            isas.setdefault((r.get("meta") or {}).get("kernel_isa") or "unrecorded",
+                            set()).add(host(r))
         cells = []
         for *_, fmt in PAIRS:
             ratios = [p[fmt][0] / p[fmt][1] for p in points if p[fmt]]
@@ -134,9 +138,15 @@ def llamacpp_summary(runs: list[Run], root: Path) -> str:
                      + (f"; our q4_1 step {span(floor, '.2f')}× a read of the fp32 weights"
                         if floor else "")
                      + (f", {span(own, '.2f')}× a read of its own bytes" if own else "") + ".")
-    return "\n".join([f"Every committed run, on {', '.join(sorted(hosts))}, our kernel built for "
-                      f"{', '.join(sorted(isas))} (goal ≤ 1, target ≤ 0.8; q4_1's ≤ 0.35× the "
-                      "fp32 read):", "", *lines])
+    order = {name: i for i, name in enumerate(ISA_NAMES)}  # widest first, "unrecorded" last
+    ran = "; ".join(f"{isa} on {', '.join(sorted(isas[isa]))}"
+                    for isa in sorted(isas, key=lambda i: order.get(i, len(order))))
+    never = [isa for isa in ISA_NAMES if isa not in isas]
+    return "\n".join([f"Every committed run (goal ≤ 1, target ≤ 0.8; q4_1's ≤ 0.35× the fp32 "
+                      "read), by the instruction set our kernel was built for (the host's "
+                      f"unless KVLAB_KERNEL_ISA narrowed it; llama.cpp's is the host's): {ran}"
+                      + (f"; never run on {', '.join(never)}" if never else "") + ":", "",
+                      *lines])
 
 
 def llamacpp(runs: list[Run], root: Path) -> str:

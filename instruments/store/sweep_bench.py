@@ -16,7 +16,9 @@ settled, to the probe's facts and the model in; before it, to the title of a bar
 Run pressed on a settled Latency sweep page, and with Run pressed the moment it appears (timed
 from the page's first paint), the page read every ``read_every_s``; ``started_with`` says how
 the app was started (``STARTED_WITH``; runs without it: ``streamlit run app.py``).
-``first_report(runs)`` is their table, one row per run, against ``FIRST_GOALS``;
+``first_report(runs)`` is their table, one row per run, against ``FIRST_GOALS`` (``first_met``:
+the first page's title within 0.5 s of the bare app's measured beside it, so the goal holds on
+a slow host and a quick one alike; the first point from a settled page within 3 s);
 ``first_summary(runs)`` one row per way of starting and read interval (the README's).
 """
 
@@ -31,9 +33,12 @@ Run = dict[str, Any]
 GOALS = {"total_s": 90.0, "first_s": 5.0, "median_share": 0.10}  # issue 25
 TIMING_KIND = "sweep_browser_timing"
 FIRST_KIND = "sweep_first_timing"
-# the first page (server start -> title, and -> settled), the first point from a settled page
-# and from the first paint: the goals of the issue on the first minutes
-FIRST_GOALS = {"page_s": 2.0, "settled_point_s": 3.0, "paint_point_s": 5.0}
+# The goals on the first minutes (issue 53): the Overview's title at most 0.5 s after a bare
+# Streamlit app's title, measured beside it (how long Streamlit itself takes to start is the
+# host's, 1.7-3.4 s on one 2-core EPYC: an absolute goal judged the host), and the default sweep's
+# first point within 3 s of Run pressed on a settled page. The first point from the first paint
+# is shown, not judged.
+FIRST_GOALS = {"page_over_bare_s": 0.5, "settled_point_s": 3.0}
 STARTED_WITH = "make run"  # python -m ui.serve: the measuring process begins with the server
 STARTED_BEFORE = "streamlit run app.py"  # runs of --first before it said how
 
@@ -113,11 +118,24 @@ def started_with(run: Run) -> str:
     return str(rows[0].get("started_with", STARTED_BEFORE))
 
 
-def first_met(t: dict[str, Any]) -> bool:
+def page_over_bare(t: dict[str, Any]) -> float | None:
+    """Seconds from a bare Streamlit app's title to the Overview's; None where none was timed."""
+    bare = t.get("bare_title_s")
+    return None if bare is None else t["page_title_s"] - bare
+
+
+def first_met(t: dict[str, Any]) -> tuple[bool | None, bool]:
+    """(the first page's goal met, or None where no bare app was timed beside it; the first
+    point's goal met)."""
+    g, over = FIRST_GOALS, page_over_bare(t)
+    return (None if over is None else over <= g["page_over_bare_s"],
+            t["settled_point_s"] <= g["settled_point_s"])
+
+
+def goals_text() -> str:
     g = FIRST_GOALS
-    return (max(t["page_title_s"], t["page_settled_s"]) <= g["page_s"]
-            and t["settled_point_s"] <= g["settled_point_s"]
-            and t["paint_point_s"] <= g["paint_point_s"])
+    return (f"first page ≤ a bare Streamlit app's title + {g['page_over_bare_s']:g} s, "
+            f"first point ≤ {g['settled_point_s']:g} s on a settled page")
 
 
 def _read(every: float) -> str:
@@ -130,38 +148,53 @@ def first_report(runs: list[Run]) -> list[str]:
     if not rows:
         return []
     lines = ["| page read every | run | server up (s) | a bare Streamlit app's title (s) | "
-             "first page: title / settled (s) | "
+             "first page: title / settled (s) | title over the bare app's (s) | "
              "probe and model in (s) | first point, Run on a settled page (s) | first point "
-             "from first paint (s; Run pressed at) | goals met (≤ 2 s, ≤ 3 s, ≤ 5 s) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"from first paint (s; Run pressed at) | goals met ({goals_text()}) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for t in rows:
-        bare = t.get("bare_title_s")
+        bare, over = t.get("bare_title_s"), page_over_bare(t)
+        page, point = first_met(t)
+        met = ("– (no bare app timed)" if page is None else "yes" if page else "no") + \
+            f" / {'yes' if point else 'no'}"
         lines.append(f"| {_read(t['read_every_s'])} | {t['folder']} | {t['server_up_s']:.1f} | "
                      f"{'–' if bare is None else format(bare, '.1f')} | "
                      f"{t['page_title_s']:.1f} / {t['page_settled_s']:.1f} | "
+                     f"{'–' if over is None else format(over, '+.1f')} | "
                      f"{t['page_filled_s']:.1f} | {t['settled_point_s']:.1f} | "
-                     f"{t['paint_point_s']:.1f} ({t['paint_run_s']:.1f}) | "
-                     f"{'yes' if first_met(t) else 'no'} |")
+                     f"{t['paint_point_s']:.1f} ({t['paint_run_s']:.1f}) | {met} |")
     return lines
 
 
-def _range(values: list[float]) -> str:
-    lo, hi = f"{min(values):.1f}", f"{max(values):.1f}"
-    return lo if lo == hi else f"{lo}–{hi}"
+def _range(values: list[float], signed: bool = False) -> str:
+    how = "+.1f" if signed else ".1f"
+    lo, hi = format(min(values), how), format(max(values), how)
+    return lo if lo == hi else f"{lo} – {hi}" if signed else f"{lo}–{hi}"
 
 
 def first_summary(runs: list[Run]) -> list[list[str]]:
     """Per way of starting the app and read interval: [started with, read every, runs, a bare
     Streamlit app's title (range, "–" before it was measured), first page (title–settled
-    range), first point from a settled page, from first paint, goals met in how many runs]."""
+    range), its title over the bare app's, first point from a settled page, from first paint,
+    each goal met in how many of the runs that could judge it]."""
     by: dict[tuple[str, float], list[dict[str, Any]]] = {}
     for t in first_rows(runs):
         by.setdefault((t.get("started_with", STARTED_BEFORE), t["read_every_s"]), []).append(t)
-    return [[f"`{how}`", _read(every), str(len(got)),
-             _range(bare) if (bare := [t["bare_title_s"] for t in got if "bare_title_s" in t])
-             else "–",
-             _range([t["page_title_s"] for t in got]) + " / "
-             + _range([t["page_settled_s"] for t in got]),
-             _range([t["settled_point_s"] for t in got]),
-             _range([t["paint_point_s"] for t in got]),
-             f"{sum(first_met(t) for t in got)} of {len(got)}"] for (how, every), got in by.items()]
+    out = []
+    for (how, every), got in by.items():
+        over = [o for t in got if (o := page_over_bare(t)) is not None]
+        met = [first_met(t) for t in got]
+        page = [m[0] for m in met if m[0] is not None]
+        unjudged = len(got) - len(page)
+        out.append([f"`{how}`", _read(every), str(len(got)),
+                    _range([t["bare_title_s"] for t in got if "bare_title_s" in t]) if over
+                    else "–",
+                    _range([t["page_title_s"] for t in got]) + " / "
+                    + _range([t["page_settled_s"] for t in got]),
+                    _range(over, signed=True) if over else "–",
+                    _range([t["settled_point_s"] for t in got]),
+                    _range([t["paint_point_s"] for t in got]),
+                    (f"{sum(page)} of {len(page)}" if page else "–")
+                    + (f" ({unjudged} without a bare app)" if unjudged else ""),
+                    f"{sum(m[1] for m in met)} of {len(got)}"])
+    return out

@@ -192,9 +192,12 @@ def available() -> tuple[bool, str]:
     return True, ""
 
 
+ISA_NAMES = ("avx512-vnni", "avx512", "avx-vnni", "avx2", "scalar")  # isa()'s, widest first
+
+
 def isa() -> str | None:
-    """The instruction set the loaded library runs ("avx512-vnni", "avx512", "avx-vnni", "avx2",
-    "scalar"), or None when none is loaded (``available()`` loads a built one)."""
+    """The instruction set the loaded library runs (one of ``ISA_NAMES``), or None when none is
+    loaded (``available()`` loads a built one)."""
     if not available()[0]:
         return None
     import torch

@@ -93,7 +93,7 @@ def from_args(args: argparse.Namespace, cfg: ModelConfig) -> PrefixTtftParams:
     except ValueError:
         raise ValueError(f"--shares must be numbers 0..1 separated by commas, got "
                          f"{args.shares!r}") from None
-    lens = parse_contexts(args.prompt_lens, cfg.block_size) if args.prompt_lens \
+    lens = parse_contexts(args.prompt_lens, cfg.block_size, "prompt length") if args.prompt_lens \
         else base.prompt_lens
     return PrefixTtftParams(lens, shares, args.tree_tokens, args.block_tokens, args.repeats,
                             args.seed)
