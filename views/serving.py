@@ -37,7 +37,7 @@ from ui.figures_serving_runs import (
     schedule_figure,
 )
 from ui.runs import saved_runs
-from ui.state import RUN_ICON, shown_path, results_dir
+from ui.state import RUN_ICON, results_dir, shown_path
 
 KEY = "serving_job"
 TITLES = {"concurrency": "Concurrency (closed loop)", "load": "Load (Poisson arrivals)",
