@@ -99,7 +99,9 @@ class RaggedBatch:
         self.pool, self.reads = pool, reads
         device, bt = pool.k.device, pool.block_tokens
         slots, positions, dec_rows, dec_tables, dec_lengths = [], [], [], [], []
-        self.prefills: list[tuple[int, int, int, list[int]]] = []  # (row, start, n, table)
+        # (row, start, n, its table (1, blocks), the slots of its rows 0..start + n - 1 (S,)),
+        # made once a step: every layer reads the same
+        self.prefills: list[tuple[int, int, int, torch.Tensor, torch.Tensor]] = []
         row = 0
         for w in works:
             table = w.seq.req.table
@@ -111,7 +113,11 @@ class RaggedBatch:
                 dec_tables.append(table[: w.start // bt + 1])
                 dec_lengths.append(w.start + 1)
             else:
-                self.prefills.append((row, w.start, w.n, table))
+                end = w.start + w.n
+                ids = torch.tensor(table[: -(-end // bt)], dtype=torch.long, device=device)
+                pos = torch.arange(end, device=device)
+                self.prefills.append((row, w.start, w.n, ids[None], ids[pos // bt] * bt
+                                      + pos % bt))
             row += w.n
         self.n_rows = row
         self.slots = torch.tensor(slots, dtype=torch.long, device=device)  # (N,)
@@ -141,8 +147,9 @@ class RaggedBatch:
         if self.dec_rows.numel():
             qd = q[0].index_select(1, self.dec_rows).transpose(0, 1)  # (D, nh, hs)
             y[0].index_copy_(1, self.dec_rows, self._decode(layer, qd, kl, vl).transpose(0, 1))
-        for row, start, n, table in self.prefills:
-            y[:, :, row:row + n] = self._prefill(layer, q[:, :, row:row + n], start, table)
+        for row, start, n, table, slots in self.prefills:
+            y[:, :, row:row + n] = self._prefill(layer, q[:, :, row:row + n], start, table,
+                                                 slots)
         return y
 
     def advance(self, n_new: int) -> None:
@@ -185,20 +192,16 @@ class RaggedBatch:
             self._dec_gather = (idx.flatten(), mask[:, None, None, :])
         return self._dec_gather
 
-    def _prefill(self, layer: int, q: torch.Tensor, start: int, table: list[int]
-                 ) -> torch.Tensor:
+    def _prefill(self, layer: int, q: torch.Tensor, start: int, table: torch.Tensor,
+                 slots: torch.Tensor) -> torch.Tensor:
         """y (1, nh, n, hs): n new tokens at positions start.., each over rows 0..its own."""
         n, hs = q.size(2), q.size(3)
         if self.reads == "in_place" and self.kernel == "triton" and hs >= 16:
             from ..kernels.gpu.paged_prefill import paged_prefill  # noqa: PLC0415
 
             kp, vp = self.pool.layer_view(layer)
-            tab = torch.tensor([table], dtype=torch.long, device=q.device)
-            return paged_prefill(q.contiguous(), kp, vp, tab, start)
-        bt, end = self.pool.block_tokens, start + n
-        pos = torch.arange(end, device=q.device)
-        ids = torch.tensor(table[: -(-end // bt)], dtype=torch.long, device=q.device)
-        slots = ids[pos // bt] * bt + pos % bt  # (S,)
+            return paged_prefill(q.contiguous(), kp, vp, table, start)
+        end = start + n
         keys, values = (t[None] for t in gather(self.pool, layer, slots))  # (1, n_kv, S, hs)
         if start == 0:
             return sdpa(q, keys, values, is_causal=True)
