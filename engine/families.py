@@ -1,32 +1,37 @@
 """The model families and their presets: one table, as llama.cpp's ``llama-arch.cpp`` is one.
 
-``FAMILIES[name]`` is a ``Family``: its config class, its from-scratch model, the loader of its
-weights, the ``transformers`` reference the gate holds it to, its tokenizer, and the contexts a
-sweep defaults to on each device. ``PRESETS[name]`` is a ``Preset``: the family, the shapes, the
-weights it offers (the first is the default), where the real weights come from and how to get
-them. Everything else -- the sidebar, the CLI's ``--model``, the cost model, the planner, the
-weights loader -- asks here (through ``instruments.lineup`` outside ``engine/``).
+``FAMILIES[name]`` is a ``Family``: the one door to everything that differs between families --
+its config class, its from-scratch model, its one-token step (``engine.models.steps`` says what
+a family's step module offers; the fast, fused, compiled, weight-only and Triton steps are all
+built from it), its positions (learned or RoPE), its tokenizer, and its weight readers (its own
+weights, the ``transformers`` reference the gate holds it to, a GGUF file's blocks as stored).
+Each is implemented in the family's folder under ``engine/models/``; nothing else in the engine
+names a family or tests a model's class. ``PRESETS[name]`` is a ``Preset``: the family, the
+shapes, the weights it offers (the first is the default), where the real weights come from and
+how to get them. Everything else -- the sidebar, the CLI's ``--model``, the cost model, the
+planner, the decoders -- asks here (through ``instruments.lineup`` outside ``engine/``).
 ``register_family`` / ``register_preset`` add one (a test registers a toy family).
 
   config(name, **overrides)   the preset's config (``engine.models.config``'s GPTConfig /
                               LlamaConfig)
   config_from_dict(fields)    a config saved with a run, read back
   family_of(name_or_config)   the ``Family`` of a preset name or a config
-  load(name, weights, ...)    the family's loader: an ``engine.models.state.ModelState``
+  load(name, weights, ...)    a preset with its weights: an ``engine.models.state.ModelState``
+  step_of(model)              the family's one-token step module (ValueError where it has none)
+  raw_weights(model, path)    a GGUF file's tensors as stored, under the model's names
   tokenizer(cfg)              the family's tokenizer for a model of this config (bytes for the
                               byte-level test fixture's 256-token vocabulary)
   reference(model)            the family's ``transformers`` model holding the same weights
   block_linears(model)        every block's Linears in ``cfg.matrices()``'s order; head_linear
 
-Torch-free at import: the loaders, models and references are "module:callable" strings imported
-on first use (the dashboard's server reads the table without importing torch).
+Torch-free at import: the models, steps and readers are "module" / "module:callable" strings
+imported on first use (the dashboard's server reads the table without importing torch).
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,19 +40,35 @@ from .models.config import GPTConfig, LlamaConfig, ModelConfig
 
 @dataclass(frozen=True)
 class Family:
-    name: str  # "gpt2" | "llama": what ``cfg.family`` says and ModeSpec.families names
+    name: str  # "gpt2" | "llama": what ``cfg.family`` says
     title: str
     description: str
     config: type  # the config class (torch-free)
     model: str  # "module:Class" of the from-scratch model
-    loader: str  # "module:fn" (preset, weights, *, device, dtype, mask, seed) -> ModelState
-    reference: str  # "module:fn" (model) -> the transformers model holding its weights
+    # The module of its weight readers: ``read(preset, weights, *, device, dtype, mask,
+    # **options) -> (model, label, file)`` its own weights (``file``: the GGUF file they were
+    # read from, or None), ``to_transformers(model)`` the gate's reference holding them, and
+    # where it reads GGUF files ``raw_weights(path)`` their tensors as stored, under our names
+    weights: str
     tokenizer: str  # "module:fn" (cfg) -> an object with encode, decode, decode_each
+    # The module of its one-token step (``engine.models.steps``), or None: the modes that step
+    # on their own (``ModeSpec.steps``) are then not offered, for the reason ``step_why``
+    step: str | None = None
+    step_why: str = ""
+    positions: str = "learned"  # "learned" (a position table) | "rope" (rotary, no table)
     blocks: str = "transformer.h"  # the path of the model's list of blocks
     head: str = "lm_head"  # the path of its output projection
-    # the latency sweep's default contexts: (preset on a CPU, preset on a GPU), and why
-    contexts: tuple[str, str] = ("log-spaced (16)", "log-spaced (16)")
-    contexts_why: str = ""
+    embed: str = "transformer.wte"  # the path of its token embedding
+
+    def __post_init__(self) -> None:
+        if self.positions not in POSITIONS:
+            raise ValueError(f"family {self.name!r}: positions {self.positions!r}; allowed: "
+                             f"{', '.join(POSITIONS)}")
+        if self.step is None and not self.step_why:
+            raise ValueError(f"family {self.name!r} has no one-token step; say why (step_why)")
+
+
+POSITIONS = ("learned", "rope")
 
 
 @dataclass(frozen=True)
@@ -84,18 +105,14 @@ def register_preset(preset: Preset) -> Preset:
 register_family(Family(
     "gpt2", "GPT-2", "OpenAI's GPT-2: LayerNorm, learned absolute positions, one fused q|k|v "
     "product, GELU MLP, every head caching its own K and V.", GPTConfig,
-    "engine.models.gpt2.model:GPT", "engine.models.gpt2.weights:load_gpt2",
-    "engine.models.gpt2.weights:to_transformers", "engine.models.gpt2.tokenizer:for_config",
-    contexts_why="GPT-2 holds 1,024 positions: the sweep spans them all"))
+    "engine.models.gpt2.model:GPT", "engine.models.gpt2.weights",
+    "engine.models.gpt2.tokenizer:for_config", step="engine.models.gpt2.step"))
 register_family(Family(
     "llama", "Llama", "The Llama family: RMSNorm, rotary positions (RoPE), a SwiGLU MLP, "
     "grouped-query attention (query heads share fewer K/V heads, so the cache holds fewer).",
-    LlamaConfig, "engine.models.llama.model:Llama", "engine.models.llama.weights:load_llama",
-    "engine.models.llama.weights:to_transformers", "engine.models.llama.tokenizer:for_config",
-    blocks="model.layers",
-    contexts=("16-1024 log-spaced (12)", "log-spaced (16)"),
-    contexts_why="SmolLM2 holds 8,192 positions; on a CPU the uncached modes re-run the whole "
-    "sequence every step, so the CPU default stops at 1,024 (pick longer contexts by hand)"))
+    LlamaConfig, "engine.models.llama.model:Llama", "engine.models.llama.weights",
+    "engine.models.llama.tokenizer:for_config", step="engine.models.llama.step",
+    positions="rope", blocks="model.layers", embed="model.embed_tokens"))
 
 _GPT2_WEIGHTS = ("auto", "random", "pretrained")
 _GPT2_SOURCE = "OpenAI's weights through transformers (Hugging Face cache or hub)"
@@ -178,16 +195,46 @@ def family_of(what: str | ModelConfig) -> Family:
     return FAMILIES[what.family]
 
 
-def _resolve(target: str) -> Callable[..., Any]:
-    module, attr = target.split(":")
-    return getattr(importlib.import_module(module), attr)
+def _resolve(target: str) -> Any:
+    """``"module:attr"``'s attribute, or ``"module"`` itself, imported on first use."""
+    module, _, attr = target.partition(":")
+    found = importlib.import_module(module)
+    return getattr(found, attr) if attr else found
 
 
-def load(name: str, weights: str | None = None, **kwargs: Any) -> Any:
+def load(name: str, weights: str | None = None, *, device: Any = "cpu", dtype: Any = "float32",
+         mask: str = "none", seed: int = 0, **options: Any) -> Any:
     """Preset ``name`` with ``weights`` (default: the preset's first choice; a path is a local
-    checkpoint where the family reads one): an ``engine.models.state.ModelState``."""
+    checkpoint where the family reads one): an ``engine.models.state.ModelState``.
+    ``options`` go to the family's reader (GPT-2's ``hub_id``)."""
     p = preset(name)
-    return _resolve(FAMILIES[p.family].loader)(name, weights or p.weights[0], **kwargs)
+    fam = FAMILIES[p.family]
+    cfg = config(name, mask=mask)
+    reader = _resolve(fam.weights).read
+
+    def read(chosen: str, **kw: Any) -> Any:
+        return reader(p, chosen, **kw, **options)
+
+    loader = importlib.import_module("engine.models.loader")  # torch: only when loading
+    return loader.load_preset(p, cfg, model_class(cfg), read, weights or p.weights[0],
+                              device=device, dtype=dtype, seed=seed)
+
+
+def step_of(model: Any) -> Any:
+    """The one-token step module of ``model``'s family (``engine.models.steps``); ValueError
+    naming why where the family has none."""
+    fam = family_of(model.config)
+    if fam.step is None:
+        raise ValueError(f"{fam.title} models have no one-token step: {fam.step_why}")
+    return _resolve(fam.step)
+
+
+def raw_weights(model: Any, path: str) -> dict[str, Any]:
+    """The GGUF file ``path``'s tensors as stored (``engine.models.gguf.RawTensor``), under
+    ``model``'s parameter names and in its layout, read by its family's reader; {} where the
+    family reads no GGUF file."""
+    reader = getattr(_resolve(family_of(model.config).weights), "raw_weights", None)
+    return {} if reader is None else reader(path)
 
 
 def tokenizer(cfg: ModelConfig) -> Any:
@@ -197,7 +244,7 @@ def tokenizer(cfg: ModelConfig) -> Any:
 
 def reference(model: Any) -> Any:
     """The family's ``transformers`` model holding ``model``'s weights (the gate's reference)."""
-    return _resolve(family_of(model.config).reference)(model)
+    return _resolve(family_of(model.config).weights).to_transformers(model)
 
 
 def block_linears(model: Any) -> list[list[Any]]:
@@ -214,6 +261,11 @@ def head_linear(model: Any) -> Any:
     return model_part(model, family_of(model.config).head)
 
 
+def embedding(model: Any) -> Any:
+    """The model's token embedding module."""
+    return model_part(model, family_of(model.config).embed)
+
+
 def model_part(module: Any, path: str) -> Any:
     for name in path.split("."):
         module = getattr(module, name)
@@ -221,4 +273,4 @@ def model_part(module: Any, path: str) -> Any:
 
 
 def model_class(cfg: ModelConfig) -> type:
-    return _resolve(family_of(cfg).model)  # type: ignore[return-value]
+    return _resolve(family_of(cfg).model)  # type: ignore[no-any-return]

@@ -218,9 +218,9 @@ def _copy_fields(writer: Any, src: str | Path, prefix: str = "") -> None:
 
 def file_tensors(path: str | Path) -> Any:
     """(name, ggml type name, values as float32 in numpy's (torch's) order) of every tensor of
-    a GGUF file, in its order: the table and bytes read by ``engine.quant.gguf`` (fast), quantized
+    a GGUF file, in its order: the table and bytes read by ``engine.models.gguf`` (fast), quantized
     blocks dequantized by ``gguf.quants``."""
-    from engine.quant.gguf import GGUFFile
+    from engine.models.gguf import GGUFFile
 
     gguf = _gguf()
     with GGUFFile(path) as f:
@@ -365,7 +365,7 @@ def holds_file(model: Any, path: str | Path) -> bool:
     (every tensor dequantized and compared; the first difference ends it)."""
     if getattr(model.config, "family", "") != "llama":
         return False
-    from engine.quant.gguf import GGUFFile
+    from engine.models.gguf import GGUFFile
 
     with GGUFFile(path) as f:
         table = {name: tuple(info.shape) for name, info in f.tensors.items()}

@@ -1,10 +1,10 @@
 """Getting weights into our GPT-2: OpenAI's through ``transformers``, a local folder, or random.
 
-``load_gpt2(name, weights, device=..., dtype=..., mask=..., seed=..., hub_id=...) ->
-ModelState`` is the GPT-2 family's loader (``engine.families.load`` is the one entry point for
-every family): what every family's loader does -- test shapes, random weights, the fallback of
-"auto", the provenance -- is ``engine.models.loader.load_preset``'s; here is where GPT-2's own
-weights come from.
+``read(preset, weights, device=..., dtype=..., mask=..., hub_id=None) -> (model, label)`` is the
+GPT-2 family's reader of its own weights (``engine.families.load`` is the one entry point for
+every family: ``families.load("gpt2", "pretrained", hub_id=...)``); what every family's loading
+does -- test shapes, random weights, the fallback of "auto", the provenance -- is
+``engine.models.loader.load_preset``'s; here is where GPT-2's own weights come from.
 ``weights`` is "random" (seeded, real shapes), "pretrained" (hub id = the preset name, or
 ``hub_id``), "auto" (pretrained if it can be had quickly, else random), or a path to a local
 checkpoint folder. Checkpoints are read as safetensors only: never unpickled. Failures raise
@@ -16,7 +16,6 @@ holding our weights (Conv1D weights transposed).
 
 from __future__ import annotations
 
-import functools
 import os
 import socket
 from pathlib import Path
@@ -26,8 +25,7 @@ import torch
 import torch.nn as nn
 
 from ..config import GPTConfig
-from ..loader import WeightsError, load_preset
-from ..state import ModelState
+from ..loader import WeightsError
 from .model import GPT
 
 WEIGHT_CHOICES = ("auto", "pretrained", "random")
@@ -124,21 +122,14 @@ def _from_pretrained(source: str, *, local_only: bool) -> nn.Module:
             from exc
 
 
-def load_gpt2(name: str = "gpt2", weights: str = "auto", *, hub_id: str | None = None,
-              **options: Any) -> ModelState:
-    """The model ``name`` with the asked-for weights, in a state whose ``provenance`` says where
-    the weights came from (shown everywhere the model is); ``options``: ``device``, ``dtype``,
-    ``mask``, ``seed`` (``engine.models.loader.load_preset``)."""
-    return load_preset(name, weights, "gpt2", functools.partial(_real, source=hub_id or name),
-                       **options)
-
-
-def _real(weights: str, *, source: str, device: str | torch.device, dtype: torch.dtype,
-          mask: str) -> tuple[GPT, str]:
-    """GPT-2's own weights: a checkpoint folder, or ``source`` from the Hugging Face cache or
-    hub (WeightsError saying what to do when they cannot be had)."""
+def read(preset: Any, weights: str, *, device: str | torch.device, dtype: torch.dtype,
+         mask: str, hub_id: str | None = None) -> tuple[GPT, str, None]:
+    """GPT-2's own weights for ``preset``: a checkpoint folder, or the hub's ``hub_id``
+    (default: the preset's name) from the Hugging Face cache or the hub (WeightsError saying
+    what to do when they cannot be had)."""
+    source = hub_id or preset.name
     if weights not in WEIGHT_CHOICES:
-        return _from_folder(Path(weights).expanduser(), mask, device, dtype)
+        return (*_from_folder(Path(weights).expanduser(), mask, device, dtype), None)
     try:
         if weights == "auto" and not _cached(source) and not _hub_reachable():
             raise WeightsError("no network and no cached copy")
@@ -159,7 +150,7 @@ def _real(weights: str, *, source: str, device: str | torch.device, dtype: torch
             ) from exc
         raise WeightsError(f"pretrained weights for {source!r} unavailable ({exc})") from exc
     model = gpt_from_transformers(hf, mask=mask, device=device, dtype=dtype)
-    return model, f"pretrained ({source})"
+    return model, f"pretrained ({source})", None
 
 
 def _from_folder(folder: Path, mask: str, device: str | torch.device,

