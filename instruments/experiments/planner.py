@@ -37,7 +37,7 @@ from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, no_grad, reco
 if TYPE_CHECKING:
     import torch
 
-    from engine.models.gpt2.model import GPT
+    from engine.models.base import CausalLM
 
 
 @dataclass
@@ -131,7 +131,7 @@ def _cap_bytes(p: PlannerParams, device: torch.device, budget: int | None) -> in
     return CPU_ALLOC_CAP_MIB * MIB
 
 
-def _fit_rows(model: GPT, p: PlannerParams, budget: int | None, cap: int,
+def _fit_rows(model: CausalLM, p: PlannerParams, budget: int | None, cap: int,
               tr: Tracker) -> None:
     from engine.cache import make_cache
     from instruments.measure import memory
@@ -157,7 +157,7 @@ def _fit_rows(model: GPT, p: PlannerParams, budget: int | None, cap: int,
                f"formula; allocated {batch}")
 
 
-def _layout(model: GPT, layout: str, lengths: list[int], block_tokens: int) -> Any:
+def _layout(model: CausalLM, layout: str, lengths: list[int], block_tokens: int) -> Any:
     from engine.cache import make_cache
     from engine.cache.paged import PagedKVCache
 
@@ -175,7 +175,7 @@ def _layout(model: GPT, layout: str, lengths: list[int], block_tokens: int) -> A
     return cache
 
 
-def _layout_rows(model: GPT, p: PlannerParams, lengths: list[int], budget: int | None,
+def _layout_rows(model: CausalLM, p: PlannerParams, lengths: list[int], budget: int | None,
                  cap: int, tr: Tracker) -> None:
     from instruments.measure import memory
 
@@ -193,7 +193,7 @@ def _layout_rows(model: GPT, p: PlannerParams, lengths: list[int], budget: int |
         tr.row("layouts", row, f"{row['label']}: {row['reserved_bytes'] / MIB:,.1f} MiB reserved")
 
 
-def _reference(model: GPT, tokens: torch.Tensor, free: int | None) -> tuple[torch.Tensor, str]:
+def _reference(model: CausalLM, tokens: torch.Tensor, free: int | None) -> tuple[torch.Tensor, str]:
     """fp32 logits (B, T, vocab) of ``tokens``: the model itself, or an fp32 copy of it."""
     import torch
 
@@ -209,7 +209,7 @@ def _reference(model: GPT, tokens: torch.Tensor, free: int | None) -> tuple[torc
         del ref
 
 
-def _storage_rows(model: GPT, p: PlannerParams, free: int | None, budget: int | None,
+def _storage_rows(model: CausalLM, p: PlannerParams, free: int | None, budget: int | None,
                   tr: Tracker) -> None:
     import torch
 
