@@ -30,8 +30,11 @@ imported on first use (the dashboard's server reads the table without importing 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
+import json
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +59,9 @@ class Family:
     step: str | None = None
     step_why: str = ""
     positions: str = "learned"  # "learned" (a position table) | "rope" (rotary, no table)
+    # what a checkpoint calls it: transformers' ``architectures`` / ``model_type`` names,
+    # GGUF's ``general.architecture``
+    architectures: tuple[str, ...] = ()
     blocks: str = "transformer.h"  # the path of the model's list of blocks
     head: str = "lm_head"  # the path of its output projection
     embed: str = "transformer.wte"  # the path of its token embedding
@@ -106,13 +112,15 @@ register_family(Family(
     "gpt2", "GPT-2", "OpenAI's GPT-2: LayerNorm, learned absolute positions, one fused q|k|v "
     "product, GELU MLP, every head caching its own K and V.", GPTConfig,
     "engine.models.gpt2.model:GPT", "engine.models.gpt2.weights",
-    "engine.models.gpt2.tokenizer:for_config", step="engine.models.gpt2.step"))
+    "engine.models.gpt2.tokenizer:for_config", step="engine.models.gpt2.step",
+    architectures=("GPT2LMHeadModel", "gpt2")))
 register_family(Family(
     "llama", "Llama", "The Llama family: RMSNorm, rotary positions (RoPE), a SwiGLU MLP, "
     "grouped-query attention (query heads share fewer K/V heads, so the cache holds fewer).",
     LlamaConfig, "engine.models.llama.model:Llama", "engine.models.llama.weights",
     "engine.models.llama.tokenizer:for_config", step="engine.models.llama.step",
-    positions="rope", blocks="model.layers", embed="model.embed_tokens"))
+    positions="rope", architectures=("LlamaForCausalLM", "llama"), blocks="model.layers",
+    embed="model.embed_tokens"))
 
 _GPT2_WEIGHTS = ("auto", "random", "pretrained")
 _GPT2_SOURCE = "OpenAI's weights through transformers (Hugging Face cache or hub)"
@@ -146,15 +154,94 @@ register_preset(Preset("llama-tiny", "llama",
 
 
 def preset(name: str) -> Preset:
-    if name not in PRESETS:
-        raise ValueError(f"unknown model {name!r}; allowed: {', '.join(names(tests=True))}")
-    return PRESETS[name]
+    """Preset ``name``, or the checkpoint at path ``name`` as one (``checkpoint``); ValueError
+    naming what is allowed otherwise."""
+    if name in PRESETS:
+        return PRESETS[name]
+    if is_path(name):
+        return checkpoint(name)
+    raise ValueError(f"unknown model {name!r}; allowed: {', '.join(names(tests=True))}, or "
+                     f"the path of a checkpoint ({CHECKPOINTS})")
+
+
+CHECKPOINTS = "a folder with config.json and *.safetensors, or a .gguf file"
+CHECKPOINT = "checkpoint"  # a checkpoint's own weights (its choices: these, then random)
+
+
+def is_path(name: str) -> bool:
+    """Is ``name`` a checkpoint's path rather than a preset's name (presets win)?"""
+    return name not in PRESETS and ("/" in name or os.sep in name or name.endswith(".gguf")
+                                    or os.path.exists(name))
+
+
+def checkpoint(path: str) -> Preset:
+    """The checkpoint at ``path`` (a folder with ``config.json``; a GGUF file) as a preset: its
+    family resolved from the architecture it names (``Family.architectures``), its shapes from
+    its config, its weights ("checkpoint", or "random" alone for a config without weights).
+    Torch-free for a folder (config.json is read as JSON): the planner plans a model too big to
+    load from its config alone. ValueError naming what was found and what is allowed."""
+    full = os.path.abspath(os.path.expanduser(path))
+    folder = os.path.isdir(full)
+    marker = os.path.join(full, "config.json") if folder else full
+    if not os.path.exists(full):
+        raise ValueError(f"{path}: no such file or folder; allowed: {CHECKPOINTS}")
+    if folder and not os.path.isfile(marker):
+        found = ", ".join(sorted(os.listdir(full))[:5]) or "nothing"
+        raise ValueError(f"{path} holds no config.json (found: {found}); allowed: "
+                         f"{CHECKPOINTS}")
+    return _checkpoint(full, os.stat(marker).st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=32)
+def _checkpoint(path: str, stamp: int) -> Preset:
+    """``checkpoint`` of an absolute path, read once per modification (``stamp``)."""
+    if not os.path.isdir(path):
+        raise ValueError(f"{path}: a single file; allowed: {CHECKPOINTS}")
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as fh:
+            fields = json.load(fh)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}/config.json is not readable JSON ({exc}); allowed: a "
+                         "config.json written by save_pretrained") from exc
+    if not isinstance(fields, dict):
+        raise ValueError(f"{path}/config.json holds no object of fields")
+    named = [str(a) for a in fields.get("architectures") or []] + \
+        ([str(fields["model_type"])] if "model_type" in fields else [])
+    fam = resolve(named, f"{path}/config.json")
+    try:
+        cfg = fam.config.from_hf(fields)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ValueError(f"{path}/config.json: {type(exc).__name__}: {exc}; allowed: the "
+                         f"fields of a {fam.title} config") from exc
+    shapes = {k: v for k, v in cfg.to_dict().items() if k != "mask"}
+    has = any(n.endswith(".safetensors") or (n.startswith("pytorch_model") and n.endswith(".bin"))
+              for n in os.listdir(path))
+    return Preset(path, fam.name, shapes, (CHECKPOINT, "random") if has else ("random",),
+                  f"the checkpoint at {path}" if has else f"the config at {path} (no weights)")
+
+
+def resolve(named: list[str], where: str) -> Family:
+    """The family a checkpoint's architecture names pick (the first name any family knows)."""
+    for name in named:
+        for fam in FAMILIES.values():
+            if name in fam.architectures:
+                return fam
+    known = sorted(a for fam in FAMILIES.values() for a in fam.architectures)
+    raise ValueError(f"{where}: architecture {', '.join(named) or '(none named)'}; allowed: "
+                     f"{', '.join(known)}")
 
 
 def names(*, tests: bool = False) -> list[str]:
     """Preset names, real models first (test shapes only when asked)."""
     return [n for n, p in PRESETS.items() if not p.test] + \
         ([n for n, p in PRESETS.items() if p.test] if tests else [])
+
+
+def offline_weights(name: str) -> str:
+    """The weights a run uses when none are asked for: the model's first choice, random where
+    that would reach for the network ("auto")."""
+    first = preset(name).weights[0]
+    return "random" if first == "auto" else first
 
 
 def installed(name: str) -> tuple[bool, str]:
@@ -204,20 +291,33 @@ def _resolve(target: str) -> Any:
 
 def load(name: str, weights: str | None = None, *, device: Any = "cpu", dtype: Any = "float32",
          mask: str = "none", seed: int = 0, **options: Any) -> Any:
-    """Preset ``name`` with ``weights`` (default: the preset's first choice; a path is a local
-    checkpoint where the family reads one): an ``engine.models.state.ModelState``.
-    ``options`` go to the family's reader (GPT-2's ``hub_id``)."""
+    """Preset ``name`` (or the checkpoint at path ``name``) with ``weights`` (default: its first
+    choice; a checkpoint folder's path for a preset loads that checkpoint, of the preset's
+    family): an ``engine.models.state.ModelState``. ``options`` go to the family's reader
+    (GPT-2's ``hub_id``)."""
     p = preset(name)
+    chosen = weights or p.weights[0]
+    if chosen not in p.weights and is_path(chosen) and not os.path.isfile(chosen):
+        p, chosen = checkpoint(chosen), CHECKPOINT
+        if p.family != preset(name).family:
+            raise ValueError(f"{weights} holds a {FAMILIES[p.family].title} model; {name!r} "
+                             f"is {family_of(name).title}: pass the path as the model instead")
     fam = FAMILIES[p.family]
-    cfg = config(name, mask=mask)
-    reader = _resolve(fam.weights).read
+    cfg = fam.config(**{**p.shapes, "mask": mask})
+    readers = _resolve(fam.weights)
 
     def read(chosen: str, **kw: Any) -> Any:
-        return reader(p, chosen, **kw, **options)
+        if chosen != CHECKPOINT:
+            return readers.read(p, chosen, **kw, **options)
+        folder = importlib.import_module("engine.models.checkpoint")
+        model = folder.read_folder(p.name, cfg, model_class(cfg), readers.checkpoint_names,
+                                   readers.from_checkpoint, device=kw["device"],
+                                   dtype=kw["dtype"])
+        return model, f"local checkpoint ({os.path.basename(p.name)})", None
 
     loader = importlib.import_module("engine.models.loader")  # torch: only when loading
-    return loader.load_preset(p, cfg, model_class(cfg), read, weights or p.weights[0],
-                              device=device, dtype=dtype, seed=seed)
+    return loader.load_preset(p, cfg, model_class(cfg), read, chosen, device=device,
+                              dtype=dtype, seed=seed)
 
 
 def step_of(model: Any) -> Any:

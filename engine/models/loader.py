@@ -17,7 +17,9 @@
       in a ``ModelState`` whose ``provenance`` says where the weights came from (shown wherever
       the model is), the model in eval mode without gradients.
 
-``WeightsError``: weights could not be loaded; the message says why and what to do instead.
+``WeightsError``: weights could not be loaded; the message says why and what to do instead
+(``check_fits``: a model larger than the memory its device has available is refused before
+anything is allocated).
 ``engine.families.load`` is the one entry point: it looks the preset, its config, its model
 class and its family's reader up in the family table and hands them here (this module names
 no family and imports nothing above ``engine.models``).
@@ -25,6 +27,7 @@ no family and imports nothing above ``engine.models``).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +42,36 @@ TEST_STD = 0.2  # a test shape's random weights: peaked, varied greedy streams
 
 class WeightsError(RuntimeError):
     """Weights could not be loaded; the message says why and what to do instead."""
+
+
+def available_bytes(device: torch.device | str) -> int:
+    """Memory ``device`` has free now: a GPU's free bytes, or the host's available memory."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return int(torch.cuda.mem_get_info(dev)[0])
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def check_fits(model_class: type[CausalLM], cfg: Any, device: torch.device | str,
+               dtype: torch.dtype, what: str) -> None:
+    """WeightsError when a ``model_class`` of ``cfg`` in ``dtype`` cannot fit the memory
+    ``device`` has available now (counted on the meta device: nothing is allocated)."""
+    with torch.device("meta"):
+        numel = sum(p.numel() for p in model_class(cfg).parameters())
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    free = available_bytes(device)
+    if nbytes > free:
+        raise WeightsError(f"{what} needs {nbytes / 2**30:.2f} GiB of weights; {device} has "
+                           f"{free / 2**30:.2f} GiB available; allowed: a checkpoint that fits "
+                           "(a smaller model, or a 2-byte dtype), or plan it without loading "
+                           "(the planner reads its config alone)")
 
 
 # read(weights, device=, dtype=, mask=) -> (model, label, file): a family's own weights, and the
@@ -59,6 +92,7 @@ def load_preset(
 ) -> ModelState:
     """``preset`` of shapes ``cfg`` with the asked-for weights (see the module docstring)."""
     torch_dtype = dtypes.to_torch(dtype)
+    check_fits(model_class, cfg, device, torch_dtype, repr(preset.name))  # before building
 
     def random(std: float = 0.02) -> CausalLM:
         return model_class.random(cfg, seed=seed, device=device, dtype=torch_dtype, std=std)

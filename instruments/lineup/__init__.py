@@ -12,7 +12,8 @@ Modes and peers, one namespace for everything a sweep can time:
   ``make_decoder(model, name, **kw)`` a mode through ``engine.decoders.make_decoder`` or a peer
                         through its adapter (``PeerSpec.factory``, imported on first use)
 Model families and their presets (``engine.families``):
-  ``models(tests=False)``, ``preset(name)``, ``config(name)``, ``config_from_dict(fields)``,
+  ``models(tests=False)``, ``preset(name)`` (a name, or a checkpoint's path: ``is_path``),
+  ``offline_weights(name)``, ``config(name)``, ``config_from_dict(fields)``,
   ``family_of(name_or_config)``, ``load_model(name, weights, ...)``, ``model_class(cfg)``,
   ``tokenizer(cfg)``, ``reference(model)``, ``block_linears(model)``, ``head_linear(model)``
 Pages, inputs, the gate, the cost model and the experiments ask here, so a mode, a peer or a
@@ -174,6 +175,8 @@ def models(*, tests: bool = False) -> list[str]:
 
 preset = families.preset
 installed = families.installed  # (are a preset's real weights installed, how to install them)
+offline_weights = families.offline_weights  # what a run loads when no weights are asked for
+is_path = families.is_path  # a checkpoint's path rather than a preset's name
 config = families.config
 config_from_dict = families.config_from_dict
 family_of = families.family_of

@@ -6,9 +6,10 @@ every family: ``families.load("gpt2", "pretrained", hub_id=...)``); what every f
 does -- test shapes, random weights, the fallback of "auto", the provenance -- is
 ``engine.models.loader.load_preset``'s; here is where GPT-2's own weights come from.
 ``weights`` is "random" (seeded, real shapes), "pretrained" (hub id = the preset name, or
-``hub_id``), "auto" (pretrained if it can be had quickly, else random), or a path to a local
-checkpoint folder. Checkpoints are read as safetensors only: never unpickled. Failures raise
-``WeightsError`` with a message that says what to do.
+``hub_id``), or "auto" (pretrained if it can be had quickly, else random); a local checkpoint
+folder is read by ``engine.models.checkpoint`` (never unpickled), through
+``checkpoint_names`` / ``from_checkpoint`` here. Failures raise ``WeightsError`` with a message
+that says what to do.
 
 ``to_transformers(model)`` is the reference the gate compares with: a ``GPT2LMHeadModel``
 holding our weights (Conv1D weights transposed).
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import os
 import socket
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -129,7 +129,8 @@ def read(preset: Any, weights: str, *, device: str | torch.device, dtype: torch.
     what to do when they cannot be had)."""
     source = hub_id or preset.name
     if weights not in WEIGHT_CHOICES:
-        return (*_from_folder(Path(weights).expanduser(), mask, device, dtype), None)
+        raise WeightsError(f"unknown weights {weights!r}; allowed: "
+                           f"{', '.join(WEIGHT_CHOICES)}, or a checkpoint's path")
     try:
         if weights == "auto" and not _cached(source) and not _hub_reachable():
             raise WeightsError("no network and no cached copy")
@@ -153,24 +154,15 @@ def read(preset: Any, weights: str, *, device: str | torch.device, dtype: torch.
     return model, f"pretrained ({source})", None
 
 
-def _from_folder(folder: Path, mask: str, device: str | torch.device,
-                 dtype: torch.dtype) -> tuple[GPT, str]:
-    """A checkpoint folder written by ``save_pretrained``: safetensors only, never unpickled."""
-    if not folder.is_dir():
-        raise WeightsError(
-            f"{folder} is not a folder. Pass a folder written by "
-            "GPT2LMHeadModel.save_pretrained (config.json + model.safetensors), "
-            "'pretrained', or 'random'."
-        )
-    if not (folder / "config.json").exists() or not any(folder.glob("*.safetensors")):
-        raise WeightsError(
-            f"{folder} is not a checkpoint folder: it needs config.json and a "
-            ".safetensors file (pickled .bin files are not loaded). Use random weights, "
-            "or save a model there with save_pretrained."
-        )
-    hf = _from_pretrained(str(folder), local_only=True)
-    model = gpt_from_transformers(hf, mask=mask, device=device, dtype=dtype)
-    return model, f"local checkpoint ({folder.name})"
+def checkpoint_names(name: str) -> tuple[str, ...]:
+    """Where our parameter ``name`` is in a ``transformers`` GPT-2 checkpoint: the same name
+    (``GPT2LMHeadModel``'s), or without ``transformer.`` (``GPT2Model``'s, the hub's gpt2)."""
+    return (name, name.removeprefix("transformer."))
+
+
+def from_checkpoint(name: str, value: torch.Tensor) -> torch.Tensor:
+    """A checkpoint's tensor as our parameter ``name``: Conv1D weights ([in, out]) transposed."""
+    return value.t() if name.endswith(_CONV1D) else value
 
 
 def to_transformers(model: GPT) -> nn.Module:

@@ -209,6 +209,18 @@ def read(preset: Any, weights: str, *, device: str | torch.device, dtype: torch.
                    f"{dtypes.canonical(dtype)})"), str(path)
 
 
+def checkpoint_names(name: str) -> tuple[str, ...]:
+    """Where our parameter ``name`` is in a ``transformers`` checkpoint: the same name (ours
+    are ``LlamaForCausalLM``'s)."""
+    return (name,)
+
+
+def from_checkpoint(name: str, value: torch.Tensor) -> torch.Tensor:
+    """A checkpoint's tensor as our parameter ``name``: as it is (q/k rows in rotate_half
+    order, as transformers keeps them)."""
+    return value
+
+
 def to_transformers(model: Llama) -> nn.Module:
     """A ``transformers`` ``LlamaForCausalLM`` holding our model's weights (the reference),
     on the CPU in the model's dtype, with eager attention."""
