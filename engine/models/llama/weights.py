@@ -227,19 +227,24 @@ def to_transformers(model: Llama) -> nn.Module:
     from transformers import LlamaConfig as HFLlamaConfig
     from transformers import LlamaForCausalLM
 
+    return hf_copy(model, HFLlamaConfig, LlamaForCausalLM, attention_bias=False, mlp_bias=False)
+
+
+def hf_copy(model: nn.Module, config_class: Any, model_class: Any, **extra: Any) -> nn.Module:
+    """A ``transformers`` ``model_class`` of ``config_class`` (the Llama's fields and
+    ``extra``) holding our Llama-family model's weights: the parameter names are the same, so
+    it is one strict ``load_state_dict``."""
     cfg = model.config
-    hf_cfg = HFLlamaConfig(
+    hf_cfg = config_class(
         vocab_size=cfg.vocab_size, hidden_size=cfg.n_embd, intermediate_size=cfg.n_hidden,
         num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head,
         num_key_value_heads=cfg.n_kv_head, head_dim=cfg.head_dim,
         max_position_embeddings=cfg.block_size, rms_norm_eps=cfg.norm_eps,
         rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
-        tie_word_embeddings=cfg.tied, hidden_act="silu", attention_bias=False, mlp_bias=False,
-        attention_dropout=0.0,
-    )
+        tie_word_embeddings=cfg.tied, hidden_act="silu", attention_dropout=0.0, **extra)
     hf_cfg._attn_implementation = "eager"
     with torch.device("meta"):  # no random init of weights about to be overwritten
-        hf = LlamaForCausalLM(hf_cfg)
+        hf = model_class(hf_cfg)
     hf = hf.to_empty(device="cpu").to(model.dtype)
     # to_empty left RoPE's inverse frequencies (a buffer, not a weight) uninitialised: rebuild
     hf.model.rotary_emb = type(hf.model.rotary_emb)(config=hf_cfg)
