@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .models.config import GPTConfig, LlamaConfig, ModelConfig
+from .models.qwen2.config import Qwen2Config
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,13 @@ register_family(Family(
     LlamaConfig, "engine.models.llama.model:Llama", "engine.models.llama.weights",
     "engine.models.llama.tokenizer:for_config", step="engine.models.llama.step",
     positions="rope", architectures=("LlamaForCausalLM", "llama"), blocks="model.layers",
+    embed="model.embed_tokens"))
+register_family(Family(
+    "qwen2", "Qwen2", "Qwen2: the Llama family's blocks (RMSNorm, RoPE, SwiGLU, GQA) with "
+    "biases on q, k and v.", Qwen2Config, "engine.models.qwen2.model:Qwen2",
+    "engine.models.qwen2.weights", "engine.models.qwen2.tokenizer:for_config",
+    step="engine.models.llama.step", positions="rope",
+    architectures=("Qwen2ForCausalLM", "qwen2"), blocks="model.layers",
     embed="model.embed_tokens"))
 
 _GPT2_WEIGHTS = ("auto", "random", "pretrained")
