@@ -18,6 +18,8 @@ planner, the decoders -- asks here (through ``instruments.lineup`` outside ``eng
   family_of(name_or_config)   the ``Family`` of a preset name or a config
   load(name, weights, ...)    a preset with its weights: an ``engine.models.state.ModelState``
   step_of(model)              the family's one-token step module (ValueError where it has none)
+  make_cache(kind, model, ...) a KV cache of ``kind``: the family's own (a sliding window's
+                              ring), else the engine's
   raw_weights(model, path)    a GGUF file's tensors as stored, under the model's names
   tokenizer(cfg)              the family's tokenizer for a model of this config (bytes for the
                               byte-level test fixture's 256-token vocabulary)
@@ -30,10 +32,8 @@ imported on first use (the dashboard's server reads the table without importing 
 
 from __future__ import annotations
 
-import functools
 import importlib
 import importlib.util
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,11 +54,19 @@ class Family:
     # read from, or None), ``to_transformers(model)`` the gate's reference holding them, and
     # where it reads GGUF files ``raw_weights(path)`` their tensors as stored, under our names
     weights: str
-    tokenizer: str  # "module:fn" (cfg) -> an object with encode, decode, decode_each
+    # "module:fn" (cfg) -> an object with encode, decode, decode_each; None: prompts are token
+    # ids (the experiments that need text say so)
+    tokenizer: str | None
     # The module of its one-token step (``engine.models.steps``), or None: the modes that step
     # on their own (``ModeSpec.steps``) are then not offered, for the reason ``step_why``
     step: str | None = None
     step_why: str = ""
+    # "module:fn" (kind, model, batch_size, capacity) -> the family's own KV cache of that kind,
+    # or None for the engine's (``engine.cache.make_cache``); and the cache kinds it runs (None:
+    # every one), with why not the others
+    cache: str | None = None
+    caches: tuple[str, ...] | None = None
+    caches_why: str = ""
     positions: str = "learned"  # "learned" (a position table) | "rope" (rotary, no table)
     # what a checkpoint calls it: transformers' ``architectures`` / ``model_type`` names,
     # GGUF's ``general.architecture``
@@ -73,6 +81,9 @@ class Family:
                              f"{', '.join(POSITIONS)}")
         if self.step is None and not self.step_why:
             raise ValueError(f"family {self.name!r} has no one-token step; say why (step_why)")
+        if self.caches is not None and not self.caches_why:
+            raise ValueError(f"family {self.name!r} runs only some cache kinds; say why not "
+                             "the others (caches_why)")
 
 
 POSITIONS = ("learned", "rope")
@@ -125,11 +136,10 @@ register_family(Family(
 register_family(Family(
     "qwen2", "Qwen2", "Qwen2: the Llama family's blocks (RMSNorm, RoPE, SwiGLU, GQA) with "
     "biases on q, k and v.", Qwen2Config, "engine.models.qwen2.model:Qwen2",
-    "engine.models.qwen2.weights", "engine.models.qwen2.tokenizer:for_config",
+    "engine.models.qwen2.weights", None,
     step="engine.models.llama.step", positions="rope",
     architectures=("Qwen2ForCausalLM", "qwen2"), blocks="model.layers",
     embed="model.embed_tokens"))
-
 _GPT2_WEIGHTS = ("auto", "random", "pretrained")
 _GPT2_SOURCE = "OpenAI's weights through transformers (Hugging Face cache or hub)"
 _GPT2_INSTALL = ("online: choose 'pretrained' once; offline: save them elsewhere with "
@@ -183,60 +193,8 @@ def is_path(name: str) -> bool:
 
 
 def checkpoint(path: str) -> Preset:
-    """The checkpoint at ``path`` (a folder with ``config.json``; a GGUF file) as a preset: its
-    family resolved from the architecture it names (``Family.architectures``), its shapes from
-    its config, its weights ("checkpoint", or "random" alone for a config without weights).
-    Torch-free for a folder (config.json is read as JSON): the planner plans a model too big to
-    load from its config alone. ValueError naming what was found and what is allowed."""
-    full = os.path.abspath(os.path.expanduser(path))
-    folder = os.path.isdir(full)
-    marker = os.path.join(full, "config.json") if folder else full
-    if not os.path.exists(full):
-        raise ValueError(f"{path}: no such file or folder; allowed: {CHECKPOINTS}")
-    if folder and not os.path.isfile(marker):
-        found = ", ".join(sorted(os.listdir(full))[:5]) or "nothing"
-        raise ValueError(f"{path} holds no config.json (found: {found}); allowed: "
-                         f"{CHECKPOINTS}")
-    return _checkpoint(full, os.stat(marker).st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=32)
-def _checkpoint(path: str, stamp: int) -> Preset:
-    """``checkpoint`` of an absolute path, read once per modification (``stamp``)."""
-    if not os.path.isdir(path):
-        raise ValueError(f"{path}: a single file; allowed: {CHECKPOINTS}")
-    try:
-        with open(os.path.join(path, "config.json"), encoding="utf-8") as fh:
-            fields = json.load(fh)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path}/config.json is not readable JSON ({exc}); allowed: a "
-                         "config.json written by save_pretrained") from exc
-    if not isinstance(fields, dict):
-        raise ValueError(f"{path}/config.json holds no object of fields")
-    named = [str(a) for a in fields.get("architectures") or []] + \
-        ([str(fields["model_type"])] if "model_type" in fields else [])
-    fam = resolve(named, f"{path}/config.json")
-    try:
-        cfg = fam.config.from_hf(fields)
-    except (ValueError, TypeError, KeyError) as exc:
-        raise ValueError(f"{path}/config.json: {type(exc).__name__}: {exc}; allowed: the "
-                         f"fields of a {fam.title} config") from exc
-    shapes = {k: v for k, v in cfg.to_dict().items() if k != "mask"}
-    has = any(n.endswith(".safetensors") or (n.startswith("pytorch_model") and n.endswith(".bin"))
-              for n in os.listdir(path))
-    return Preset(path, fam.name, shapes, (CHECKPOINT, "random") if has else ("random",),
-                  f"the checkpoint at {path}" if has else f"the config at {path} (no weights)")
-
-
-def resolve(named: list[str], where: str) -> Family:
-    """The family a checkpoint's architecture names pick (the first name any family knows)."""
-    for name in named:
-        for fam in FAMILIES.values():
-            if name in fam.architectures:
-                return fam
-    known = sorted(a for fam in FAMILIES.values() for a in fam.architectures)
-    raise ValueError(f"{where}: architecture {', '.join(named) or '(none named)'}; allowed: "
-                     f"{', '.join(known)}")
+    """The checkpoint at ``path`` as a preset (``engine.checkpoints.checkpoint``)."""
+    return importlib.import_module("engine.checkpoints").checkpoint(path)
 
 
 def names(*, tests: bool = False) -> list[str]:
@@ -337,6 +295,22 @@ def step_of(model: Any) -> Any:
     return _resolve(fam.step)
 
 
+def make_cache(kind: str, model: Any, batch_size: int = 1, capacity: int | None = None, *,
+               reads: str | None = None) -> Any:
+    """An empty KV cache of ``kind`` for ``batch_size`` sequences of ``model``: its family's own
+    (``Family.cache``: a sliding window's ring) where it has one for the kind, else the
+    engine's (``engine.cache.make_cache``)."""
+    fam = family_of(model.config)
+    if fam.caches is not None and kind not in fam.caches:
+        raise ValueError(f"{fam.title} models run no {kind!r} cache: {fam.caches_why}; "
+                         f"allowed: {', '.join(fam.caches)}")
+    own = _resolve(fam.cache)(kind, model, batch_size, capacity) if fam.cache else None
+    if own is not None:
+        return own
+    return importlib.import_module("engine.cache").make_cache(kind, model, batch_size,
+                                                              capacity, reads=reads)
+
+
 def raw_weights(model: Any, path: str) -> dict[str, Any]:
     """The GGUF file ``path``'s tensors as stored (``engine.models.gguf.RawTensor``), under
     ``model``'s parameter names and in its layout, read by its family's reader; {} where the
@@ -346,8 +320,13 @@ def raw_weights(model: Any, path: str) -> dict[str, Any]:
 
 
 def tokenizer(cfg: ModelConfig) -> Any:
-    """The tokenizer of a model of ``cfg`` (its family's, or bytes for a 256-token vocabulary)."""
-    return _resolve(family_of(cfg).tokenizer)(cfg)
+    """The tokenizer of a model of ``cfg`` (its family's, or bytes for a 256-token vocabulary);
+    ValueError where the family has none here."""
+    fam = family_of(cfg)
+    if fam.tokenizer is None:
+        raise ValueError(f"{fam.title} models have no tokenizer here; allowed: token-id prompts "
+                         "(the latency, memory and gate experiments draw random ones)")
+    return _resolve(fam.tokenizer)(cfg)
 
 
 def reference(model: Any) -> Any:

@@ -116,12 +116,14 @@ class ModeSpec:
         """(does it run models of ``family``, why not)."""
         if self.families is not None and family not in self.families:
             return False, self.why_not
-        if self.steps:
-            from .families import FAMILIES  # the family table: whether it has a step
+        from .families import FAMILIES  # the family table: its step, its cache kinds
 
-            fam = FAMILIES.get(family)
-            if fam is not None and fam.step is None:
-                return False, fam.step_why
+        fam = FAMILIES.get(family)
+        if fam is not None and self.steps and fam.step is None:
+            return False, fam.step_why
+        if fam is not None and self.cache is not None and fam.caches is not None \
+                and self.cache not in fam.caches:
+            return False, fam.caches_why
         return True, ""
 
 

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from .. import families
-from ..cache import make_cache
+from ..families import make_cache
 from ..kernels.gpu import triton_usable
 from ..models.attention import attend_static
 from ..models.base import CausalLM

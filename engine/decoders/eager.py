@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from ..cache import make_cache
+from ..families import make_cache
 from ..models.base import CausalLM
 from ..models.state import ModelState
 
@@ -159,7 +159,9 @@ class Decoder:
         held = self.length if self.holds_sequence() else 0
         same = held > 0 and torch.equal(self.seq[:, : min(held, length)],  # type: ignore[index]
                                         ids[:, : min(held, length)])
-        if not same:
+        # a cache that cannot go back (a sliding window's ring past its window) starts afresh
+        back = getattr(self.cache, "can_crop", lambda n: True)(length)
+        if not same or (held > length and not back):
             self.prefill(ids[:, :length])
         elif held >= length:
             self.rewind(length)  # the next step overwrites what came after

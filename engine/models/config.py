@@ -9,7 +9,9 @@ Both configs answer the same questions, so caches, costs and the planner need no
 family: ``n_layer``, ``n_head`` (query heads), ``n_kv_head`` (heads the KV cache holds: GPT-2's
 every head, GQA's fewer), ``head_dim``, ``n_embd``, ``block_size``, ``vocab_size``, ``mask``,
 ``family``, ``kv_bytes_per_token(element_bytes)``, ``matrices()`` (every Linear of one block as
-(role, out, in, bias), then the output projection), ``head`` (the output projection's
+(role, out, in, bias), then the output projection), ``cache_rows(tokens)`` (the rows per layer
+a cache holds after ``tokens`` tokens: all of them, or a sliding window's), ``head`` (the
+output projection's
 (out, in)), ``other_params()`` (the parameters that are no matrix: embeddings, norms, biases)
 and ``activations_per_token()`` (the values one token's pass through a block writes).
 Torch-free: the dashboard's server process reads shapes without importing torch.
@@ -61,6 +63,11 @@ class GPTConfig:
     def kv_bytes_per_token(self, element_bytes: int) -> int:
         """K and V of one token across every layer: 2 x n_layer x n_kv_head x head_dim x el."""
         return 2 * self.n_layer * self.n_kv_head * self.head_dim * element_bytes
+
+    def cache_rows(self, tokens: int) -> int:
+        """Rows per layer a KV cache holds after ``tokens`` tokens: every one (a family with a
+        sliding window holds its window's at most)."""
+        return tokens
 
     def matrices(self) -> list[tuple[str, int, int, bool]]:
         """One block's Linears, (role -- its module's path in the block --, out, in, has
@@ -157,6 +164,11 @@ class LlamaConfig:
     def kv_bytes_per_token(self, element_bytes: int) -> int:
         """K and V of one token across every layer: 2 x n_layer x n_kv_head x head_dim x el."""
         return 2 * self.n_layer * self.n_kv_head * self.head_dim * element_bytes
+
+    def cache_rows(self, tokens: int) -> int:
+        """Rows per layer a KV cache holds after ``tokens`` tokens: every one (a family with a
+        sliding window holds its window's at most)."""
+        return tokens
 
     def matrices(self) -> list[tuple[str, int, int, bool]]:
         """One block's Linears, (role -- its module's path in the block --, out, in, has bias):

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.cache import make_cache
 from engine.loop import as_prompt_tensor, first_difference, generate
 from engine.models.base import CausalLM
 from engine.models.state import ModelState
@@ -128,7 +127,7 @@ def multi_token_append(
     tol = allowed(model, full) if tol is None else tol
     worst = 0.0
     for n in append_sizes:
-        cache = make_cache(cache_kind, model, idx.size(0), need)
+        cache = lineup.make_cache(cache_kind, model, idx.size(0), need)
         model(idx[:, :prefill], cache, attention=attention)
         got, _ = model(idx[:, prefill : prefill + n], cache, attention=attention)
         want = full[:, prefill : prefill + n]

@@ -58,7 +58,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from engine.cache import make_cache
 from engine.decoders.fast import fast_weights
 from engine.loop import random_prompt
 from engine.models.attention import Attention, attend_filled, through_cache
@@ -242,7 +241,7 @@ class _Parts:
         kind, core_name = variant.rsplit("_", 1)
         cfg, B = self.cfg, self.batch
         nh, nkv, hs = cfg.n_head, cfg.n_kv_head, cfg.head_dim
-        cache = make_cache(kind, self.model, B, capacity=max(context, 1))
+        cache = lineup.make_cache(kind, self.model, B, capacity=max(context, 1))
         if context > 1:
             for layer in range(cfg.n_layer):
                 cache.update(layer, self.randn(B, nkv, context - 1, hs),

@@ -18,11 +18,11 @@ from typing import Any
 
 import torch
 
-from engine.cache import make_cache
 from engine.loop import random_prompt
 from engine.models.attention import Attention
 from engine.models.base import CausalLM
 from engine.models.state import ModelState
+from instruments import lineup
 from instruments.costmodel import costs
 
 MIB = 2**20
@@ -136,7 +136,7 @@ def _warm_up(model: CausalLM, batch_size: int = 1, tokens: int = 2) -> None:
     """One forward at the largest shape to come: CPU kernels keep scratch sized by the biggest
     problem seen, and CUDA allocates the cuBLAS workspace on the first matmul."""
     idx = torch.zeros(batch_size, tokens, dtype=torch.long, device=model.device)
-    model(idx, make_cache("prealloc", model, batch_size, tokens), logits="last")
+    model(idx, lineup.make_cache("prealloc", model, batch_size, tokens), logits="last")
 
 
 def storage_bytes(tensors: Sequence[torch.Tensor]) -> int:
@@ -218,14 +218,14 @@ def measure_kv_memory(model: CausalLM, contexts: Sequence[int], batch_size: int 
 
     if fill == "prefill":
         for t in points:
-            cache = make_cache(cache_kind, model, batch_size, t)
+            cache = lineup.make_cache(cache_kind, model, batch_size, t)
             out, _ = model(idx[:, :t], cache, logits="last")
             del out  # only the cache should stay alive when the counters are read
             record(cache, t)
             del cache
             _sync_and_collect(device)
         return rows
-    cache = make_cache(cache_kind, model, batch_size, points[-1])
+    cache = lineup.make_cache(cache_kind, model, batch_size, points[-1])
     out, _ = model(idx[:, : points[0]], cache, logits="last")
     del out
     record(cache, points[0])
@@ -277,7 +277,7 @@ def _measured_breakdown(model: CausalLM, batch_size: int, context_len: int, cach
     ws_bytes, ws_how = cublas_workspace(device)
     _warm_up(model, batch_size, context_len)
     _sync_and_collect(device, full=True)
-    cache = make_cache(cache_kind, model, batch_size, context_len)
+    cache = lineup.make_cache(cache_kind, model, batch_size, context_len)
     idx = random_prompt(model, batch_size, context_len)
     if _is_cuda(device):
         torch.cuda.reset_peak_memory_stats(device)

@@ -6,7 +6,7 @@ family table (``engine.families``), nothing else.
   model      ``Qwen2``: the Llama with biased q, k, v projections
   weights    its readers: a checkpoint's tensors (transformers' names, as the Llama's), the
              reference ``Qwen2ForCausalLM`` the gate holds it to
-  tokenizer  none of its own yet: prompts are token ids
+No tokenizer of its own yet (its row says None): prompts are token ids.
 Its one-token step is the Llama family's (``engine.models.llama.step``): every product there
 carries its own bias, so the fast, fused, weight-only, block and Triton steps take q/k/v's.
 """
