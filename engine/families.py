@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .models.config import GPTConfig, LlamaConfig, ModelConfig
+from .models.mistral.config import MistralConfig
 from .models.qwen2.config import Qwen2Config
 
 
@@ -140,6 +141,19 @@ register_family(Family(
     step="engine.models.llama.step", positions="rope",
     architectures=("Qwen2ForCausalLM", "qwen2"), blocks="model.layers",
     embed="model.embed_tokens"))
+register_family(Family(
+    "mistral", "Mistral", "Mistral: the Llama family's blocks whose attention sees only the last "
+    "`window` tokens (a sliding window): its caches hold the window's rows, so memory stays "
+    "flat past it.", MistralConfig, "engine.models.mistral.model:Mistral",
+    "engine.models.mistral.weights", None,
+    step_why="a one-token step attends over a full preallocated cache (rows 0..pos), which "
+    "a sliding window's mask cannot be told",
+    cache="engine.models.mistral.ring:make_cache", caches=("prealloc", "concat"),
+    caches_why="a sliding window's cache is a ring of its rows; the paged and int8 caches "
+    "keep every row",
+    positions="rope", architectures=("MistralForCausalLM", "mistral"), blocks="model.layers",
+    embed="model.embed_tokens"))
+
 _GPT2_WEIGHTS = ("auto", "random", "pretrained")
 _GPT2_SOURCE = "OpenAI's weights through transformers (Hugging Face cache or hub)"
 _GPT2_INSTALL = ("online: choose 'pretrained' once; offline: save them elsewhere with "
