@@ -40,7 +40,7 @@ def checkpoint(path: str) -> Preset:
 def _checkpoint(path: str, stamp: int) -> Preset:
     """``checkpoint`` of an absolute path, read once per modification (``stamp``)."""
     if not os.path.isdir(path):
-        raise ValueError(f"{path}: a single file; allowed: {CHECKPOINTS}")
+        return _gguf(path)
     try:
         with open(os.path.join(path, "config.json"), encoding="utf-8") as fh:
             fields = json.load(fh)
@@ -73,3 +73,19 @@ def resolve(named: list[str], where: str) -> Family:
     known = sorted(a for fam in FAMILIES.values() for a in fam.architectures)
     raise ValueError(f"{where}: architecture {', '.join(named) or '(none named)'}; allowed: "
                      f"{', '.join(known)}")
+
+
+def _gguf(path: str) -> Preset:
+    """A GGUF file as a preset: its ``general.architecture`` resolved, its config read by the
+    family's reader (``gguf_config``) from its metadata (this imports torch: the file's
+    reader is the engine's, ``engine.models.gguf``)."""
+    if not path.endswith(".gguf"):
+        raise ValueError(f"{path}: a file that is no .gguf; allowed: {CHECKPOINTS}")
+    from .families import _resolve
+    from .models.gguf import GGUFFile
+
+    with GGUFFile(path) as f:
+        fam = resolve([str(f.metadata.get("general.architecture"))], path)
+        cfg = _resolve(fam.weights).gguf_config(f)
+    shapes = {k: v for k, v in cfg.to_dict().items() if k != "mask"}
+    return Preset(path, fam.name, shapes, (CHECKPOINT, "random"), f"the GGUF file at {path}")

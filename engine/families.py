@@ -52,8 +52,10 @@ class Family:
     model: str  # "module:Class" of the from-scratch model
     # The module of its weight readers: ``read(preset, weights, *, device, dtype, mask,
     # **options) -> (model, label, file)`` its own weights (``file``: the GGUF file they were
-    # read from, or None), ``to_transformers(model)`` the gate's reference holding them, and
-    # where it reads GGUF files ``raw_weights(path)`` their tensors as stored, under our names
+    # read from, or None), ``to_transformers(model)`` the gate's reference holding them,
+    # ``checkpoint_names`` / ``from_checkpoint`` a checkpoint folder's tensors, and where it
+    # reads GGUF files ``gguf_config`` / ``gguf_param`` / ``gguf_rows`` (its metadata, names,
+    # row order)
     weights: str
     # "module:fn" (cfg) -> an object with encode, decode, decode_each; None: prompts are token
     # ids (the experiments that need text say so)
@@ -277,7 +279,7 @@ def load(name: str, weights: str | None = None, *, device: Any = "cpu", dtype: A
     (GPT-2's ``hub_id``)."""
     p = preset(name)
     chosen = weights or p.weights[0]
-    if chosen not in p.weights and is_path(chosen) and not os.path.isfile(chosen):
+    if chosen not in p.weights and is_path(chosen):
         p, chosen = checkpoint(chosen), CHECKPOINT
         if p.family != preset(name).family:
             raise ValueError(f"{weights} holds a {FAMILIES[p.family].title} model; {name!r} "
@@ -289,10 +291,16 @@ def load(name: str, weights: str | None = None, *, device: Any = "cpu", dtype: A
     def read(chosen: str, **kw: Any) -> Any:
         if chosen != CHECKPOINT:
             return readers.read(p, chosen, **kw, **options)
-        folder = importlib.import_module("engine.models.checkpoint")
-        model = folder.read_folder(p.name, cfg, model_class(cfg), readers.checkpoint_names,
-                                   readers.from_checkpoint, device=kw["device"],
-                                   dtype=kw["dtype"])
+        ckpt = importlib.import_module("engine.models.checkpoint")
+        if os.path.isfile(p.name):  # a GGUF file: its blocks kept for the rungs (its path)
+            model, main, loose = ckpt.read_gguf(p.name, cfg, model_class(cfg),
+                                                readers.gguf_param, readers.gguf_rows,
+                                                device=kw["device"], dtype=kw["dtype"])
+            return model, ckpt.gguf_label(p.name, main, loose, "from a local GGUF file",
+                                          kw["dtype"]), p.name
+        model = ckpt.read_folder(p.name, cfg, model_class(cfg), readers.checkpoint_names,
+                                 readers.from_checkpoint, device=kw["device"],
+                                 dtype=kw["dtype"])
         return model, f"local checkpoint ({os.path.basename(p.name)})", None
 
     loader = importlib.import_module("engine.models.loader")  # torch: only when loading
@@ -327,10 +335,13 @@ def make_cache(kind: str, model: Any, batch_size: int = 1, capacity: int | None 
 
 def raw_weights(model: Any, path: str) -> dict[str, Any]:
     """The GGUF file ``path``'s tensors as stored (``engine.models.gguf.RawTensor``), under
-    ``model``'s parameter names and in its layout, read by its family's reader; {} where the
-    family reads no GGUF file."""
-    reader = getattr(_resolve(family_of(model.config).weights), "raw_weights", None)
-    return {} if reader is None else reader(path)
+    ``model``'s parameter names and in its row order, read with its family's name map; {}
+    where the family reads no GGUF file."""
+    readers = _resolve(family_of(model.config).weights)
+    if not hasattr(readers, "gguf_param"):
+        return {}
+    return importlib.import_module("engine.models.checkpoint").raw_gguf(
+        path, model.config, readers.gguf_param, readers.gguf_rows)
 
 
 def tokenizer(cfg: ModelConfig) -> Any:

