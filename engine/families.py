@@ -51,11 +51,11 @@ class Family:
     config: type  # the config class (torch-free)
     model: str  # "module:Class" of the from-scratch model
     # The module of its weight readers: ``read(preset, weights, *, device, dtype, mask,
-    # **options) -> (model, label, file)`` its own weights (``file``: the GGUF file they were
-    # read from, or None), ``to_transformers(model)`` the gate's reference holding them,
-    # ``checkpoint_names`` / ``from_checkpoint`` a checkpoint folder's tensors, and where it
-    # reads GGUF files ``gguf_config`` / ``gguf_param`` / ``gguf_rows`` (its metadata, names,
-    # row order)
+    # **options) -> (model, label, file)`` its own weights to fetch, where it has any
+    # (``file``: the GGUF file they were read from, or None), ``to_transformers(model)`` the
+    # gate's reference holding them, ``checkpoint_names`` / ``from_checkpoint`` a checkpoint
+    # folder's tensors, and where it reads GGUF files ``gguf_config`` / ``gguf_param`` /
+    # ``gguf_rows`` (its metadata, names, row order)
     weights: str
     # "module:fn" (cfg) -> an object with encode, decode, decode_each; None: prompts are token
     # ids (the experiments that need text say so)
@@ -289,8 +289,12 @@ def load(name: str, weights: str | None = None, *, device: Any = "cpu", dtype: A
     readers = _resolve(fam.weights)
 
     def read(chosen: str, **kw: Any) -> Any:
-        if chosen != CHECKPOINT:
+        if chosen != CHECKPOINT and hasattr(readers, "read"):
             return readers.read(p, chosen, **kw, **options)
+        if chosen != CHECKPOINT:  # a family with no weights of its own to fetch
+            raise importlib.import_module("engine.models.loader").WeightsError(
+                f"{fam.title} has no weights {chosen!r} to fetch; allowed: a checkpoint's "
+                "path as the model, or random weights")
         ckpt = importlib.import_module("engine.models.checkpoint")
         if os.path.isfile(p.name):  # a GGUF file: its blocks kept for the rungs (its path)
             model, main, loose = ckpt.read_gguf(p.name, cfg, model_class(cfg),

@@ -1,8 +1,6 @@
 """Getting weights into our Mistral: a checkpoint's (its folder, read by
 ``engine.models.checkpoint`` under the Llama's names), or random; and the reference.
 
-  read(preset, weights, ...)      WeightsError: Mistral has no weights of its own to fetch
-                                  (a checkpoint's path is the model, or random weights)
   checkpoint_names / from_checkpoint   the Llama family's (transformers' names, as stored)
   to_transformers(model)          a ``MistralForCausalLM`` holding our weights (the reference),
                                   its sliding window ours
@@ -10,19 +8,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch.nn as nn
 
 from ..llama.weights import checkpoint_names, from_checkpoint, hf_copy
-from ..loader import WeightsError
 
-__all__ = ["checkpoint_names", "from_checkpoint", "read", "to_transformers"]
-
-
-def read(preset: Any, weights: str, **_: Any) -> tuple[nn.Module, str, None]:
-    raise WeightsError(f"Mistral has no weights {weights!r} to fetch; allowed: a checkpoint's "
-                       "path as the model, or random weights")
+__all__ = ["checkpoint_names", "from_checkpoint", "to_transformers"]
 
 
 def to_transformers(model: nn.Module) -> nn.Module:

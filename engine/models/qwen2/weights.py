@@ -1,8 +1,6 @@
 """Getting weights into our Qwen2: a checkpoint's (its folder, read by
 ``engine.models.checkpoint`` under the Llama's names), or random; and the reference.
 
-  read(preset, weights, ...)      WeightsError: Qwen2 has no weights of its own to fetch
-                                  (a checkpoint's path is the model, or random weights)
   checkpoint_names / from_checkpoint   the Llama family's (transformers' names, as stored)
   gguf_config / gguf_param / gguf_rows  a ``qwen2`` GGUF file: the Llama's names and keys
                                   (under "qwen2."), its q/k rows as stored
@@ -18,11 +16,10 @@ import torch.nn as nn
 from ..gguf import GGUFFile
 from ..llama.weights import checkpoint_names, from_checkpoint, gguf_param, hf_copy
 from ..llama.weights import gguf_config as llama_gguf_config
-from ..loader import WeightsError
 from .config import Qwen2Config
 
 __all__ = ["checkpoint_names", "from_checkpoint", "gguf_config", "gguf_param", "gguf_rows",
-           "read", "to_transformers"]
+           "to_transformers"]
 
 
 def gguf_config(f: GGUFFile, mask: str = "none") -> Qwen2Config:
@@ -35,11 +32,6 @@ def gguf_rows(name: str, value: Any, cfg: Any) -> Any:
     """A GGUF tensor's rows, as they are: llama.cpp's converter keeps Qwen2's q/k in
     transformers' order (its RoPE is NEOX's, rotate_half)."""
     return value
-
-
-def read(preset: Any, weights: str, **_: Any) -> tuple[nn.Module, str, None]:
-    raise WeightsError(f"Qwen2 has no weights {weights!r} to fetch; allowed: a checkpoint's "
-                       "path as the model, or random weights")
 
 
 def to_transformers(model: nn.Module) -> nn.Module:
