@@ -15,7 +15,7 @@ import pytest
 from instruments.store.results import REPO_ROOT
 
 README_LINES = 120
-DOCS_WORDS = 12_000
+DOCS_WORDS = 14_000  # the guide's cap on docs/ (README aside)
 DIARY = re.compile(r"\btoday\b|\bthis session\b|\bthis machine\b", re.I)
 # blocks that quote the code's own docstrings and help lines verbatim (instruments.store.
 # readme_code): their wording is the code's, not the docs' voice

@@ -65,7 +65,7 @@ def check_fits(model_class: type[CausalLM], cfg: Any, device: torch.device | str
     ``device`` has available now (counted on the meta device: nothing is allocated)."""
     with torch.device("meta"):
         numel = sum(p.numel() for p in model_class(cfg).parameters())
-    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    nbytes = numel * dtype.itemsize
     free = available_bytes(device)
     if nbytes > free:
         raise WeightsError(f"{what} needs {nbytes / 2**30:.2f} GiB of weights; {device} has "

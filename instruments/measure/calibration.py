@@ -67,6 +67,7 @@ from engine.models.state import ModelState
 from engine.quant.weight_only import STORAGES, weight_only
 from instruments import lineup
 from instruments.costmodel import predict
+from instruments.lineup import make_cache
 from instruments.measure import busy as busy_time
 from instruments.measure.sampler import Sampler
 from instruments.measure.small_ops import SMALL_OPS
@@ -158,13 +159,11 @@ def _sample(fn: Callable[[], Any], device: torch.device, repeats: int,
 
 def _packed(state: ModelState) -> tuple[list[list[Callable[..., Any]]], Callable[..., Any]]:
     """Mode 8's chosen products (``engine.decoders.fast``): per block in ``cfg.matrices()``'s
-    order, and the head. GPT-2's copies are kept per block, the Llama family's per role."""
+    order (the family step's roles are in that order, the head last), and the head."""
     w = fast_weights(state)
-    if isinstance(w.linears, dict):  # per role, named as the role's module (q_proj, ...)
-        roles = [role.rsplit(".", 1)[-1] for role, *_ in state.model.config.matrices()]
-        return [list(b) for b in zip(*(w.linears[r] for r in roles), strict=True)], \
-            w.linears["lm_head"][0]
-    return [list(b) for b in w.linears], w.head
+    roles = [r for r in w.linears if r != "lm_head"]
+    return [list(b) for b in zip(*(w.linears[r] for r in roles), strict=True)], \
+        w.linears["lm_head"][0]
 
 
 class _Parts:
@@ -241,7 +240,7 @@ class _Parts:
         kind, core_name = variant.rsplit("_", 1)
         cfg, B = self.cfg, self.batch
         nh, nkv, hs = cfg.n_head, cfg.n_kv_head, cfg.head_dim
-        cache = lineup.make_cache(kind, self.model, B, capacity=max(context, 1))
+        cache = make_cache(kind, self.model, B, capacity=max(context, 1))
         if context > 1:
             for layer in range(cfg.n_layer):
                 cache.update(layer, self.randn(B, nkv, context - 1, hs),
