@@ -1,16 +1,17 @@
-"""KV Cache Lab's engine: from-scratch models (GPT-2, the Llama family) with their KV caches, and
-the one decode loop.
+"""KV Cache Lab's engine: from-scratch models (four families, each behind one door) with their KV
+caches, and the one decode loop.
 
 A plain library, one room per kind of thing, in the order a token meets them:
-  models/    the families (``gpt2/``, ``llama/``: model, weights, tokenizer, one-token step) and
-             what they share (shapes, the model skeleton, the weight-loading skeleton, attention,
-             ``ModelState``)
+  models/    the families (``gpt2/``, ``llama/``, ``qwen2/``, ``mistral/``: model, weights, one-
+             token step, ...) and what they share (the model skeleton, loading, checkpoints and
+             GGUF files, attention, ``ModelState``)
   cache/     the KV caches (contiguous, paged, quantized) behind one interface; the prefix cache
              (a radix tree over reference-counted blocks, shared across requests)
   decoders/  one module per way of stepping, all with the same calls; speculative decoding
-  quant/     the weight formats of the lossy rungs (int8 / bf16 rows, GGUF blocks) and GGUF files
+  quant/     the weight formats of the lossy rungs (int8 / bf16 rows, GGUF blocks)
   kernels/   ours: ``cpu/`` (C++, built once per machine) and ``gpu/`` (Triton)
-and the spine: ``families`` (the family table), ``modes`` (the mode table: one ``ModeSpec``
+and the spine: ``families`` (the family table) with ``checkpoints`` (a path as a model),
+``modes`` (the mode table: one ``ModeSpec``
 each), ``loop`` (the one decode loop), ``dtypes``. It measures nothing and imports nothing of
 ``instruments`` or the UI. The public names below are loaded on first use, so that the
 torch-free modules (``families``, ``modes``, ``dtypes``, ``models.config``,

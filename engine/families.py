@@ -1,53 +1,95 @@
 """The model families and their presets: one table, as llama.cpp's ``llama-arch.cpp`` is one.
 
-``FAMILIES[name]`` is a ``Family``: its config class, its from-scratch model, the loader of its
-weights, the ``transformers`` reference the gate holds it to, its tokenizer, and the contexts a
-sweep defaults to on each device. ``PRESETS[name]`` is a ``Preset``: the family, the shapes, the
-weights it offers (the first is the default), where the real weights come from and how to get
-them. Everything else -- the sidebar, the CLI's ``--model``, the cost model, the planner, the
-weights loader -- asks here (through ``instruments.lineup`` outside ``engine/``).
+``FAMILIES[name]`` is a ``Family``: the one door to everything that differs between families --
+its config class, its from-scratch model, its one-token step (``engine.models.steps`` says what
+a family's step module offers; the fast, fused, compiled, weight-only and Triton steps are all
+built from it), its positions (learned or RoPE), its tokenizer, and its weight readers (its own
+weights, the ``transformers`` reference the gate holds it to, a GGUF file's blocks as stored).
+Each is implemented in the family's folder under ``engine/models/``; nothing else in the engine
+names a family or tests a model's class. ``PRESETS[name]`` is a ``Preset``: the family, the
+shapes, the weights it offers (the first is the default), where the real weights come from and
+how to get them. Everything else -- the sidebar, the CLI's ``--model``, the cost model, the
+planner, the decoders -- asks here (through ``instruments.lineup`` outside ``engine/``).
 ``register_family`` / ``register_preset`` add one (a test registers a toy family).
 
   config(name, **overrides)   the preset's config (``engine.models.config``'s GPTConfig /
                               LlamaConfig)
   config_from_dict(fields)    a config saved with a run, read back
   family_of(name_or_config)   the ``Family`` of a preset name or a config
-  load(name, weights, ...)    the family's loader: an ``engine.models.state.ModelState``
+  load(name, weights, ...)    a preset with its weights: an ``engine.models.state.ModelState``
+  step_of(model)              the family's one-token step module (ValueError where it has none)
+  make_cache(kind, model, ...) a KV cache of ``kind``: the family's own (a sliding window's
+                              ring), else the engine's
+  raw_weights(model, path)    a GGUF file's tensors as stored, under the model's names
   tokenizer(cfg)              the family's tokenizer for a model of this config (bytes for the
                               byte-level test fixture's 256-token vocabulary)
   reference(model)            the family's ``transformers`` model holding the same weights
   block_linears(model)        every block's Linears in ``cfg.matrices()``'s order; head_linear
 
-Torch-free at import: the loaders, models and references are "module:callable" strings imported
-on first use (the dashboard's server reads the table without importing torch).
+Torch-free at import: the models, steps and readers are "module" / "module:callable" strings
+imported on first use (the dashboard's server reads the table without importing torch).
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-from collections.abc import Callable
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from .models.config import GPTConfig, LlamaConfig, ModelConfig
+from .models.mistral.config import MistralConfig
+from .models.qwen2.config import Qwen2Config
 
 
 @dataclass(frozen=True)
 class Family:
-    name: str  # "gpt2" | "llama": what ``cfg.family`` says and ModeSpec.families names
+    name: str  # "gpt2" | "llama": what ``cfg.family`` says
     title: str
     description: str
     config: type  # the config class (torch-free)
     model: str  # "module:Class" of the from-scratch model
-    loader: str  # "module:fn" (preset, weights, *, device, dtype, mask, seed) -> ModelState
-    reference: str  # "module:fn" (model) -> the transformers model holding its weights
-    tokenizer: str  # "module:fn" (cfg) -> an object with encode, decode, decode_each
+    # The module of its weight readers: ``read(preset, weights, *, device, dtype, mask,
+    # **options) -> (model, label, file)`` its own weights to fetch, where it has any
+    # (``file``: the GGUF file they were read from, or None), ``to_transformers(model)`` the
+    # gate's reference holding them, ``checkpoint_names`` / ``from_checkpoint`` a checkpoint
+    # folder's tensors, and where it reads GGUF files ``gguf_config`` / ``gguf_param`` /
+    # ``gguf_rows`` (its metadata, names, row order)
+    weights: str
+    # "module:fn" (cfg) -> an object with encode, decode, decode_each; None: prompts are token
+    # ids (the experiments that need text say so)
+    tokenizer: str | None
+    # The module of its one-token step (``engine.models.steps``), or None: the modes that step
+    # on their own (``ModeSpec.steps``) are then not offered, for the reason ``step_why``
+    step: str | None = None
+    step_why: str = ""
+    # "module:fn" (kind, model, batch_size, capacity) -> the family's own KV cache of that kind,
+    # or None for the engine's (``engine.cache.make_cache``); and the cache kinds it runs (None:
+    # every one), with why not the others
+    cache: str | None = None
+    caches: tuple[str, ...] | None = None
+    caches_why: str = ""
+    positions: str = "learned"  # "learned" (a position table) | "rope" (rotary, no table)
+    # what a checkpoint calls it: transformers' ``architectures`` / ``model_type`` names,
+    # GGUF's ``general.architecture``
+    architectures: tuple[str, ...] = ()
     blocks: str = "transformer.h"  # the path of the model's list of blocks
     head: str = "lm_head"  # the path of its output projection
-    # the latency sweep's default contexts: (preset on a CPU, preset on a GPU), and why
-    contexts: tuple[str, str] = ("log-spaced (16)", "log-spaced (16)")
-    contexts_why: str = ""
+    embed: str = "transformer.wte"  # the path of its token embedding
+
+    def __post_init__(self) -> None:
+        if self.positions not in POSITIONS:
+            raise ValueError(f"family {self.name!r}: positions {self.positions!r}; allowed: "
+                             f"{', '.join(POSITIONS)}")
+        if self.step is None and not self.step_why:
+            raise ValueError(f"family {self.name!r} has no one-token step; say why (step_why)")
+        if self.caches is not None and not self.caches_why:
+            raise ValueError(f"family {self.name!r} runs only some cache kinds; say why not "
+                             "the others (caches_why)")
+
+
+POSITIONS = ("learned", "rope")
 
 
 @dataclass(frozen=True)
@@ -84,18 +126,35 @@ def register_preset(preset: Preset) -> Preset:
 register_family(Family(
     "gpt2", "GPT-2", "OpenAI's GPT-2: LayerNorm, learned absolute positions, one fused q|k|v "
     "product, GELU MLP, every head caching its own K and V.", GPTConfig,
-    "engine.models.gpt2.model:GPT", "engine.models.gpt2.weights:load_gpt2",
-    "engine.models.gpt2.weights:to_transformers", "engine.models.gpt2.tokenizer:for_config",
-    contexts_why="GPT-2 holds 1,024 positions: the sweep spans them all"))
+    "engine.models.gpt2.model:GPT", "engine.models.gpt2.weights",
+    "engine.models.gpt2.tokenizer:for_config", step="engine.models.gpt2.step",
+    architectures=("GPT2LMHeadModel", "gpt2")))
 register_family(Family(
     "llama", "Llama", "The Llama family: RMSNorm, rotary positions (RoPE), a SwiGLU MLP, "
     "grouped-query attention (query heads share fewer K/V heads, so the cache holds fewer).",
-    LlamaConfig, "engine.models.llama.model:Llama", "engine.models.llama.weights:load_llama",
-    "engine.models.llama.weights:to_transformers", "engine.models.llama.tokenizer:for_config",
-    blocks="model.layers",
-    contexts=("16-1024 log-spaced (12)", "log-spaced (16)"),
-    contexts_why="SmolLM2 holds 8,192 positions; on a CPU the uncached modes re-run the whole "
-    "sequence every step, so the CPU default stops at 1,024 (pick longer contexts by hand)"))
+    LlamaConfig, "engine.models.llama.model:Llama", "engine.models.llama.weights",
+    "engine.models.llama.tokenizer:for_config", step="engine.models.llama.step",
+    positions="rope", architectures=("LlamaForCausalLM", "llama"), blocks="model.layers",
+    embed="model.embed_tokens"))
+register_family(Family(
+    "qwen2", "Qwen2", "Qwen2: the Llama family's blocks (RMSNorm, RoPE, SwiGLU, GQA) with "
+    "biases on q, k and v.", Qwen2Config, "engine.models.qwen2.model:Qwen2",
+    "engine.models.qwen2.weights", None,
+    step="engine.models.llama.step", positions="rope",
+    architectures=("Qwen2ForCausalLM", "qwen2"), blocks="model.layers",
+    embed="model.embed_tokens"))
+register_family(Family(
+    "mistral", "Mistral", "Mistral: the Llama family's blocks whose attention sees only the last "
+    "`window` tokens (a sliding window): its caches hold the window's rows, so memory stays "
+    "flat past it.", MistralConfig, "engine.models.mistral.model:Mistral",
+    "engine.models.mistral.weights", None,
+    step_why="a one-token step attends over a full preallocated cache (rows 0..pos), which "
+    "a sliding window's mask cannot be told",
+    cache="engine.models.mistral.ring:make_cache", caches=("prealloc", "concat"),
+    caches_why="a sliding window's cache is a ring of its rows; the paged and int8 caches "
+    "keep every row",
+    positions="rope", architectures=("MistralForCausalLM", "mistral"), blocks="model.layers",
+    embed="model.embed_tokens"))
 
 _GPT2_WEIGHTS = ("auto", "random", "pretrained")
 _GPT2_SOURCE = "OpenAI's weights through transformers (Hugging Face cache or hub)"
@@ -129,15 +188,42 @@ register_preset(Preset("llama-tiny", "llama",
 
 
 def preset(name: str) -> Preset:
-    if name not in PRESETS:
-        raise ValueError(f"unknown model {name!r}; allowed: {', '.join(names(tests=True))}")
-    return PRESETS[name]
+    """Preset ``name``, or the checkpoint at path ``name`` as one (``checkpoint``); ValueError
+    naming what is allowed otherwise."""
+    if name in PRESETS:
+        return PRESETS[name]
+    if is_path(name):
+        return checkpoint(name)
+    raise ValueError(f"unknown model {name!r}; allowed: {', '.join(names(tests=True))}, or "
+                     f"the path of a checkpoint ({CHECKPOINTS})")
+
+
+CHECKPOINTS = "a folder with config.json and *.safetensors, or a .gguf file"
+CHECKPOINT = "checkpoint"  # a checkpoint's own weights (its choices: these, then random)
+
+
+def is_path(name: str) -> bool:
+    """Is ``name`` a checkpoint's path rather than a preset's name (presets win)?"""
+    return name not in PRESETS and ("/" in name or os.sep in name or name.endswith(".gguf")
+                                    or os.path.exists(name))
+
+
+def checkpoint(path: str) -> Preset:
+    """The checkpoint at ``path`` as a preset (``engine.checkpoints.checkpoint``)."""
+    return importlib.import_module("engine.checkpoints").checkpoint(path)
 
 
 def names(*, tests: bool = False) -> list[str]:
     """Preset names, real models first (test shapes only when asked)."""
     return [n for n, p in PRESETS.items() if not p.test] + \
         ([n for n, p in PRESETS.items() if p.test] if tests else [])
+
+
+def offline_weights(name: str) -> str:
+    """The weights a run uses when none are asked for: the model's first choice, random where
+    that would reach for the network ("auto")."""
+    first = preset(name).weights[0]
+    return "random" if first == "auto" else first
 
 
 def installed(name: str) -> tuple[bool, str]:
@@ -178,26 +264,103 @@ def family_of(what: str | ModelConfig) -> Family:
     return FAMILIES[what.family]
 
 
-def _resolve(target: str) -> Callable[..., Any]:
-    module, attr = target.split(":")
-    return getattr(importlib.import_module(module), attr)
+def _resolve(target: str) -> Any:
+    """``"module:attr"``'s attribute, or ``"module"`` itself, imported on first use."""
+    module, _, attr = target.partition(":")
+    found = importlib.import_module(module)
+    return getattr(found, attr) if attr else found
 
 
-def load(name: str, weights: str | None = None, **kwargs: Any) -> Any:
-    """Preset ``name`` with ``weights`` (default: the preset's first choice; a path is a local
-    checkpoint where the family reads one): an ``engine.models.state.ModelState``."""
+def load(name: str, weights: str | None = None, *, device: Any = "cpu", dtype: Any = "float32",
+         mask: str = "none", seed: int = 0, **options: Any) -> Any:
+    """Preset ``name`` (or the checkpoint at path ``name``) with ``weights`` (default: its first
+    choice; a checkpoint folder's path for a preset loads that checkpoint, of the preset's
+    family): an ``engine.models.state.ModelState``. ``options`` go to the family's reader
+    (GPT-2's ``hub_id``)."""
     p = preset(name)
-    return _resolve(FAMILIES[p.family].loader)(name, weights or p.weights[0], **kwargs)
+    chosen = weights or p.weights[0]
+    if chosen not in p.weights and is_path(chosen):
+        p, chosen = checkpoint(chosen), CHECKPOINT
+        if p.family != preset(name).family:
+            raise ValueError(f"{weights} holds a {FAMILIES[p.family].title} model; {name!r} "
+                             f"is {family_of(name).title}: pass the path as the model instead")
+    fam = FAMILIES[p.family]
+    cfg = fam.config(**{**p.shapes, "mask": mask})
+    readers = _resolve(fam.weights)
+
+    def read(chosen: str, **kw: Any) -> Any:
+        if chosen != CHECKPOINT and hasattr(readers, "read"):
+            return readers.read(p, chosen, **kw, **options)
+        if chosen != CHECKPOINT:  # a family with no weights of its own to fetch
+            raise importlib.import_module("engine.models.loader").WeightsError(
+                f"{fam.title} has no weights {chosen!r} to fetch; allowed: a checkpoint's "
+                "path as the model, or random weights")
+        ckpt = importlib.import_module("engine.models.checkpoint")
+        if os.path.isfile(p.name):  # a GGUF file: its blocks kept for the rungs (its path)
+            model, main, loose = ckpt.read_gguf(p.name, cfg, model_class(cfg),
+                                                readers.gguf_param, readers.gguf_rows,
+                                                device=kw["device"], dtype=kw["dtype"])
+            return model, ckpt.gguf_label(p.name, main, loose, "from a local GGUF file",
+                                          kw["dtype"]), p.name
+        model = ckpt.read_folder(p.name, cfg, model_class(cfg), readers.checkpoint_names,
+                                 readers.from_checkpoint, device=kw["device"],
+                                 dtype=kw["dtype"])
+        return model, f"local checkpoint ({os.path.basename(p.name)})", None
+
+    loader = importlib.import_module("engine.models.loader")  # torch: only when loading
+    return loader.load_preset(p, cfg, model_class(cfg), read, chosen, device=device,
+                              dtype=dtype, seed=seed)
+
+
+def step_of(model: Any) -> Any:
+    """The one-token step module of ``model``'s family (``engine.models.steps``); ValueError
+    naming why where the family has none."""
+    fam = family_of(model.config)
+    if fam.step is None:
+        raise ValueError(f"{fam.title} models have no one-token step: {fam.step_why}")
+    return _resolve(fam.step)
+
+
+def make_cache(kind: str, model: Any, batch_size: int = 1, capacity: int | None = None, *,
+               reads: str | None = None) -> Any:
+    """An empty KV cache of ``kind`` for ``batch_size`` sequences of ``model``: its family's own
+    (``Family.cache``: a sliding window's ring) where it has one for the kind, else the
+    engine's (``engine.cache.make_cache``)."""
+    fam = family_of(model.config)
+    if fam.caches is not None and kind not in fam.caches:
+        raise ValueError(f"{fam.title} models run no {kind!r} cache: {fam.caches_why}; "
+                         f"allowed: {', '.join(fam.caches)}")
+    own = _resolve(fam.cache)(kind, model, batch_size, capacity) if fam.cache else None
+    if own is not None:
+        return own
+    return importlib.import_module("engine.cache").make_cache(kind, model, batch_size,
+                                                              capacity, reads=reads)
+
+
+def raw_weights(model: Any, path: str) -> dict[str, Any]:
+    """The GGUF file ``path``'s tensors as stored (``engine.models.gguf.RawTensor``), under
+    ``model``'s parameter names and in its row order, read with its family's name map; {}
+    where the family reads no GGUF file."""
+    readers = _resolve(family_of(model.config).weights)
+    if not hasattr(readers, "gguf_param"):
+        return {}
+    return importlib.import_module("engine.models.checkpoint").raw_gguf(
+        path, model.config, readers.gguf_param, readers.gguf_rows)
 
 
 def tokenizer(cfg: ModelConfig) -> Any:
-    """The tokenizer of a model of ``cfg`` (its family's, or bytes for a 256-token vocabulary)."""
-    return _resolve(family_of(cfg).tokenizer)(cfg)
+    """The tokenizer of a model of ``cfg`` (its family's, or bytes for a 256-token vocabulary);
+    ValueError where the family has none here."""
+    fam = family_of(cfg)
+    if fam.tokenizer is None:
+        raise ValueError(f"{fam.title} models have no tokenizer here; allowed: token-id prompts "
+                         "(the latency, memory and gate experiments draw random ones)")
+    return _resolve(fam.tokenizer)(cfg)
 
 
 def reference(model: Any) -> Any:
     """The family's ``transformers`` model holding ``model``'s weights (the gate's reference)."""
-    return _resolve(family_of(model.config).reference)(model)
+    return _resolve(family_of(model.config).weights).to_transformers(model)
 
 
 def block_linears(model: Any) -> list[list[Any]]:
@@ -214,6 +377,11 @@ def head_linear(model: Any) -> Any:
     return model_part(model, family_of(model.config).head)
 
 
+def embedding(model: Any) -> Any:
+    """The model's token embedding module."""
+    return model_part(model, family_of(model.config).embed)
+
+
 def model_part(module: Any, path: str) -> Any:
     for name in path.split("."):
         module = getattr(module, name)
@@ -221,4 +389,4 @@ def model_part(module: Any, path: str) -> Any:
 
 
 def model_class(cfg: ModelConfig) -> type:
-    return _resolve(family_of(cfg).model)  # type: ignore[return-value]
+    return _resolve(family_of(cfg).model)  # type: ignore[no-any-return]

@@ -106,11 +106,25 @@ class ModeSpec:
         ("prealloc_step", ...), or the uncached forward's "seed"."""
         return f"{self.cache}_{self.attention}" if self.cached else self.attention
 
+    @property
+    def steps(self) -> bool:
+        """Does it step with the family's one-token step (``engine.models.steps``) rather than
+        the model's ``forward``? A family without one is not offered it."""
+        return self.attention in ("step", "static", "read_only")
+
     def runs(self, family: str) -> tuple[bool, str]:
         """(does it run models of ``family``, why not)."""
-        if self.families is None or family in self.families:
-            return True, ""
-        return False, self.why_not
+        if self.families is not None and family not in self.families:
+            return False, self.why_not
+        from .families import FAMILIES  # the family table: its step, its cache kinds
+
+        fam = FAMILIES.get(family)
+        if fam is not None and self.steps and fam.step is None:
+            return False, fam.step_why
+        if fam is not None and self.cache is not None and fam.caches is not None \
+                and self.cache not in fam.caches:
+            return False, fam.caches_why
+        return True, ""
 
 
 _EAGER = "engine.decoders.eager:Decoder"

@@ -56,11 +56,13 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="gpt2", help=", ".join(lineup.models(tests=True)))
+    p.add_argument("--model", default="gpt2", help=", ".join(lineup.models(tests=True))
+                   + ", or PATH: a checkpoint folder (config.json + *.safetensors) or a .gguf "
+                   "file of these architectures")
     p.add_argument("--weights", default=None,
-                   help="random | auto | pretrained | PATH (GPT-2); package | random (SmolLM2); "
-                   "default: random for GPT-2 (fast, offline), the model's real weights for "
-                   "the others")
+                   help="random | auto | pretrained | FOLDER (GPT-2); package | random "
+                   "(SmolLM2); checkpoint | random (a PATH model); default: the model's own "
+                   "where they are local, random where they would need the network")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
     p.add_argument("--batch", type=int, default=1, help=f"sequences per step (1..{MAX_BATCH})")
@@ -119,9 +121,10 @@ def _store_parsers(sub: Any) -> None:
     p.add_argument("--root", default=None, help="the checkout to read (default: this one)")
     p = sub.add_parser("gguf", help="write the model's weights as a GGUF file llama.cpp loads")
     p.add_argument("out", help="the .gguf file to write")
-    p.add_argument("--model", default="gpt2", help=", ".join(lineup.models(tests=True)))
-    p.add_argument("--weights", default=None, help="as for the experiments (default: random "
-                   "for GPT-2, the real weights for the others)")
+    p.add_argument("--model", default="gpt2", help=", ".join(lineup.models(tests=True))
+                   + ", or a checkpoint's PATH")
+    p.add_argument("--weights", default=None, help="as for the experiments (default: the "
+                   "model's own where they are local, else random)")
     p.add_argument("--type", default="f32", help="f32 | q8_0 | q4_1")
     p.add_argument("--seed", type=int, default=0, help="random weights' seed")
 
@@ -196,17 +199,13 @@ def gguf(args: argparse.Namespace) -> int:
     out = Path(args.out)
     try:
         gguf_out.qtype_of(args.type)
-        if args.model not in lineup.models(tests=True):
-            raise ValueError(f"unknown model {args.model!r}; allowed: "
-                             f"{', '.join(lineup.models(tests=True))}")
+        lineup.preset(args.model)  # ValueError naming the models allowed
         if out.is_dir() or not out.parent.is_dir() or not os.access(out.parent, os.W_OK):
             raise ValueError(f"cannot write {out}: give a file in a writable folder")
-        family = lineup.family_of(args.model).name
-        weights = args.weights or ("random" if family == "gpt2"
-                                   else lineup.preset(args.model).weights[0])
+        weights = args.weights or lineup.offline_weights(args.model)
         t0 = time.perf_counter()
         shipped = gguf_out.package_file()
-        if family == "llama" and weights == "package" and shipped is not None:
+        if weights == "package" and shipped is not None:  # the shipped file, re-written
             gguf_out.rewrite_gguf(shipped, out, args.type)
         else:
             from engine.models.loader import WeightsError
@@ -311,12 +310,12 @@ def load(args: argparse.Namespace) -> Loaded:
     from instruments.measure.device import device_available
     from instruments.spine import load as load_model
 
-    if args.model not in lineup.models(tests=True):
-        raise CliError(f"unknown model {args.model!r}; allowed: "
-                       f"{', '.join(lineup.models(tests=True))}")
-    if args.weights is None:  # GPT-2's real weights need the hub: random unless asked
-        args.weights = "random" if lineup.family_of(args.model).name == "gpt2" else \
-            lineup.preset(args.model).weights[0]
+    try:
+        lineup.preset(args.model)  # a preset's name, or a checkpoint's path
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+    if args.weights is None:  # what is local: random where the real weights need the hub
+        args.weights = lineup.offline_weights(args.model)
     ok, why = device_available(args.device)
     if not ok:
         raise CliError(f"device {args.device!r} cannot be used: {why}")

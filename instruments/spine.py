@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from instruments.store import results
 
 if TYPE_CHECKING:
-    from engine.models.gpt2.model import GPT
+    from engine.models.base import CausalLM
     from engine.models.state import ModelState
 
 
@@ -54,7 +54,7 @@ class Loaded:
     """A model as the measuring process holds it; replaced, with everything below, when a
     request names another model."""
 
-    model: GPT
+    model: CausalLM
     spec: ModelSpec
     info: dict[str, Any] = field(default_factory=dict)  # weights label, fallback, shapes
     state: ModelState | None = None  # the model's state (found or made from it when not given)
@@ -69,7 +69,7 @@ class Loaded:
         if self.state.model is not self.model:
             raise ValueError("Loaded.state holds another model than Loaded.model")
 
-    def checked(self, params: Any) -> GPT:
+    def checked(self, params: Any) -> CausalLM:
         """The model, once ``params.check(config, device)`` found the parameters possible on it
         (ValueError naming what is allowed otherwise): how every experiment's run begins."""
         params.check(self.model.config, str(self.model.device))

@@ -89,9 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     train, held = data[:split], data[split:]
     history: list[dict] = []
     if args.init:
-        from engine.models.gpt2.weights import load
+        from instruments import lineup
 
-        model = load("gpt2", weights=args.init).model.requires_grad_(True).train()
+        model = lineup.load_model("gpt2", args.init).model.requires_grad_(True).train()
         before = Path(args.init) / "training.json"
         if before.exists():
             old = json.loads(before.read_text(encoding="utf-8"))

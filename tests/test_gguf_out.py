@@ -124,7 +124,7 @@ def test_llama_file_reads_back_into_our_llama(tmp_path: Path) -> None:
 
 
 def test_package_file_rewritten_keeps_its_metadata_and_weights(tmp_path: Path) -> None:
-    from engine.quant.gguf import (
+    from engine.models.gguf import (
         GGUFFile,  # reads SmolLM2's vocabulary far faster than gguf's reader
     )
 

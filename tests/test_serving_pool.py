@@ -185,3 +185,13 @@ def test_an_int8_pool_reads_back_what_it_stored_within_its_rounding() -> None:
     assert bool(((ko - k).abs() <= step / 2 + 1e-6).all())
     assert bool(((vo - v).abs() <= v.abs().amax(-1, keepdim=True) / 254 + 1e-6).all())
     assert pool.block_bytes == 2 * 2 * 3 * 4 * (16 + 4)
+
+
+def test_a_sliding_window_model_is_refused_with_why() -> None:
+    from engine import families
+
+    cfg = families.config("llama-tiny")
+    mistral = families.FAMILIES["mistral"].config(**{**cfg.to_dict(), "window": 8})
+    model = families.model_class(mistral).random(mistral, seed=0)
+    with pytest.raises(ValueError, match="last 8 tokens only"):
+        ServingEngine(model, 40 * block_bytes(model))

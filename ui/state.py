@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import streamlit as st
 
@@ -31,6 +32,7 @@ from instruments.spine import ModelSpec
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FOLDER = "local folder"  # a checkpoint folder, for the families whose loader reads one
+PATH_CHOICE = "a checkpoint at a path…"  # the Model list's last entry: a folder or .gguf file
 RUN_ICON = ":material/play_arrow:"  # material icons render everywhere; emoji need a font
 
 
@@ -132,11 +134,17 @@ def sidebar() -> Choice:
     """Draw the shared sidebar; the keys keep the choice across page switches."""
     sb = st.sidebar
     sb.header("Model")
-    names = presets()
+    names = [*presets(), PATH_CHOICE]
+    asked = st.session_state.get("model")
+    if asked not in (None, *names) and lineup.is_path(asked):  # a path asked for (deep link)
+        st.session_state["model_path"], st.session_state["model"] = asked, PATH_CHOICE
     _keep_valid("model", names, "Model preset")
     model = sb.selectbox("Preset", names, key="model", format_func=_model_label,
                          help="gpt2 is the write-up's 124M model; smollm2-135m a Llama-family "
-                         "model (GQA, RoPE, SwiGLU) with real weights from a package.")
+                         "model (GQA, RoPE, SwiGLU) with real weights from a package; or any "
+                         "checkpoint of these architectures at a path.")
+    if model == PATH_CHOICE:
+        model = _checkpoint_path(sb)
     offered = weight_choices(model)
     there, install = lineup.installed(model)
     if not there:  # its real weights are missing: offer what loads, and say how to get them
@@ -183,6 +191,22 @@ def sidebar() -> Choice:
         with sb:
             _probe_note()
     return choice
+
+
+def _checkpoint_path(sb: Any) -> str:
+    """The checkpoint path typed under the Model list: the model when it reads as one (its
+    family and shapes from its config), else the first preset, the reason shown."""
+    path = sb.text_input("Checkpoint path", key="model_path",
+                         placeholder="/path/to/folder (config.json + *.safetensors) or .gguf",
+                         help="Resolved to a family by the architecture its config names; "
+                         "config.json alone (no weights) plans and runs with random weights.")
+    if path:
+        try:
+            lineup.preset(path)
+            return path
+        except ValueError as exc:
+            sb.error(str(exc))
+    return presets()[0]
 
 
 def _device_chosen() -> None:
@@ -234,6 +258,8 @@ def mode_choices(device: str, family: str | None = None) -> tuple[list[str], dic
 
 
 def _model_label(name: str) -> str:
+    if name == PATH_CHOICE:
+        return name
     p = lineup.preset(name)
     return f"{name} ({lineup.family_of(name).title}{', test shape' if p.test else ''})"
 

@@ -111,8 +111,10 @@ jobs.section(KEY, _draw, table="fit", stem="kv_planner",
 st.subheader("A mixed-length batch, held three ways")
 many = kv_plan.draw_lengths(dist, max(n_seq, 4096), mean_len, block)
 batches = sorted({2**k for k in range(13)} | {n_seq})
-curve = pd.DataFrame(kv_plan.memory_against_batch(many, block, block_tokens, bpt, batches))
-rows = pd.DataFrame(kv_plan.layouts(lengths, block, block_tokens, bpt, budget))
+held = cfg.cache_rows(block)  # the rows a cache holds for the limit: a sliding window's fewer
+curve = pd.DataFrame(kv_plan.memory_against_batch(kv_plan.held(cfg, many), held, block_tokens,
+                                                  bpt, batches))
+rows = pd.DataFrame(kv_plan.layouts(kv_plan.held(cfg, lengths), held, block_tokens, bpt, budget))
 measured = jobs.rows(job, "layouts") if same and job is not None else None
 st.plotly_chart(against_batch_figure(curve, budget, measured), width="stretch")
 st.plotly_chart(waste_figure(rows), width="stretch")
@@ -128,6 +130,10 @@ st.caption(
        " Plan on this device to draw its budget line.")
     + (" Hollow circles: the layouts allocated for real (tensor bytes)." if measured is not None
        else ""))
+if held < block:
+    st.caption(f"A sliding window of {held:,} tokens: attention sees only the last {held:,}, so "
+               f"every cache holds at most {held:,} rows per layer (a ring) and memory stays "
+               "flat past the window: a sequence of l tokens reserves min(l, window).")
 if measured is not None and not measured.empty:
     with st.expander("Measured layouts"):
         st.dataframe(measured, hide_index=True)

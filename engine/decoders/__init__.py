@@ -4,8 +4,8 @@
                causal-mask variant and a logits choice (modes 1-5, 10, 11); the base class the
                others share ``seek``, ``rewind``, ``extend`` and the token buffer with
   captured     ``GraphDecoder``: a one-token step over static inputs captured into a CUDA graph
-               (what mode 6 and rung 16 share); ``CudaGraphDecoder``:
-               ``engine.models.gpt2.step``'s step so (mode 6)
+               (what mode 6 and rung 16 share); ``CudaGraphDecoder``: the family's step so
+               (mode 6)
   compiled     ``CompiledDecoder``: the same step through torch.compile, reading the cache only
                (modes 7, 9)
   fast         ``FastDecoder``: the family's step over per-role weight copies, one C++ call on a

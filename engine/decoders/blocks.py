@@ -3,11 +3,10 @@
 ``BlockDecoder(model, storage="q8_0" | "q4_1")``: the prefill, seek, rewind and multi-token
 ``append`` through the model's ``forward`` over the block view (preallocated cache, fused
 attention; a prefill's rows dequantize a chunk of block rows at a time), each decode step
-through the family's one-token step (``engine.models.gpt2.step.decode_step`` for GPT-2,
-``engine.models.llama.step.decode_step_llama`` for the Llama family) with every product
+through the family's one-token step (``engine.families.step_of``) with every product
 ``kernels.q8_0_linear`` / ``q4_1_linear`` over the blocks as stored, and on a CPU in fp32 with
-the kernel built the whole step in ONE C++ call (``decode_layers`` / ``decode_layers_llama``,
-product kinds Q8_0 / Q4_1). Where the blocks come from, which kernel way and why, and the bytes:
+the kernel built the whole step in ONE C++ call (the family's ``fused_step``, product kinds
+Q8_0 / Q4_1). Where the blocks come from, which kernel way and why, and the bytes:
 ``engine.quant.blocks``. ``decoder.sources`` counts the tensors taken from the model's GGUF file
 byte for byte and those quantized here.
 

@@ -8,10 +8,9 @@ timed step), the prefill through the model's ``forward`` into the same cache; ea
 the token and position into the inputs and replays the graph.
 
 Contract: ``CudaGraphDecoder`` is a ``Decoder`` (``prefill(idx) -> (B, vocab)``, ``step(token) ->
-(B, vocab)``) that gives mode 1's greedy tokens in fp32, for either family. It runs the family's
-one-token step over the model's own modules (``own_step``: GPT-2's
-``engine.models.gpt2.step.decode_step``, the Llama family's
-``engine.models.llama.step.decode_step_llama``) with a position that is a tensor:
+(B, vocab)``) that gives mode 1's greedy tokens in fp32, for every family with a one-token step.
+It runs the family's step (``own_step``: its ``decode_step`` over its ``role_modules``, reached
+through ``engine.families.step_of``) with a position that is a tensor:
 ``attend_static`` writes the new K/V row into the preallocated buffers with ``index_copy_`` and
 attends over the whole capacity under a mask computed from the position, so every shape is fixed
 whatever the position. Where Triton compiles for the GPU, the
@@ -28,26 +27,23 @@ from typing import Any
 
 import torch
 
-from ..cache import make_cache
+from .. import families
+from ..families import make_cache
 from ..kernels.gpu import triton_usable
 from ..models.attention import attend_static
-from ..models.gpt2.model import GPT
-from ..models.gpt2.step import decode_step, model_weights
-from ..models.llama.model import Llama
-from ..models.llama.step import decode_step_llama, role_modules, step_weights
+from ..models.base import CausalLM
 from ..models.state import ModelState
 from .eager import Decoder
 
 
-def own_step(model: GPT | Llama, rope: tuple[torch.Tensor, torch.Tensor] | None = None
+def own_step(model: CausalLM, tables: dict[str, torch.Tensor] | None = None
              ) -> tuple[Callable[..., torch.Tensor], Any]:
-    """(the family's one-token step, the model's own modules as its weights): GPT-2's
-    ``decode_step`` over ``model_weights``, the Llama family's ``decode_step_llama`` over its
-    Linears by role and RoPE's table (``rope``, else made here: mode 6 builds its weights
-    once; modes 7 and 9 inside the compiled call, with the table a buffer of theirs)."""
-    if isinstance(model, Llama):
-        return decode_step_llama, step_weights(model, role_modules(model), rope=rope)
-    return decode_step, model_weights(model)
+    """(the family's one-token step, the model's own modules as its weights): its
+    ``decode_step`` over its Linears by role, with its ``tables`` (RoPE's; else made here: mode
+    6 builds its weights once; modes 7 and 9 inside the compiled call, with the tables buffers
+    of theirs)."""
+    step = families.step_of(model)
+    return step.decode_step, step.step_weights(model, step.role_modules(model), tables=tables)
 
 
 def graph_step(step: Callable[..., torch.Tensor], weights: Any, k_buf: torch.Tensor,
@@ -144,7 +140,7 @@ class CudaGraphDecoder(GraphDecoder):
         # The decode kernel reads the filled rows; SDPA every slot, masked (shapes never change).
         return length if self.triton else self.capacity
 
-    def __init__(self, model: GPT | Llama | ModelState, *, batch_size: int = 1,
+    def __init__(self, model: CausalLM | ModelState, *, batch_size: int = 1,
                  capacity: int | None = None, capture: bool = True,
                  triton: bool | None = None) -> None:
         super().__init__(model, batch_size=batch_size, capacity=capacity)

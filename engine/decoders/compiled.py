@@ -2,13 +2,12 @@
 
 Shares the family's one-token step with modes 6 and 8 and the eager ``Decoder``'s prefill.
 Contract: ``CompiledDecoder`` is a ``Decoder`` (``prefill(idx) -> (B, vocab)``, ``step(token) ->
-(B, vocab)``) that gives mode 1's greedy tokens in fp32, for either family. ``decoder.compile_s``
-is the one-off compilation, never inside a timed step. It runs the family's step over the
-model's own modules (GPT-2's ``engine.models.gpt2.step.decode_step``, the Llama family's
-``engine.models.llama.step.decode_step_llama``, RoPE's table a buffer of the compiled module)
-with a position that is a tensor, because the models' ``forward`` takes positions as Python
-ints (a new graph per token). How the step meets the KV cache (mode 6,
-``engine.decoders.captured``, writes it inside its graph instead):
+(B, vocab)``) that gives mode 1's greedy tokens in fp32, for every family with a one-token step.
+``decoder.compile_s`` is the one-off compilation, never inside a timed step. It runs the
+family's step over the model's own modules (``captured.own_step``; the family's ``tables`` --
+RoPE's -- buffers of the compiled module) with a position that is a tensor, because the
+models' ``forward`` takes positions as Python ints (a new graph per token). How the step meets
+the KV cache (mode 6, ``engine.decoders.captured``, writes it inside its graph instead):
 
 - modes 7 and 9 (``_ReadOnlyStep``): ``attend_read_only`` only *reads* the cache and returns the
   new K/V rows; the caller writes them in place. Compiling a step that writes the cache either
@@ -34,11 +33,10 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from .. import families
 from ..cache import PreallocKVCache
 from ..models.attention import attend_read_only
-from ..models.gpt2.model import GPT
-from ..models.llama.model import Llama
-from ..models.llama.step import rope_table
+from ..models.base import CausalLM
 from ..models.state import ModelState
 from .captured import own_step
 from .eager import Decoder
@@ -50,19 +48,18 @@ class _ReadOnlyStep(nn.Module):
     """Modes 7/9's step as a module, so torch.compile sees the weights as parameters:
     (logits (B, vocab), new keys, new values (L, B, n_kv, hs)); the cache is only read."""
 
-    def __init__(self, model: GPT | Llama) -> None:
+    def __init__(self, model: CausalLM) -> None:
         super().__init__()
         self.model = model
-        if isinstance(model, Llama):  # RoPE's angles for every position, made once
-            cos, sin = rope_table(model)
-            self.register_buffer("cos", cos, persistent=False)
-            self.register_buffer("sin", sin, persistent=False)
+        tables = families.step_of(model).tables(model)  # made once: RoPE's angles
+        self.table_names = tuple(tables)
+        for name, table in tables.items():
+            self.register_buffer(name, table, persistent=False)
 
     def weights(self) -> tuple[Callable[..., torch.Tensor], Any]:
         """The family's step and its weights (``own_step``), built inside the compiled call (the
         compiler reaches every module from the model it was given, as a forward would)."""
-        rope = (self.cos, self.sin) if isinstance(self.model, Llama) else None
-        return own_step(self.model, rope)
+        return own_step(self.model, {name: getattr(self, name) for name in self.table_names})
 
     def forward(self, token: torch.Tensor, k_past: torch.Tensor, v_past: torch.Tensor,
                 pos: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
@@ -76,7 +73,7 @@ class _ReadOnlyStep(nn.Module):
         return logits, torch.stack(new_k), torch.stack(new_v)
 
 
-def linear_weight_bytes(model: GPT | Llama) -> int:
+def linear_weight_bytes(model: CausalLM) -> int:
     """Bytes of every Linear weight, the tied output projection included (gpt2 fp32: 494 MB)."""
     return sum(m.weight.numel() * m.weight.element_size()
                for m in model.modules() if isinstance(m, nn.Linear))
@@ -94,7 +91,7 @@ def _cache_over(k_buf: torch.Tensor, v_buf: torch.Tensor) -> PreallocKVCache:
 class _Runner:
     """One compiled step + its static cache, per (model, variant, batch size)."""
 
-    def __init__(self, model: GPT | Llama, variant: str, batch_size: int) -> None:
+    def __init__(self, model: CausalLM, variant: str, batch_size: int) -> None:
         if variant not in VARIANTS:
             raise ValueError(f"unknown variant {variant!r}; allowed: {', '.join(VARIANTS)}")
         cfg = model.config
@@ -171,13 +168,13 @@ def _runner(state: ModelState, variant: str, batch_size: int) -> _Runner:
 class CompiledDecoder(Decoder):
     """Modes 7 ("compiled") and 9 ("fast_compiled"): prefill eagerly, then the compiled step."""
 
-    appends = False  # its step is its own, not GPT.forward
+    appends = False  # its step is its own, not the model's forward
 
     def attended_keys(self, length: int) -> int:
         # On a GPU the step is static-shaped: it attends over the whole cache under a mask.
         return self.runner.k_buf.size(3) if self.runner.static else length
 
-    def __init__(self, model: GPT | Llama | ModelState, *, batch_size: int = 1,
+    def __init__(self, model: CausalLM | ModelState, *, batch_size: int = 1,
                  capacity: int | None = None, variant: str = "compiled") -> None:
         super().__init__(model, batch_size=batch_size, capacity=capacity,
                          cache_kind="prealloc", mask="none", logits="last")

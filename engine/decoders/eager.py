@@ -6,13 +6,13 @@
                         or extend, whichever is cheapest from what it holds (set-up, untimed)
 Uncached modes keep the whole sequence and re-run it every step; cached modes keep a KV cache.
 This base class is modes 1-5, 10 and 11 (eager PyTorch through the model's ``forward`` -- any
-family's: GPT-2's or the Llama family's -- with a cache kind, a causal-mask variant and a logits
-choice); the other ways of stepping subclass it (``engine.decoders``). ``model`` is a model of
+family's -- with a cache kind, a causal-mask variant and a logits choice); the other ways of
+stepping subclass it (``engine.decoders``). ``model`` is a model of
 ``engine.families`` or its ``engine.models.state.ModelState``: what a decoder builds on the model
 (mask buffers, packed copies, compiled steps) is kept there, shared by every decoder of that model
 (``decoder.state``).
 
-Decoders whose steps go through ``GPT.forward`` (``appends = True``: modes 1-5, 10, 11) also
+Decoders whose steps go through the model's ``forward`` (``appends = True``: modes 1-5, 10, 11) also
 take several tokens at once, ``decoder.append(tokens) -> (B, T, vocab)``, the path a multi-token
 append (speculative decoding, a chunked prefill) would use; modes with a step of their own
 (6-9) do not, and say so.
@@ -26,19 +26,20 @@ from __future__ import annotations
 
 import torch
 
-from ..cache import make_cache
-from ..models.gpt2.model import GPT
+from ..families import make_cache
+from ..models.base import CausalLM
 from ..models.state import ModelState
 
 
 class Decoder:
-    """Base: eager PyTorch through ``GPT.forward`` with a cache kind, mask and logits choice."""
+    """Base: eager PyTorch through the model's ``forward`` with a cache kind, mask and logits
+    choice."""
 
-    appends = True  # False in subclasses whose step is their own (not GPT.forward)
+    appends = True  # False in subclasses whose step is their own (not the model's forward)
 
     def __init__(
         self,
-        model: GPT | ModelState,
+        model: CausalLM | ModelState,
         *,
         batch_size: int = 1,
         capacity: int | None = None,
@@ -158,7 +159,9 @@ class Decoder:
         held = self.length if self.holds_sequence() else 0
         same = held > 0 and torch.equal(self.seq[:, : min(held, length)],  # type: ignore[index]
                                         ids[:, : min(held, length)])
-        if not same:
+        # a cache that cannot go back (a sliding window's ring past its window) starts afresh
+        back = getattr(self.cache, "can_crop", lambda n: True)(length)
+        if not same or (held > length and not back):
             self.prefill(ids[:, :length])
         elif held >= length:
             self.rewind(length)  # the next step overwrites what came after
@@ -168,8 +171,8 @@ class Decoder:
     @torch.no_grad()
     def extend(self, tokens: torch.Tensor) -> None:
         """Feed ``tokens`` (B, T) without their logits: set-up that fills the cache (any mode
-        whose cache ``GPT.forward`` can write, its own step or not), so a step can then be timed
-        at a longer context without generating up to it."""
+        whose cache the model's ``forward`` can write, its own step or not), so a step can then
+        be timed at a longer context without generating up to it."""
         for i in range(tokens.size(1)):
             self._push(tokens[:, i : i + 1])
         if self.cache is not None:

@@ -3,10 +3,10 @@
 Contract: ``FastDecoder(model, batch_size=1, capacity=None, chunks=None)`` is a ``Decoder``
 (``prefill(idx) -> (B, vocab)``, ``step(token) -> (B, vocab)``) that gives mode 1's greedy
 tokens in fp32; its logits match the model's ``forward`` (and so ``transformers``) to ~1e-5.
-``decoder.extra_bytes`` is the memory of the weight copies it holds besides the model. Both
-families: GPT-2 (``FastWeights``, below) and the Llama family (``FastLlamaWeights``: the same
-four ways chosen per role -- q, k, v, o, gate, up, down, head -- and the Llama step of
-``engine.models.llama.step``, fused into one ``decode_layers_llama`` call on a CPU).
+``decoder.extra_bytes`` is the memory of the weight copies it holds besides the model. Any
+family with a one-token step (``engine.families.step_of``): ``FastWeights`` chooses one of four
+ways per role of its step (GPT-2: q|k|v, o, MLP up, down, head; the Llama family: q, k, v, o,
+gate, up, down, head), and the step is the family's, fused into one C++ call on a CPU.
 
 Why it is faster (see the measured notes): at batch 1 a decode step is a chain of
 matrix-vector products that must stream all 494 MB of gpt2's Linear weights. The ``[out, in]``
@@ -24,11 +24,11 @@ the model's own ``[out, in]`` weights (``OwnLinear``, no copy: fastest for some 
 AVX-512 Xeon), the kernel over them (no copy), the kernel over an interleaved copy in which
 every four rows are one contiguous stream (``InterleavedLinear``) -- and takes the fastest
 (``FastWeights.choice``; ``scripts/bench_kernels.py`` times them per role). The step itself is
-``engine.models.gpt2.step.decode_step`` (the one modes 6, 7 and 9 run too) over these copies, with
+the family's ``decode_step`` (the one modes 6, 7 and 9 run too) over these copies, with
 ``attend_filled`` over a preallocated cache, with no mask, the new token seeing every cached key:
 on a CPU in fp32 the C++ kernel writes the new row and attends in one call
 (``engine.kernels.cpu.attend``), elsewhere SDPA on 4-D views. There, with the kernel built, the
-whole step after the embedding is ONE call into C++ (``engine.models.gpt2.step.fused_step``: the
+whole step after the embedding is ONE call into C++ (the family's ``fused_step``: the
 same ops, the same logits bit for bit, without the Python around ~160 calls; in 24-step loops side
 by side on the 2-core Xeon it took 2.1-2.4 ms off gpt2's fp32 step and 1.3-1.4 ms off int8's).
 
@@ -41,18 +41,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from .. import families
 from ..kernels import cpu as kernels
 from ..kernels.cpu import CHUNKED, INTERLEAVED, KERNEL, LINEAR, PACKED, Fused, Product
 from ..models.attention import attend_filled, kernel_attends
-from ..models.gpt2.model import GPT
-from ..models.gpt2.step import StepWeights, decode_step, fused_step, layer_norm_call
-from ..models.llama import step as step_llama
-from ..models.llama.model import Llama
-from ..models.llama.step import LlamaStepWeights, decode_step_llama, fused_step_llama
+from ..models.base import CausalLM
 from ..models.state import ModelState, weights_version
 from .eager import Decoder
 
@@ -186,7 +184,6 @@ class OwnLinear:
 
 
 Linear = PackedLinear | KernelLinear | InterleavedLinear | OwnLinear
-ROLES = ("c_attn", "attn.c_proj", "c_fc", "mlp.c_proj", "lm_head")
 
 
 def _pass_ms(fns: list[Linear], x: torch.Tensor) -> float:
@@ -230,111 +227,67 @@ def _choose(packed: list[PackedLinear], own: list[torch.nn.Linear], device: torc
 
 
 class FastWeights:
-    """Mode 8's weights (built once per model and chunk count): per role, the packed copies,
-    ``F.linear`` or the C++ kernel over the model's own weights, or the kernel over an
-    interleaved copy, whichever measured
-    fastest here (``choice``, ``tuned_ms``; ``tune_s`` the seconds that took, set-up never part
-    of a step)."""
+    """Mode 8's weights (built once per model and chunk count): per role of the family's step
+    (``step.ROLES``), the packed copies, ``F.linear`` or the C++ kernel over the model's own
+    weights, or the kernel over an interleaved copy, whichever measured fastest here
+    (``choice``, ``tuned_ms``; ``tune_s`` the seconds that took, set-up never part of a step);
+    norms and the embedding are the model's own. ``step`` is the family's step weights over
+    them."""
 
-    def __init__(self, model: GPT, chunks: int) -> None:
-        self.chunks = chunks
-        self.version = weights_version(model)
-        tr = model.transformer
-        t0 = time.perf_counter()
-        self.choice: dict[str, str] = {}
-        self.tuned_ms: dict[str, dict[str, float]] = {}
-        own = {"c_attn": [b.attn.c_attn for b in tr.h],
-               "attn.c_proj": [b.attn.c_proj for b in tr.h],
-               "c_fc": [b.mlp.c_fc for b in tr.h], "mlp.c_proj": [b.mlp.c_proj for b in tr.h],
-               "lm_head": [model.lm_head]}
-        per_role: dict[str, list[Linear]] = {}
-        for role in ROLES:
-            packed = [PackedLinear.from_out_in(m.weight, None if role == "lm_head" else m.bias,
-                                               chunks) for m in own[role]]
-            per_role[role], self.choice[role], ms = _choose(packed, own[role], model.device,
-                                                            model.dtype)
-            del packed  # a role's copies not chosen are dropped here
-            if ms:
-                self.tuned_ms[role] = ms
-        self.tune_s = time.perf_counter() - t0
-        self.linears = list(zip(per_role["c_attn"], per_role["attn.c_proj"], per_role["c_fc"],
-                                per_role["mlp.c_proj"], strict=True))
-        self.head = per_role["lm_head"][0]
-        layers = [(layer_norm_call(b.ln_1), qkv, proj, layer_norm_call(b.ln_2), fc, fc_proj)
-                  for b, (qkv, proj, fc, fc_proj) in zip(tr.h, self.linears, strict=True)]
-        self.step = StepWeights(tr.wte.weight.detach(), tr.wpe.weight.detach(), layers,
-                                layer_norm_call(tr.ln_f), self.head, model.config.n_head)
-
-    @property
-    def extra_bytes(self) -> int:
-        """Memory of the copies (weights transposed/split, padded head, copied biases)."""
-        return self.head.nbytes() + sum(p.nbytes() for layer in self.linears for p in layer)
-
-
-class FastLlamaWeights:
-    """Mode 8's weights for a Llama-family model: per role of matrix (q, k, v, o, gate, up,
-    down, the head tied to the embedding: ``engine.models.llama.step.ROLES``) the fastest of the
-    same four ways as GPT-2's (``_choose``: packed [in, out] copies, ``F.linear`` or the C++ kernel
-    over the model's own weights, the kernel over an interleaved copy), measured here when the
-    weights load; RMSNorm weights and the embedding are the model's own."""
-
-    def __init__(self, model: Llama, chunks: int) -> None:
+    def __init__(self, model: CausalLM, chunks: int) -> None:
         self.chunks = chunks
         self.version = weights_version(model)
         t0 = time.perf_counter()
         self.choice: dict[str, str] = {}
         self.tuned_ms: dict[str, dict[str, float]] = {}
-        own = step_llama.role_modules(model)
+        family_step = families.step_of(model)
+        own = family_step.role_modules(model)
         self.linears: dict[str, list[Linear]] = {}
-        for role in step_llama.ROLES:
-            packed = [PackedLinear.from_out_in(m.weight, None, chunks) for m in own[role]]
+        for role in family_step.ROLES:
+            packed = [PackedLinear.from_out_in(m.weight, m.bias, chunks) for m in own[role]]
             self.linears[role], self.choice[role], ms = _choose(packed, own[role], model.device,
                                                                 model.dtype)
             del packed  # a role's copies not chosen are dropped here
             if ms:
                 self.tuned_ms[role] = ms
         self.tune_s = time.perf_counter() - t0
-        self.step = step_llama.step_weights(model, self.linears)
+        self.step = family_step.step_weights(model, self.linears)
 
     @property
     def extra_bytes(self) -> int:
-        """Memory of the copies (weights transposed/split or interleaved, padding)."""
+        """Memory of the copies (weights transposed/split or interleaved, padded, biases)."""
         return sum(p.nbytes() for fns in self.linears.values() for p in fns)
 
 
 @torch.no_grad()
-def fast_weights(model: GPT | Llama | ModelState, chunks: int | None = None
-                 ) -> FastWeights | FastLlamaWeights:
+def fast_weights(model: CausalLM | ModelState, chunks: int | None = None) -> FastWeights:
     """Packed copies of the model's weights, kept in its state while they are current (one
     packing per model at a time: each is as big as the weights)."""
     state = ModelState.of(model)
     n = default_chunks(state.model.device) if chunks is None else max(1, int(chunks))
-    kind = FastLlamaWeights if isinstance(state.model, Llama) else FastWeights
-    return state.cached(("packed",), lambda: kind(state.model, n),  # type: ignore[arg-type]
-                        keep=lambda w: w.chunks == n and isinstance(w, kind)
+    return state.cached(("packed",), lambda: FastWeights(state.model, n),
+                        keep=lambda w: w.chunks == n
                         and w.version == weights_version(state.model))
 
 
 PythonStep = Callable[..., torch.Tensor]
 
 
-def steps_of(weights: StepWeights | LlamaStepWeights) -> tuple[PythonStep, Fused | None]:
-    """The family's one-token step over ``weights`` (``decode_step`` / ``decode_step_llama``)
-    and its one-call C++ form (``fused_step`` / ``fused_step_llama``; None where it does not
-    apply)."""
-    if isinstance(weights, LlamaStepWeights):
-        return decode_step_llama, fused_step_llama(weights)
-    return decode_step, fused_step(weights)
+def steps_of(model: CausalLM, weights: Any) -> tuple[PythonStep, Fused | None]:
+    """The family's one-token step over ``weights`` (its ``decode_step``) and its one-call C++
+    form (its ``fused_step``; None where it does not apply)."""
+    family_step = families.step_of(model)
+    return family_step.decode_step, family_step.fused_step(weights)
 
 
 class FastDecoder(Decoder):
     """Prefill through the model's ``forward`` into a preallocated cache, then the family's
-    one-token step (``decode_step`` / ``decode_step_llama``) over the chosen copies."""
+    one-token step (its ``decode_step``) over the chosen copies."""
 
-    appends = False  # its step is its own, not GPT.forward
+    appends = False  # its step is its own, not the model's forward
 
     def __init__(
-        self, model: GPT | Llama | ModelState, *, batch_size: int = 1,
+        self, model: CausalLM | ModelState, *, batch_size: int = 1,
         capacity: int | None = None, chunks: int | None = None,
     ) -> None:
         super().__init__(model, batch_size=batch_size, capacity=capacity,
@@ -342,7 +295,7 @@ class FastDecoder(Decoder):
         self.weights = fast_weights(self.state, chunks)
         self.extra_bytes = self.weights.extra_bytes
         self.step_weights = self.weights.step  # what the family's step multiplies by
-        self.python_step, self.fused = steps_of(self.step_weights)
+        self.python_step, self.fused = steps_of(self.model, self.step_weights)
         model = self.state.model
         attention = "kernel" if kernel_attends(model.device, model.dtype) else "sdpa"
         self.kernel = "; ".join([*(f"{role} {how}" for role, how in self.weights.choice.items()),

@@ -1,14 +1,16 @@
 """Rung 16, and rungs 14-15 on a GPU: the whole decode step as our Triton kernels, captured in one
-CUDA graph. Five kernels a block, for both families:
+CUDA graph. Five kernels a block, for every family with a one-token step (its step module's
+``kernel_layout`` says what each kernel takes: ``engine.models.steps.KernelLayout``):
 
-  q|k|v     the block's norm folded in (LayerNorm / RMSNorm), bias, RoPE (Llama), the new K/V
-            row written into the cache at the position read on the device
+  q|k|v     the block's norm folded in (LayerNorm / RMSNorm), bias, RoPE (where the family
+            rotates), the new K/V row written into the cache at the position read on the device
   attention ``engine.kernels.gpu.decode_attention``'s split stage over the filled rows
   out proj  the splits merged as its input is loaded, bias and the residual add folded in
-  MLP up    the second norm folded in; GELU (GPT-2) or SwiGLU's gate and up in one pass (Llama)
+  MLP up    the second norm folded in; GELU, or SwiGLU's gate and up in one pass (a second up
+            weight)
   MLP down  bias and the residual add folded in
 
-plus the embedding (and GPT-2's learned position) and the final norm with the output projection:
+plus the embedding (and a learned position) and the final norm with the output projection:
 62 kernels for gpt2's 12 blocks, 152 for SmolLM2's 30, against 150-210 launches of an eager step
 (first light on an H200). Weights as the model stores them (fp32 or bf16 rows), or GGUF Q8_0 /
 Q4_1 blocks read as stored (``storage``: the view of ``engine.quant.blocks``, the same blocks
@@ -28,17 +30,10 @@ from typing import Any
 
 import torch
 
-from ..models.llama.model import Llama
+from .. import families
 from ..models.state import ModelState
 from ..quant import blocks as quant_blocks
 from .captured import GraphDecoder
-
-
-def _norm(module: torch.nn.Module) -> tuple:
-    """A norm module as the kernels take it: ("layer", weight, bias, eps) or ("rms", ...)."""
-    if isinstance(module, torch.nn.LayerNorm):
-        return ("layer", module.weight.detach(), module.bias.detach(), module.eps)
-    return ("rms", module.weight.detach(), module.eps)
 
 
 class TritonStep:
@@ -61,35 +56,9 @@ class TritonStep:
         self.part, self.lse = da.split_buffers(self.q, k_buf.size(3), k_buf.size(2))
         self.head = Weight.of(model.lm_head)
         self.logits = torch.zeros(B, self.head.out, dtype=dtype, device=dev)
-        self.llama = isinstance(model, Llama)
-        if self.llama:
-            from ..models.llama.step import rope_table
-
-            inner = model.model
-            self.table = self.head if cfg.tied else Weight.of(inner.embed_tokens)
-            self.positions = None
-            self.rope: tuple | None = rope_table(model)
-            self.final = _norm(inner.norm)
-            self.blocks = [(_norm(b.input_layernorm), Weight.of(b.self_attn.q_proj),
-                            Weight.of(b.self_attn.k_proj), Weight.of(b.self_attn.v_proj),
-                            Weight.of(b.self_attn.o_proj), _norm(b.post_attention_layernorm),
-                            Weight.of(b.mlp.gate_proj), Weight.of(b.mlp.up_proj),
-                            Weight.of(b.mlp.down_proj)) for b in inner.layers]
-            width = cfg.n_hidden
-        else:
-            tr = model.transformer
-            self.table = self.head  # GPT-2 ties its embedding to the output projection
-            self.positions = tr.wpe.weight.detach()
-            self.rope = None
-            self.final = _norm(tr.ln_f)
-            self.blocks = []
-            for b in tr.h:
-                qkv = Weight.of(b.attn.c_attn)
-                self.blocks.append((_norm(b.ln_1), qkv.rows(0, C), qkv.rows(C, 2 * C),
-                                    qkv.rows(2 * C, 3 * C), Weight.of(b.attn.c_proj),
-                                    _norm(b.ln_2), Weight.of(b.mlp.c_fc), None,
-                                    Weight.of(b.mlp.c_proj)))
-            width = 4 * C
+        layout = families.step_of(model).kernel_layout(model, self.head)
+        self.table, self.positions, self.rope = layout.table, layout.positions, layout.rope
+        self.final, self.blocks, width = layout.final, layout.blocks, layout.width
         self.h = torch.zeros(B, width, dtype=dtype, device=dev)
         self.kernels = 2 + 5 * len(self.blocks)
 
@@ -106,7 +75,7 @@ class TritonStep:
             self.da.split_attention(self.q, self.k_buf[i], self.v_buf[i], self.lengths,
                                     self.part, self.lse)
             linear(None, wo, x, residual=x, merge=(self.part, self.lse))
-            if up2 is None:  # GPT-2: GELU(ln_2(x) @ c_fc) ; Llama: silu(gate) * up
+            if up2 is None:  # one up weight: GELU(norm(x) @ up); two: silu(gate) * up
                 linear(x, up, h, norm=n2, act="gelu")
             else:
                 linear(x, up, h, norm=n2, act="swiglu", w2=up2)

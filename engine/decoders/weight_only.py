@@ -1,9 +1,8 @@
 """Rungs 12 and 13's decoder: mode 8's over ``engine.quant.weight_only``'s weight-only view of the
 model.
 
-Both families: GPT-2's step (``engine.models.gpt2.step``) or the Llama family's
-(``engine.models.llama.step``).
-Shares with ``engine.decoders.fast`` (which it subclasses) the decode step over one-call
+Any family with a one-token step: its own (``engine.families.step_of``) over the view's stored
+Linears. Shares with ``engine.decoders.fast`` (which it subclasses) the decode step over one-call
 products and the fused C++ step; with ``engine.decoders.eager`` the prefill, seek, rewind and
 the multi-token ``append`` through the model's ``forward`` over the view (preallocated cache,
 fused attention). What the view stores and how one product runs (int8 rows times their scale, bf16
@@ -18,13 +17,10 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from .. import families
 from ..kernels import cpu as kernels
 from ..kernels.cpu import KERNEL, Product
-from ..models.gpt2.model import GPT
-from ..models.gpt2.step import StepWeights, layer_norm_call
-from ..models.llama import step as step_llama
-from ..models.llama.model import Llama
-from ..models.llama.step import LlamaStepWeights
+from ..models.base import CausalLM
 from ..models.state import ModelState
 from ..quant.weight_only import Int8Linear, WeightOnlyModel, kernel, kernel_takes, weight_only
 from .eager import Decoder
@@ -50,9 +46,8 @@ class _KernelStep:
     """A weight-only Linear as a CPU decode step multiplies by it: its stored rows, scale and
     bias straight into ``engine.kernels.cpu``' one call (no module call, no reshape, no separate
     bias add: 49 of each per gpt2 step); rows the kernel does not take go through the module.
-    Where it applies, the decoder's step is ``engine.models.gpt2.step.fused_step`` over
-    ``product``; this call is that step's Python form (``decode_step``), which the fused one must
-    equal."""
+    Where it applies, the decoder's step is the family's ``fused_step`` over ``product``; this
+    call is that step's Python form (``decode_step``), which the fused one must equal."""
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module
@@ -76,25 +71,18 @@ def _direct(view: WeightOnlyModel) -> bool:
     return view.device.type == "cpu" and view.dtype == torch.float32 and kernels.available()[0]
 
 
-def step_weights(view: WeightOnlyModel, wrap: Callable[[nn.Module], Any] | None = None
-                 ) -> StepWeights | LlamaStepWeights:
-    """The view's modules as its family's one-token step's weights
-    (``engine.models.gpt2.step.decode_step`` or ``engine.models.llama.step.decode_step_llama``):
+def step_weights(view: WeightOnlyModel, wrap: Callable[[nn.Module], Any] | None = None) -> Any:
+    """The view's modules as its family's one-token step's weights (its ``step_weights``):
     mode 8's step, multiplying by the weight-only Linears (each through ``wrap``: by default
     ``_KernelStep`` where the C++ kernel is built and the view is fp32 on a CPU, else the module
-    itself; norms as plain calls / weights)."""
+    itself), the embedding looked up through the view's (stored rows when tied)."""
     if wrap is None:
         wrap = _KernelStep if _direct(view) else (lambda m: m)
-    if isinstance(view, Llama):
-        products = {role: [wrap(m) for m in mods]
-                    for role, mods in step_llama.role_modules(view).items()}
-        embed = _Rows(view.model.embed_tokens, view.config.n_embd)
-        return step_llama.step_weights(view, products, embed)
-    tr = view.transformer
-    layers = [(layer_norm_call(b.ln_1), wrap(b.attn.c_attn), wrap(b.attn.c_proj),
-               layer_norm_call(b.ln_2), wrap(b.mlp.c_fc), wrap(b.mlp.c_proj)) for b in tr.h]
-    return StepWeights(_Rows(tr.wte, view.config.n_embd), tr.wpe.weight.detach(), layers,
-                       layer_norm_call(tr.ln_f), wrap(view.lm_head), view.config.n_head)
+    family_step = families.step_of(view)
+    products = {role: [wrap(m) for m in mods]
+                for role, mods in family_step.role_modules(view).items()}
+    embed = _Rows(families.embedding(view), view.config.n_embd)
+    return family_step.step_weights(view, products, embed)
 
 
 class WeightOnlyDecoder(FastDecoder):
@@ -104,19 +92,19 @@ class WeightOnlyDecoder(FastDecoder):
 
     appends = True  # the model's forward over the view takes several tokens at once
 
-    def __init__(self, model: GPT | Llama | ModelState, *, storage: str, batch_size: int = 1,
+    def __init__(self, model: CausalLM | ModelState, *, storage: str, batch_size: int = 1,
                  capacity: int | None = None) -> None:
         view = weight_only(model, storage)
         self._start(view, step_weights(view), batch_size, capacity)
         self.storage = storage
         self.kernel = kernel(storage, view.device.type)
 
-    def _start(self, view: WeightOnlyModel, weights: StepWeights | LlamaStepWeights,
+    def _start(self, view: WeightOnlyModel, weights: Any,
                batch_size: int, capacity: int | None) -> None:
         """Prefill over ``view``, steps over ``weights`` (what a rung over another storage --
         ``engine.decoders.blocks`` -- shares with this one)."""
         Decoder.__init__(self, view, batch_size=batch_size, capacity=capacity,
                          cache_kind="prealloc", mask="none", logits="last")
         self.step_weights = weights
-        self.python_step, self.fused = steps_of(weights)
+        self.python_step, self.fused = steps_of(view, weights)
         self.extra_bytes = view.stored_bytes()  # held besides the model's own weights

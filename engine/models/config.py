@@ -9,7 +9,9 @@ Both configs answer the same questions, so caches, costs and the planner need no
 family: ``n_layer``, ``n_head`` (query heads), ``n_kv_head`` (heads the KV cache holds: GPT-2's
 every head, GQA's fewer), ``head_dim``, ``n_embd``, ``block_size``, ``vocab_size``, ``mask``,
 ``family``, ``kv_bytes_per_token(element_bytes)``, ``matrices()`` (every Linear of one block as
-(role, out, in, bias), then the output projection), ``head`` (the output projection's
+(role, out, in, bias), then the output projection), ``cache_rows(tokens)`` (the rows per layer
+a cache holds after ``tokens`` tokens: all of them, or a sliding window's), ``head`` (the
+output projection's
 (out, in)), ``other_params()`` (the parameters that are no matrix: embeddings, norms, biases)
 and ``activations_per_token()`` (the values one token's pass through a block writes).
 Torch-free: the dashboard's server process reads shapes without importing torch.
@@ -18,6 +20,7 @@ Torch-free: the dashboard's server process reads shapes without importing torch.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 # How causality is enforced in attention (``engine.models.attention``). The memory page shows what
 # each one costs:
@@ -61,6 +64,11 @@ class GPTConfig:
         """K and V of one token across every layer: 2 x n_layer x n_kv_head x head_dim x el."""
         return 2 * self.n_layer * self.n_kv_head * self.head_dim * element_bytes
 
+    def cache_rows(self, tokens: int) -> int:
+        """Rows per layer a KV cache holds after ``tokens`` tokens: every one (a family with a
+        sliding window holds its window's at most)."""
+        return tokens
+
     def matrices(self) -> list[tuple[str, int, int, bool]]:
         """One block's Linears, (role -- its module's path in the block --, out, in, has
         bias): the fused q|k|v product, the attention's output projection, the MLP's 4x up and
@@ -88,6 +96,21 @@ class GPTConfig:
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
+
+    @classmethod
+    def from_hf(cls, fields: dict[str, Any], mask: str = "none") -> GPTConfig:
+        """The config a ``transformers`` GPT-2 ``config.json`` describes (its defaults where a
+        field is absent); ValueError for what our GPT-2 lacks."""
+        act = fields.get("activation_function", "gelu_new")
+        if act not in ("gelu_new", "gelu_pytorch_tanh"):
+            raise ValueError(f"activation {act!r}; allowed: gelu_new (GELU, tanh form)")
+        eps = float(fields.get("layer_norm_epsilon", 1e-5))
+        if eps != 1e-5:
+            raise ValueError(f"layer_norm_epsilon {eps}; allowed: 1e-05")
+        return cls(n_layer=int(fields.get("n_layer", 12)), n_head=int(fields.get("n_head", 12)),
+                   n_embd=int(fields.get("n_embd", 768)),
+                   block_size=int(fields.get("n_positions", 1024)),
+                   vocab_size=int(fields.get("vocab_size", 50257)), mask=mask)
 
 
 @dataclass(frozen=True)
@@ -142,6 +165,11 @@ class LlamaConfig:
         """K and V of one token across every layer: 2 x n_layer x n_kv_head x head_dim x el."""
         return 2 * self.n_layer * self.n_kv_head * self.head_dim * element_bytes
 
+    def cache_rows(self, tokens: int) -> int:
+        """Rows per layer a KV cache holds after ``tokens`` tokens: every one (a family with a
+        sliding window holds its window's at most)."""
+        return tokens
+
     def matrices(self) -> list[tuple[str, int, int, bool]]:
         """One block's Linears, (role -- its module's path in the block --, out, in, has bias):
         q, k and v apart (k and v only
@@ -172,6 +200,45 @@ class LlamaConfig:
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
+
+    # transformers' defaults for a field config.json leaves out (LlamaConfig's)
+    HF_DEFAULTS = {"max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+                   "tie_word_embeddings": False}
+
+    @classmethod
+    def hf_fields(cls, fields: dict[str, Any], mask: str) -> dict[str, Any]:
+        """This config's fields from a ``transformers`` ``config.json`` (``HF_DEFAULTS`` where
+        one is absent; RoPE's base under ``rope_parameters`` (transformers 5) or at the top
+        (4)); ValueError for what the Llama blocks lack (RoPE scaling, another activation,
+        biases, a head size other than width / heads)."""
+        get = {**cls.HF_DEFAULTS, **fields}.get
+        rope = get("rope_parameters") or get("rope_scaling") or {}
+        kind = rope.get("rope_type", rope.get("type", "default"))
+        if kind != "default":
+            raise ValueError(f"RoPE scaling {kind!r}; allowed: none (rope_type 'default')")
+        if get("hidden_act", "silu") != "silu":
+            raise ValueError(f"activation {get('hidden_act')!r}; allowed: silu (SwiGLU)")
+        if get("mlp_bias", False):
+            raise ValueError("biases in the MLP; allowed: none")
+        n_embd, n_head = int(get("hidden_size")), int(get("num_attention_heads"))
+        if get("head_dim") not in (None, n_embd // n_head):
+            raise ValueError(f"head_dim {get('head_dim')}; allowed: hidden_size / "
+                             f"num_attention_heads = {n_embd // n_head}")
+        return dict(n_layer=int(get("num_hidden_layers")), n_head=n_head,
+                    n_kv_head=int(get("num_key_value_heads") or n_head), n_embd=n_embd,
+                    n_hidden=int(get("intermediate_size")),
+                    block_size=int(get("max_position_embeddings")),
+                    vocab_size=int(get("vocab_size")),
+                    rope_theta=float(rope.get("rope_theta", get("rope_theta"))),
+                    norm_eps=float(get("rms_norm_eps")), tied=bool(get("tie_word_embeddings")),
+                    mask=mask)
+
+    @classmethod
+    def from_hf(cls, fields: dict[str, Any], mask: str = "none") -> LlamaConfig:
+        """The config a ``transformers`` ``config.json`` describes (``hf_fields``)."""
+        if fields.get("attention_bias", False):
+            raise ValueError("biases on q/k/v; allowed: none in a Llama (Qwen2 has them)")
+        return cls(**cls.hf_fields(fields, mask))
 
 
 ModelConfig = GPTConfig | LlamaConfig  # what every model of engine.families is described by

@@ -37,6 +37,8 @@ class Provenance:
 
     label: str = "not recorded"  # "random (seed 0)", "pretrained (gpt2)", ...
     fallback: str | None = None  # why "auto" fell back to random weights (None: it did not)
+    file: str | None = None  # the GGUF file the weights were read from (rungs 14-15 read its
+    # blocks as stored where they still are the model's weights)
 
 
 # id(model) -> the live state holding it (a state keeps its model alive, so the id is its own)

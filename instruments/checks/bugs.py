@@ -40,6 +40,7 @@ import torch.nn as nn
 from engine.cache import ConcatKVCache, KVCache
 from engine.models.attention import Attention
 from engine.models.base import CausalLM
+from instruments import lineup
 from instruments.checks import BUG_KINDS, bugs_for, bugs_llama
 
 Wrap = Callable[[Any, nn.Module, "KVCache | None", Attention, int],
@@ -76,9 +77,9 @@ def new_keys_first(cfg: Any, attn: nn.Module, cache: KVCache | None, attend: Att
     return cache, attend, offset
 
 
-WRAPS: dict[str, dict[str, Wrap]] = {  # family -> bug -> how its attention sees the cache
-    family: {"mask_offset": unshifted_mask, "cache_order": new_keys_first, **own}
-    for family, own in (("gpt2", {}), ("llama", bugs_llama.WRAPS))}
+WRAPS: dict[str, dict[str, Wrap]] = {  # positions -> bug -> how attention sees the cache
+    positions: {"mask_offset": unshifted_mask, "cache_order": new_keys_first, **own}
+    for positions, own in (("learned", {}), ("rope", bugs_llama.WRAPS))}
 
 
 class _Hooked:
@@ -144,12 +145,13 @@ def inject_bug(model: CausalLM, kind: str | None) -> Iterator[CausalLM]:
     if kind not in BUG_KINDS:
         raise ValueError(f"unknown bug {kind!r}; allowed: {', '.join(BUG_KINDS)}")
     modules = _modules(model, kind)
+    positions = lineup.family_of(model.config).positions  # which attention bugs it has
     saved = [m.__class__ for m in modules]
     for m in modules:
         if kind == "positions":
             m.__class__ = _broken(m.__class__, _RestartedPositions)
         else:
-            m.__dict__["bug_wrap"] = functools.partial(WRAPS[model.config.family][kind],
+            m.__dict__["bug_wrap"] = functools.partial(WRAPS[positions][kind],
                                                        model.config)
             m.__class__ = _broken(m.__class__, _Hooked)
     try:

@@ -13,9 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.cache import make_cache
 from engine.loop import as_prompt_tensor, first_difference, generate
-from engine.models.gpt2.model import GPT
+from engine.models.base import CausalLM
 from engine.models.state import ModelState
 from instruments import lineup
 from instruments.checks.gate import tolerance
@@ -30,7 +29,7 @@ class CheckResult:
     first_diff: int | None = None
 
 
-def allowed(model: GPT, reference: torch.Tensor) -> float:
+def allowed(model: CausalLM, reference: torch.Tensor) -> float:
     """The largest |Δ logit| a correct computation may show: the dtype's share
     (``instruments.checks.gate.TOLERANCE``) of the reference's largest |logit|."""
     return tolerance(model.dtype) * float(reference.float().abs().max())
@@ -38,7 +37,7 @@ def allowed(model: GPT, reference: torch.Tensor) -> float:
 
 @torch.no_grad()
 def logits_vs_transformers(
-    model: GPT, prompt_ids: Sequence[int], tol: float | None = None
+    model: CausalLM, prompt_ids: Sequence[int], tol: float | None = None
 ) -> CheckResult:
     """Max abs logit difference against ``transformers``' model of the same family (GPT-2's
     ``GPT2LMHeadModel``, the Llama family's ``LlamaForCausalLM``) holding the same weights."""
@@ -61,7 +60,7 @@ def distinct_floor(new_tokens: int) -> int:
 
 
 @torch.no_grad()
-def uncached_part(model: GPT, prompt: torch.Tensor, cached: torch.Tensor) -> int | None:
+def uncached_part(model: CausalLM, prompt: torch.Tensor, cached: torch.Tensor) -> int | None:
     """Where the uncached greedy loop's stream parts from ``cached`` (B, n), the greedy tokens
     generated with a cache after ``prompt`` (B, T); None if it never does.
 
@@ -81,7 +80,7 @@ def uncached_part(model: GPT, prompt: torch.Tensor, cached: torch.Tensor) -> int
 
 @torch.no_grad()
 def cached_equals_uncached(
-    model: GPT, prompt_ids: object, new_tokens: int, cache_kind: str = "prealloc",
+    model: CausalLM, prompt_ids: object, new_tokens: int, cache_kind: str = "prealloc",
     min_distinct: int | None = None,
 ) -> CheckResult:
     """Greedy generation with the cache must give exactly the uncached loop's tokens
@@ -111,7 +110,7 @@ def cached_equals_uncached(
 
 @torch.no_grad()
 def multi_token_append(
-    model: GPT,
+    model: CausalLM,
     prompt_ids: object,
     prefill: int,
     append_sizes: Sequence[int] = (1, 2, 3, 7),
@@ -128,7 +127,7 @@ def multi_token_append(
     tol = allowed(model, full) if tol is None else tol
     worst = 0.0
     for n in append_sizes:
-        cache = make_cache(cache_kind, model, idx.size(0), need)
+        cache = lineup.make_cache(cache_kind, model, idx.size(0), need)
         model(idx[:, :prefill], cache, attention=attention)
         got, _ = model(idx[:, prefill : prefill + n], cache, attention=attention)
         want = full[:, prefill : prefill + n]

@@ -30,7 +30,7 @@ import torch
 
 from engine import dtypes
 from engine.loop import decode, random_prompt
-from engine.models.gpt2.model import GPT
+from engine.models.base import CausalLM
 from engine.models.state import ModelState
 from instruments import lineup
 from instruments.lineup import make_decoder
@@ -60,7 +60,7 @@ def tolerance(dtype: Any) -> float:
     return TOLERANCE[dtypes.canonical(dtype)]
 
 
-def greedy(model: GPT | ModelState, name: str, prompt: torch.Tensor, n: int) -> torch.Tensor:
+def greedy(model: CausalLM | ModelState, name: str, prompt: torch.Tensor, n: int) -> torch.Tensor:
     """``n`` greedy tokens (B, n) of mode ``name`` after ``prompt``."""
     dec = make_decoder(model, name, batch_size=prompt.size(0), capacity=prompt.size(1) + n)
     return decode(dec, prompt, n).tokens
@@ -135,7 +135,7 @@ class Gate:
     The gate holds the model's state while it lives, so what a check builds (a compiled step,
     packed copies) is there for the decoders that are timed after it."""
 
-    def __init__(self, model: GPT | ModelState, batch: int = 1, seed: int = 0,
+    def __init__(self, model: CausalLM | ModelState, batch: int = 1, seed: int = 0,
                  steps: int = 8) -> None:
         self.state = ModelState.of(model)
         self.model = model = self.state.model

@@ -219,10 +219,11 @@ def kv_bytes_per_token(cfg: ModelConfig, dtype: Any) -> int:
 
 
 def kv_bytes(cfg: ModelConfig, dtype: Any, batch_size: int, context_len: int) -> int:
-    """KV cache payload for `batch_size` sequences of `context_len` tokens each."""
+    """KV cache payload for `batch_size` sequences of `context_len` tokens each (the rows a
+    cache holds: a sliding window's at most, ``cfg.cache_rows``)."""
     _check_positive("batch_size", batch_size)
     _check_positive("context_len", context_len, allow_zero=True)
-    return kv_bytes_per_token(cfg, dtype) * batch_size * context_len
+    return kv_bytes_per_token(cfg, dtype) * batch_size * cfg.cache_rows(context_len)
 
 
 def activation_bytes(cfg: ModelConfig, dtype: Any, context_len: int, cached: bool,

@@ -11,6 +11,9 @@ allocating them). Every size is a formula of the config:
                     "paged"       every sequence reserves ceil(l_i/b)*b (blocks handed out on use)
                     in use = sum l_i tokens; wasted = reserved - in use
   what fits         sequences = budget // (reserved bytes per sequence, averaged over the draw)
+  a sliding window  a model whose attention sees only its last W tokens holds at most W rows
+                    per layer (``cfg.cache_rows``): a length of l tokens reserves min(l, W), so
+                    memory stays flat past the window (``held``)
 Grouped / multi-query attention (fewer KV heads than query heads): every K/V-head count that
 divides the query heads, the model's own marked -- GPT-2 caches one K/V head per query head,
 SmolLM2 3 for its 9 (grouped-query attention: 46,080 B a token in fp32 where 9 heads would
@@ -43,6 +46,12 @@ def kv_bytes_per_token(cfg: ModelConfig, dtype: Any, storage: str | None = None,
     if storage == "int8":  # int8 values + one scale per (layer, head, token) in the model dtype
         return 2 * cfg.n_layer * heads * (cfg.head_dim + dtypes.itemsize(dtype))
     return 2 * cfg.n_layer * heads * cfg.head_dim * dtypes.itemsize(storage or dtype)
+
+
+def held(cfg: ModelConfig, lengths: Sequence[int]) -> list[int]:
+    """Rows per layer each sequence's cache holds: its length, or its window's (a sliding
+    window's ring of W rows)."""
+    return [cfg.cache_rows(n) for n in lengths]
 
 
 def draw_lengths(distribution: str, n: int, mean_len: int, limit: int, seed: int = 0
@@ -116,7 +125,7 @@ def storage_rows(cfg: ModelConfig, dtype: Any, budget_bytes: int | None) -> list
         bpt = kv_bytes_per_token(cfg, dtype, storage)
         rows.append({"storage": storage, "bytes_per_token": bpt,
                      "fits_full_length": None if budget_bytes is None
-                     else max_batch(budget_bytes, bpt, cfg.block_size)})
+                     else max_batch(budget_bytes, bpt, cfg.cache_rows(cfg.block_size))})
     return rows
 
 
@@ -132,9 +141,9 @@ def kv_head_rows(cfg: ModelConfig, dtype: Any, budget_bytes: int | None) -> list
                      "kind": f"{shape} (this model)" if heads == cfg.n_kv_head
                      else f"{shape} (what-if)", "own": heads == cfg.n_kv_head,
                      "bytes_per_token": bpt,
-                     "full_length_bytes": bpt * cfg.block_size,
+                     "full_length_bytes": bpt * cfg.cache_rows(cfg.block_size),
                      "fits_full_length": None if budget_bytes is None
-                     else max_batch(budget_bytes, bpt, cfg.block_size)})
+                     else max_batch(budget_bytes, bpt, cfg.cache_rows(cfg.block_size))})
     return rows
 
 

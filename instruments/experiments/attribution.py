@@ -56,7 +56,7 @@ from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, no_grad, reco
 if TYPE_CHECKING:
     from torch.profiler import ProfilerActivity
 
-    from engine.models.gpt2.model import GPT
+    from engine.models.base import CausalLM
     from instruments.measure.device import Peaks
 
 
@@ -238,7 +238,7 @@ def _read_trace(prof: Any, cuda: bool) -> _Trace:
 
 @no_grad
 def attribute_step(
-    model: GPT, mode: str, context_len: int, *, steps: int = 8, warmup: int = 3,
+    model: CausalLM, mode: str, context_len: int, *, steps: int = 8, warmup: int = 3,
     batch_size: int = 1, peaks: Peaks | None = None, decoder: Any = None,
 ) -> dict[str, Any]:
     """One attribution row for ``mode`` with ``context_len`` tokens in view at the first step.
@@ -329,7 +329,7 @@ def with_floors(row: dict[str, Any], peaks: Peaks) -> dict[str, Any]:
             "explained_share": 1.0 - (busy - floor_part) / step_ms if step_ms > 0 else None}
 
 
-def profile_mode(model: GPT, mode: str, contexts: list[int], p: AttributionParams,
+def profile_mode(model: CausalLM, mode: str, contexts: list[int], p: AttributionParams,
                  peaks: Peaks, tr: Tracker) -> bool:
     """Rows of ``attribute_step`` for one mode over ``contexts``, one decoder. True if stopped."""
     from engine.decoders import make_decoder
@@ -381,7 +381,7 @@ def run(loaded: Loaded, params: AttributionParams, progress: ProgressFn | None =
                   measured_peaks=peaks.to_dict())
 
 
-def recheck_floors(rows: list[dict[str, Any]], peaks: Peaks, model: GPT,
+def recheck_floors(rows: list[dict[str, Any]], peaks: Peaks, model: CausalLM,
                    tr: Tracker) -> tuple[list[dict[str, Any]], Peaks]:
     """A floor above a measured step is impossible: the rates were under-measured. Measure
     them again once and recompute every floor; rows still below their floor are flagged."""

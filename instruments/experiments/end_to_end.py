@@ -42,7 +42,7 @@ from instruments.spine import (
 from instruments.store.stats import mean_sd, percentile_fields
 
 if TYPE_CHECKING:
-    from engine.models.gpt2.model import GPT
+    from engine.models.base import CausalLM
 
 
 @dataclass
@@ -110,7 +110,7 @@ def summary(run: dict[str, Any]) -> list[str]:
             for r in run["tables"].get("end_to_end", [])]
 
 
-def measure(model: GPT, p: EndToEndParams, names: list[str], tr: Tracker) -> bool:
+def measure(model: CausalLM, p: EndToEndParams, names: list[str], tr: Tracker) -> bool:
     """Time each mode in ``names`` (already gated); rows go to ``tr``. True if stopped."""
     from engine.loop import decode, random_prompt
     from instruments.lineup import make_decoder

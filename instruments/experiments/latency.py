@@ -65,7 +65,7 @@ from instruments.store.tables import format_summary, summary_table
 if TYPE_CHECKING:
     import torch
 
-    from engine.models.gpt2.model import GPT
+    from engine.models.base import CausalLM
     from instruments.measure.sampler import RetakeBudget, Sampler
 
 
@@ -237,7 +237,7 @@ def _samples(p: LatencyParams, mode: str) -> int:
 
 class _Mode:
     """One mode during a sweep: its decoder (kept across contexts) and its ``Sampler``."""
-    def __init__(self, model: GPT, name: str, p: LatencyParams, top: int,
+    def __init__(self, model: CausalLM, name: str, p: LatencyParams, top: int,
                  tr: Tracker | None = None, budget: RetakeBudget | None = None) -> None:
         from instruments.lineup import make_decoder
         from instruments.measure.sampler import Sampler

@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 from instruments.spine import Tracker
 
 if TYPE_CHECKING:
-    from engine.models.gpt2.model import GPT
+    from engine.models.base import CausalLM
 
 
 class SweepGate:
     """One sweep's gate (see the module docstring); ``seconds`` is the time it took."""
 
-    def __init__(self, model: GPT, params: Any, contexts: list[int], tr: Tracker) -> None:
+    def __init__(self, model: CausalLM, params: Any, contexts: list[int], tr: Tracker) -> None:
         from instruments.checks import gate
 
         self.checker = gate.Gate(model, params.batch_size, params.prompt_seed)

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import torch
 
 from engine.loop import Step, decode
-from engine.models.gpt2.model import GPT
+from engine.models.base import CausalLM
 from instruments.lineup import make_decoder
 from instruments.measure.timing import StepClock
 from instruments.spine import Tracker
@@ -32,7 +32,7 @@ class Sampling(Protocol):
     batch_size: int
 
 
-def time_by_generation(model: GPT, mode: str, p: Sampling, contexts: list[int],
+def time_by_generation(model: CausalLM, mode: str, p: Sampling, contexts: list[int],
                        idx: torch.Tensor, tr: Tracker, row: Callable[..., dict[str, Any]]
                        ) -> bool:
     """Rows for one cached mode (see the module docstring). True if stopped."""

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine import dtypes
 from engine.models.config import GPTConfig, ModelConfig
+from instruments import lineup
 from instruments.costmodel import costs, kv_plan
 from instruments.experiments.inputs import (
     contexts_within,
@@ -37,7 +38,7 @@ from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, no_grad, reco
 if TYPE_CHECKING:
     import torch
 
-    from engine.models.gpt2.model import GPT
+    from engine.models.base import CausalLM
 
 
 @dataclass
@@ -131,9 +132,8 @@ def _cap_bytes(p: PlannerParams, device: torch.device, budget: int | None) -> in
     return CPU_ALLOC_CAP_MIB * MIB
 
 
-def _fit_rows(model: GPT, p: PlannerParams, budget: int | None, cap: int,
+def _fit_rows(model: CausalLM, p: PlannerParams, budget: int | None, cap: int,
               tr: Tracker) -> None:
-    from engine.cache import make_cache
     from instruments.measure import memory
 
     cfg, dev = model.config, model.device
@@ -141,46 +141,49 @@ def _fit_rows(model: GPT, p: PlannerParams, budget: int | None, cap: int,
     for t in p.contexts or []:
         if tr.stop():
             return
-        fit = None if budget is None else kv_plan.max_batch(budget, bpt, t)
-        batch = min(fit if fit is not None else 1, cap // (bpt * t))
+        rows = cfg.cache_rows(t)  # a sliding window holds its window's rows at most
+        fit = None if budget is None else kv_plan.max_batch(budget, bpt, rows)
+        batch = min(fit if fit is not None else 1, cap // (bpt * rows))
         row: dict[str, Any] = {"context_len": t, "bytes_per_token": bpt, "formula_batch": fit,
                                "allocated_batch": batch, "capped": fit is not None and
-                               batch < fit, "formula_bytes": bpt * t * batch}
+                               batch < fit, "formula_bytes": bpt * rows * batch}
         if batch < 1:
-            row.update(fits=None, error=f"one sequence needs {bpt * t / MIB:,.0f} MiB, over "
+            row.update(fits=None, error=f"one sequence needs {bpt * rows / MIB:,.0f} MiB, over "
                        f"the {cap / MIB:,.0f} MiB allowed per allocation")
         else:
-            row.update(memory.allocation(dev, lambda b=batch, t=t: make_cache(
+            row.update(memory.allocation(dev, lambda b=batch, t=t: lineup.make_cache(
                 "prealloc", model, b, t)))
         tr.work += 1
         tr.row("fit", row, f"{t} tokens: {fit if fit is not None else '?'} sequences fit by "
                f"formula; allocated {batch}")
 
 
-def _layout(model: GPT, layout: str, lengths: list[int], block_tokens: int) -> Any:
-    from engine.cache import make_cache
+def _layout(model: CausalLM, layout: str, lengths: list[int], block_tokens: int) -> Any:
     from engine.cache.paged import PagedKVCache
 
     cfg = model.config
     if layout == "contiguous":
-        return make_cache("prealloc", model, len(lengths), cfg.block_size)
+        return lineup.make_cache("prealloc", model, len(lengths), cfg.block_size)
     if layout == "exact":
-        return [make_cache("prealloc", model, 1, n) for n in lengths]
-    blocks = kv_plan.reserved_tokens("paged", lengths, cfg.block_size, block_tokens)
+        return [lineup.make_cache("prealloc", model, 1, n) for n in lengths]
+    blocks = kv_plan.reserved_tokens("paged", kv_plan.held(cfg, lengths), cfg.block_size,
+                                     block_tokens)
     cache = PagedKVCache(cfg.n_layer, len(lengths), cfg.n_kv_head, cfg.block_size, cfg.head_dim,
                          block_tokens=block_tokens, pool_blocks=blocks // block_tokens,
                          device=model.device, dtype=model.dtype)
-    for seq, n in enumerate(lengths):  # every block of the pool is handed out, none is left
-        cache.reserve(seq, n)
+    for seq, n in enumerate(kv_plan.held(cfg, lengths)):  # every block of the pool is handed
+        cache.reserve(seq, n)  # out, none is left
     return cache
 
 
-def _layout_rows(model: GPT, p: PlannerParams, lengths: list[int], budget: int | None,
+def _layout_rows(model: CausalLM, p: PlannerParams, lengths: list[int], budget: int | None,
                  cap: int, tr: Tracker) -> None:
     from instruments.measure import memory
 
     bpt = kv_plan.kv_bytes_per_token(model.config, model.dtype)
-    for row in kv_plan.layouts(lengths, model.config.block_size, p.block_tokens, bpt, budget):
+    cfg = model.config
+    for row in kv_plan.layouts(kv_plan.held(cfg, lengths), cfg.cache_rows(cfg.block_size),
+                               p.block_tokens, bpt, budget):
         if tr.stop():
             return
         if row["reserved_bytes"] > cap:
@@ -193,7 +196,7 @@ def _layout_rows(model: GPT, p: PlannerParams, lengths: list[int], budget: int |
         tr.row("layouts", row, f"{row['label']}: {row['reserved_bytes'] / MIB:,.1f} MiB reserved")
 
 
-def _reference(model: GPT, tokens: torch.Tensor, free: int | None) -> tuple[torch.Tensor, str]:
+def _reference(model: CausalLM, tokens: torch.Tensor, free: int | None) -> tuple[torch.Tensor, str]:
     """fp32 logits (B, T, vocab) of ``tokens``: the model itself, or an fp32 copy of it."""
     import torch
 
@@ -209,7 +212,7 @@ def _reference(model: GPT, tokens: torch.Tensor, free: int | None) -> tuple[torc
         del ref
 
 
-def _storage_rows(model: GPT, p: PlannerParams, free: int | None, budget: int | None,
+def _storage_rows(model: CausalLM, p: PlannerParams, free: int | None, budget: int | None,
                   tr: Tracker) -> None:
     import torch
 

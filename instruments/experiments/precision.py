@@ -28,7 +28,7 @@ from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, no_grad, reco
 if TYPE_CHECKING:
     import torch
 
-    from engine.models.gpt2.model import GPT
+    from engine.models.base import CausalLM
 
 
 def precisions_for(device: str, dtypes: list[str]) -> list[str]:
@@ -91,7 +91,7 @@ def _tf32(enabled: bool) -> Iterator[None]:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
 
 
-def _teacher_forced(model: GPT, prompt: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+def _teacher_forced(model: CausalLM, prompt: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """Logits (n, B, vocab) in fp32 for each step when ``tokens`` (B, n) are fed back."""
     import torch
 
@@ -172,10 +172,8 @@ def run(loaded: Loaded, params: PrecisionParams, progress: ProgressFn | None = N
                   partial=stopped, notes=tr.notes)
 
 
-def _converted(model: GPT, dtype: torch.dtype) -> GPT:
+def _converted(model: CausalLM, dtype: torch.dtype) -> CausalLM:
     """A copy of ``model`` in ``dtype`` (the shared model itself is never changed)."""
-    from engine.models.gpt2.model import GPT
-
-    out = GPT.empty(model.config, model.device, dtype)
+    out = type(model).empty(model.config, model.device, dtype)
     out.load_state_dict(model.state_dict())  # copies and casts; the head stays tied to wte
     return out.eval()

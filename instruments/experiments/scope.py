@@ -35,7 +35,7 @@ from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, no_grad, reco
 
 if TYPE_CHECKING:
 
-    from engine.models.gpt2.model import GPT
+    from engine.models.base import CausalLM
 
 BATCH_POINTS = (1, 2, 4, 8, 16, 32)  # the batch sizes a batch scope sweep grows through
 
@@ -105,7 +105,7 @@ def step_memory_estimate(cfg: GPTConfig, dtype: Any, batch: int, context_len: in
 
 
 @no_grad
-def measure_speedup(model: GPT, batch: int, context_len: int, *, cached_mode: str,
+def measure_speedup(model: CausalLM, batch: int, context_len: int, *, cached_mode: str,
                     uncached_mode: str, steps: int = 6, repeats: int = 3) -> dict[str, Any]:
     """Cached step and uncached forward at ``context_len`` tokens in view, batch ``batch``."""
     from engine.decoders import make_decoder
@@ -156,7 +156,7 @@ def _ratio(cfg: GPTConfig, t: int, batch: int) -> float:
     return costs.step_flops(cfg, t, False, batch, True) / costs.step_flops(cfg, t, True, batch)
 
 
-def _batches(model: GPT, p: ScopeParams, tr: Tracker) -> None:
+def _batches(model: CausalLM, p: ScopeParams, tr: Tracker) -> None:
     from instruments.measure import memory
 
     cfg = model.config
@@ -183,7 +183,7 @@ def _batches(model: GPT, p: ScopeParams, tr: Tracker) -> None:
         tr.row("scope", row, f"batch {b}: " + (row["skipped"] or f"{row['speedup']:.1f}x"))
 
 
-def _models(model: GPT, p: ScopeParams, tr: Tracker) -> None:
+def _models(model: CausalLM, p: ScopeParams, tr: Tracker) -> None:
     import torch
 
     from instruments.measure import memory

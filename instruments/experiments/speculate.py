@@ -46,7 +46,7 @@ from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, no_grad, reco
 if TYPE_CHECKING:
     import torch
 
-    from engine.models.gpt2.model import GPT
+    from engine.models.base import CausalLM
 
 KS = [1, 2, 4, 8, 16, 32]
 MAX_K = 64
@@ -172,14 +172,14 @@ def summary(run: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _sampler(model: GPT, p: SpeculateParams, tr: Tracker) -> Any:
+def _sampler(model: CausalLM, p: SpeculateParams, tr: Tracker) -> Any:
     from instruments.measure.sampler import Sampler
 
     return Sampler(model.device, repeats=p.repeats, min_repeats=min(2, p.repeats), warmup=1,
                    should_stop=tr.stop)
 
 
-def _verify(model: GPT, p: SpeculateParams, tr: Tracker) -> bool:
+def _verify(model: CausalLM, p: SpeculateParams, tr: Tracker) -> bool:
     """The verify rows; True if stopped."""
     from engine.decoders import make_decoder
     from engine.loop import random_prompt
@@ -219,7 +219,7 @@ def _verify(model: GPT, p: SpeculateParams, tr: Tracker) -> bool:
     return False
 
 
-def prompt_ids(model: GPT, text: str, new_tokens: int, chat: bool = False
+def prompt_ids(model: CausalLM, text: str, new_tokens: int, chat: bool = False
                ) -> tuple[torch.Tensor, str]:
     """(1, T) ids of ``text`` (``DEFAULT_PROMPT`` when empty) in the model's vocabulary -- in
     its chat template when ``chat`` --, its start cut so that T + new_tokens fits the model;
@@ -280,7 +280,7 @@ def _drafting_ms(history: Any, forwards: list[Any], k: int, ngram: int, prompt_l
     return out
 
 
-def _speculate(model: GPT, p: SpeculateParams, prompt: torch.Tensor, tr: Tracker,
+def _speculate(model: CausalLM, p: SpeculateParams, prompt: torch.Tensor, tr: Tracker,
                meta: dict[str, Any]) -> bool:
     """The plain generation, then one speculative row per k; True if stopped."""
     import torch

@@ -42,7 +42,7 @@ from instruments.spine import Loaded, ProgressFn, StopFn, Tracker, no_grad, reco
 if TYPE_CHECKING:
     import torch
 
-    from engine.models.gpt2.model import GPT
+    from engine.models.base import CausalLM
 
 
 @dataclass
@@ -101,7 +101,7 @@ def default_ts(block_size: int, device: Any) -> list[int]:
     return sorted({1, *range(32, block_size + 1, 32), block_size})
 
 
-def _weights(model: GPT) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+def _weights(model: CausalLM) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
     """The real tensors of layer 0 and the head: same layout, same memory placement."""
     blk = model.transformer.h[0]
     return {"qkv": (blk.attn.c_attn.weight, blk.attn.c_attn.bias),

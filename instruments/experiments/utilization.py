@@ -25,7 +25,7 @@ from instruments.costmodel import costs
 from instruments.store.stats import percentile_fields
 
 if TYPE_CHECKING:
-    from engine.models.gpt2.model import GPT
+    from engine.models.base import CausalLM
 
 
 def weight_storage(spec: Any) -> str:
@@ -66,7 +66,7 @@ def add_shares(rows: list[dict[str, Any]], measured: dict[str, Any] | None,
         r["mbu_listed"], r["mfu_listed"] = costs.utilization(flops, nbytes, seconds, *listed)
 
 
-def row(model: GPT, mode: str, t: int, batch: int, samples_ms: list[float], phase: str,
+def row(model: CausalLM, mode: str, t: int, batch: int, samples_ms: list[float], phase: str,
         last_only: bool, compile_s: float, keys: int | None = None,
         quiet: dict[str, Any] | None = None) -> dict[str, Any]:
     """One latency row: the median, every sample, the formula FLOPs/bytes and the rates.

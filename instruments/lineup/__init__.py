@@ -12,9 +12,11 @@ Modes and peers, one namespace for everything a sweep can time:
   ``make_decoder(model, name, **kw)`` a mode through ``engine.decoders.make_decoder`` or a peer
                         through its adapter (``PeerSpec.factory``, imported on first use)
 Model families and their presets (``engine.families``):
-  ``models(tests=False)``, ``preset(name)``, ``config(name)``, ``config_from_dict(fields)``,
+  ``models(tests=False)``, ``preset(name)`` (a name, or a checkpoint's path: ``is_path``),
+  ``offline_weights(name)``, ``config(name)``, ``config_from_dict(fields)``,
   ``family_of(name_or_config)``, ``load_model(name, weights, ...)``, ``model_class(cfg)``,
-  ``tokenizer(cfg)``, ``reference(model)``, ``block_linears(model)``, ``head_linear(model)``
+  ``tokenizer(cfg)``, ``reference(model)``, ``block_linears(model)``, ``head_linear(model)``,
+  ``make_cache(kind, model, batch, capacity)`` (the family's own cache where it has one)
 Pages, inputs, the gate, the cost model and the experiments ask here, so a mode, a peer or a
 model family registered once is selectable, gated, predicted and timed wherever the others are.
 Torch-free at import; lowest of the instrument parts but the store, so the cost model and the
@@ -179,6 +181,8 @@ def family_titles() -> list[str]:
 
 preset = families.preset
 installed = families.installed  # (are a preset's real weights installed, how to install them)
+offline_weights = families.offline_weights  # what a run loads when no weights are asked for
+is_path = families.is_path  # a checkpoint's path rather than a preset's name
 config = families.config
 config_from_dict = families.config_from_dict
 family_of = families.family_of
@@ -188,3 +192,4 @@ tokenizer = families.tokenizer  # a model's tokenizer: encode, decode, decode_ea
 reference = families.reference  # the family's transformers model holding a model's weights
 block_linears = families.block_linears  # every block's Linears, in cfg.matrices() order
 head_linear = families.head_linear
+make_cache = families.make_cache  # a KV cache of a kind: the family's own, else the engine's

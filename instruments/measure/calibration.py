@@ -58,17 +58,16 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from engine.cache import make_cache
 from engine.decoders.fast import fast_weights
 from engine.loop import random_prompt
 from engine.models.attention import Attention, attend_filled, through_cache
+from engine.models.base import CausalLM
 from engine.models.config import ModelConfig
-from engine.models.gpt2.model import GPT
-from engine.models.llama.model import Llama
 from engine.models.state import ModelState
 from engine.quant.weight_only import STORAGES, weight_only
 from instruments import lineup
 from instruments.costmodel import predict
+from instruments.lineup import make_cache
 from instruments.measure import busy as busy_time
 from instruments.measure.sampler import Sampler
 from instruments.measure.small_ops import SMALL_OPS
@@ -111,7 +110,7 @@ def hollow_config(cfg: ModelConfig) -> ModelConfig:
     return dataclasses.replace(cfg, **{k: v for k, v in shapes.items() if k in fields})
 
 
-def hollow_model(model: GPT | Llama) -> GPT | Llama:
+def hollow_model(model: CausalLM) -> CausalLM:
     """Same family, same layers, same code, widths 4, vocabulary 8 (``hollow_config``)."""
     return type(model).random(hollow_config(model.config), device=model.device,
                               dtype=model.dtype, seed=0)
@@ -127,7 +126,7 @@ def _flush_buffer() -> torch.Tensor:
     return torch.zeros(int(size * 1.5) // 4)  # host: flushes the CPU cache
 
 
-def _layer_weight_bytes(model: GPT | Llama) -> int:
+def _layer_weight_bytes(model: CausalLM) -> int:
     """The bytes of one block's matrices (``lineup.block_linears``)."""
     return sum(p.numel() * p.element_size() for m in lineup.block_linears(model)[0]
                for p in m.parameters())
@@ -160,19 +159,17 @@ def _sample(fn: Callable[[], Any], device: torch.device, repeats: int,
 
 def _packed(state: ModelState) -> tuple[list[list[Callable[..., Any]]], Callable[..., Any]]:
     """Mode 8's chosen products (``engine.decoders.fast``): per block in ``cfg.matrices()``'s
-    order, and the head. GPT-2's copies are kept per block, the Llama family's per role."""
+    order (the family step's roles are in that order, the head last), and the head."""
     w = fast_weights(state)
-    if isinstance(w.linears, dict):  # per role, named as the role's module (q_proj, ...)
-        roles = [role.rsplit(".", 1)[-1] for role, *_ in state.model.config.matrices()]
-        return [list(b) for b in zip(*(w.linears[r] for r in roles), strict=True)], \
-            w.linears["lm_head"][0]
-    return [list(b) for b in w.linears], w.head
+    roles = [r for r in w.linears if r != "lm_head"]
+    return [list(b) for b in zip(*(w.linears[r] for r in roles), strict=True)], \
+        w.linears["lm_head"][0]
 
 
 class _Parts:
     """The timed pieces of one model (real or hollow) at batch B."""
 
-    def __init__(self, model: GPT | Llama, batch: int, cold: bool) -> None:
+    def __init__(self, model: CausalLM, batch: int, cold: bool) -> None:
         self.model, self.batch, self.cold = model, batch, cold
         self.state = ModelState.of(model)  # held while timing: its packing and masks are reused
         self.cfg, self.dev, self.dtype = model.config, model.device, model.dtype
@@ -346,7 +343,7 @@ def plan(model_modes: list[str], batch: int, max_context: int) -> list[tuple[str
 
 
 @torch.no_grad()
-def calibrate(model: GPT | Llama, model_modes: list[str], batch: int, max_context: int,
+def calibrate(model: CausalLM, model_modes: list[str], batch: int, max_context: int,
               repeats: int = 3, tick: Tick | None = None,
               skip: set[tuple[str, str, int]] | None = None,
               missing: list[str] | None = None, busy: bool | None = None

@@ -18,11 +18,11 @@ from typing import Any
 
 import torch
 
-from engine.cache import make_cache
 from engine.loop import random_prompt
 from engine.models.attention import Attention
-from engine.models.gpt2.model import GPT
+from engine.models.base import CausalLM
 from engine.models.state import ModelState
+from instruments import lineup
 from instruments.costmodel import costs
 
 MIB = 2**20
@@ -74,7 +74,7 @@ def _delta(after: dict, before: dict, key: str) -> int | None:
     return int(after[key] - before[key])
 
 
-def weights_bytes(model: GPT) -> int:
+def weights_bytes(model: CausalLM) -> int:
     """Parameter bytes, each storage counted once (the tied wte / lm_head weight once)."""
     seen: set[int] = set()
     total = 0
@@ -86,7 +86,7 @@ def weights_bytes(model: GPT) -> int:
     return total
 
 
-def model_memory(model: GPT) -> dict[str, Any]:
+def model_memory(model: CausalLM) -> dict[str, Any]:
     """Weights (measured tensors and formula) and causal-mask buffers (held now by the model's
     state, for the modes that ran, and per kind)."""
     cfg = model.config
@@ -132,11 +132,11 @@ def cublas_workspace(device: Any) -> tuple[int | None, str]:
 
 
 @torch.no_grad()
-def _warm_up(model: GPT, batch_size: int = 1, tokens: int = 2) -> None:
+def _warm_up(model: CausalLM, batch_size: int = 1, tokens: int = 2) -> None:
     """One forward at the largest shape to come: CPU kernels keep scratch sized by the biggest
     problem seen, and CUDA allocates the cuBLAS workspace on the first matmul."""
     idx = torch.zeros(batch_size, tokens, dtype=torch.long, device=model.device)
-    model(idx, make_cache("prealloc", model, batch_size, tokens), logits="last")
+    model(idx, lineup.make_cache("prealloc", model, batch_size, tokens), logits="last")
 
 
 def storage_bytes(tensors: Sequence[torch.Tensor]) -> int:
@@ -170,7 +170,7 @@ def allocation(device: Any, build: Any) -> dict[str, Any]:
 
 
 @torch.no_grad()
-def measure_kv_memory(model: GPT, contexts: Sequence[int], batch_size: int = 1,
+def measure_kv_memory(model: CausalLM, contexts: Sequence[int], batch_size: int = 1,
                       cache_kind: str = "concat", warmup_first: bool = True,
                       fill: str = "prefill") -> list[dict]:
     """The cache's bytes three ways (formula, tensors, allocator/RSS delta) at each context.
@@ -218,14 +218,14 @@ def measure_kv_memory(model: GPT, contexts: Sequence[int], batch_size: int = 1,
 
     if fill == "prefill":
         for t in points:
-            cache = make_cache(cache_kind, model, batch_size, t)
+            cache = lineup.make_cache(cache_kind, model, batch_size, t)
             out, _ = model(idx[:, :t], cache, logits="last")
             del out  # only the cache should stay alive when the counters are read
             record(cache, t)
             del cache
             _sync_and_collect(device)
         return rows
-    cache = make_cache(cache_kind, model, batch_size, points[-1])
+    cache = lineup.make_cache(cache_kind, model, batch_size, points[-1])
     out, _ = model(idx[:, : points[0]], cache, logits="last")
     del out
     record(cache, points[0])
@@ -240,7 +240,7 @@ def measure_kv_memory(model: GPT, contexts: Sequence[int], batch_size: int = 1,
 
 
 @torch.no_grad()
-def memory_breakdown(model: GPT, batch_size: int, context_len: int,
+def memory_breakdown(model: CausalLM, batch_size: int, context_len: int,
                      cache_kind: str = "prealloc", mask: str | None = None) -> list[dict]:
     """Rows (component, bytes, source, note) for a stacked bar of one run's memory, measured.
 
@@ -263,7 +263,7 @@ def memory_breakdown(model: GPT, batch_size: int, context_len: int,
             _sync_and_collect(model.device)
 
 
-def _measured_breakdown(model: GPT, batch_size: int, context_len: int, cache_kind: str,
+def _measured_breakdown(model: CausalLM, batch_size: int, context_len: int, cache_kind: str,
                         attention: Attention) -> list[dict]:
     cfg, device, dtype = model.config, model.device, model.dtype
     kv_formula = costs.kv_bytes(cfg, dtype, batch_size, context_len)
@@ -277,7 +277,7 @@ def _measured_breakdown(model: GPT, batch_size: int, context_len: int, cache_kin
     ws_bytes, ws_how = cublas_workspace(device)
     _warm_up(model, batch_size, context_len)
     _sync_and_collect(device, full=True)
-    cache = make_cache(cache_kind, model, batch_size, context_len)
+    cache = lineup.make_cache(cache_kind, model, batch_size, context_len)
     idx = random_prompt(model, batch_size, context_len)
     if _is_cuda(device):
         torch.cuda.reset_peak_memory_stats(device)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.models.gpt2.model import GPT
+from engine.models.base import CausalLM
 from engine.models.state import ModelState, weights_version  # bumped by in-place writes
 
 
@@ -35,7 +35,7 @@ class Built:
     weights_version: tuple[int, ...] = ()  # the model's weights it was built from
 
 
-def engine_for(model: GPT, key: tuple, build: Callable[[], Built]) -> Built:
+def engine_for(model: CausalLM, key: tuple, build: Callable[[], Built]) -> Built:
     """The engine for ``key`` over ``model``'s current weights, built on first use (timed)."""
     version = weights_version(model)
 
@@ -63,7 +63,7 @@ def temp_folder(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"kvlab_{prefix}_"))
 
 
-def hf_copy(model: GPT) -> Any:
+def hf_copy(model: CausalLM) -> Any:
     """A GPT2LMHeadModel holding a copy of ``model``'s weights, on the model's device."""
     from engine.models.gpt2.weights import to_transformers
 

@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from engine.models.gpt2.model import GPT
+from engine.models.base import CausalLM
 from instruments.lineup import PeerUnavailable
 from instruments.peers.built import Built, engine_for, folder_bytes, hf_copy, temp_folder
 
@@ -116,7 +116,7 @@ class _Vocab:
         return {n: i for i, n in enumerate(self.names)}
 
 
-def _build(model: GPT, compute_type: str, threads: int) -> Built:
+def _build(model: CausalLM, compute_type: str, threads: int) -> Built:
     ctranslate2 = import_ctranslate2()
     from ctranslate2.converters.transformers import TransformersConverter
 
@@ -245,7 +245,7 @@ class CT2Decoder:
     logits = "last"
     cache_kind = "ct2"
 
-    def __init__(self, model: GPT, *, batch_size: int = 1, capacity: int | None = None,
+    def __init__(self, model: CausalLM, *, batch_size: int = 1, capacity: int | None = None,
                  threads: int | None = None, compute_type: str = "float32") -> None:
         if batch_size != 1:
             raise ValueError("CTranslate2 peers run at batch size 1 here (one paused "

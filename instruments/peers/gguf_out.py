@@ -218,9 +218,9 @@ def _copy_fields(writer: Any, src: str | Path, prefix: str = "") -> None:
 
 def file_tensors(path: str | Path) -> Any:
     """(name, ggml type name, values as float32 in numpy's (torch's) order) of every tensor of
-    a GGUF file, in its order: the table and bytes read by ``engine.quant.gguf`` (fast), quantized
+    a GGUF file, in its order: the table and bytes read by ``engine.models.gguf`` (fast), quantized
     blocks dequantized by ``gguf.quants``."""
-    from engine.quant.gguf import GGUFFile
+    from engine.models.gguf import GGUFFile
 
     gguf = _gguf()
     with GGUFFile(path) as f:
@@ -240,9 +240,9 @@ def write_gguf(model: Any, path: str | Path, qtype: str = "f32") -> Path:
     family = getattr(model.config, "family", "gpt2")
     if family == "gpt2":
         return _write_gpt2(model, path, q)
-    if family == "llama":
-        return _write_llama(model, path, q)
-    raise ValueError(f"no GGUF layout for {family} models; allowed: gpt2, llama")
+    if family in ("llama", "qwen2"):  # llama.cpp's architectures of the same names
+        return _write_llama(model, path, q, family)
+    raise ValueError(f"no GGUF layout for {family} models; allowed: gpt2, llama, qwen2")
 
 
 def _params(model: Any) -> dict[str, np.ndarray]:
@@ -296,27 +296,30 @@ _LLAMA_BLOCK = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_n
                 "ffn_gate", "ffn_up", "ffn_down")
 
 
-def _llama_tensors(model: Any) -> dict[str, np.ndarray]:
-    """GGUF name -> the tensor in llama.cpp's layout, from our Llama's parameters."""
+def _llama_tensors(model: Any, arch: str = "llama") -> dict[str, np.ndarray]:
+    """GGUF name -> the tensor in llama.cpp's layout, from our Llama's parameters (a "qwen2"
+    file: q/k rows as they are, and their biases)."""
     from engine.models.llama.weights import param_name  # the loader's own name table, inverted here
 
     cfg, p = model.config, _params(model)
+    biases = [f"blk.{i}.attn_{t}.bias" for i in range(cfg.n_layer) for t in "qkv"] \
+        if arch == "qwen2" else []
     names = ["token_embd.weight", *([] if cfg.tied else ["output.weight"]),
              *(f"blk.{i}.{t}.weight" for i in range(cfg.n_layer) for t in _LLAMA_BLOCK),
-             "output_norm.weight"]
+             *biases, "output_norm.weight"]
     out = {}
     for name in names:
         w = p[param_name(name)]
-        if ".attn_q." in name or ".attn_k." in name:
+        if arch == "llama" and (".attn_q." in name or ".attn_k." in name):
             w = permute_rows(w, cfg.n_head if ".attn_q." in name else cfg.n_kv_head)
         out[name] = w
     return out
 
 
-def _write_llama(model: Any, path: str | Path, q: Any) -> Path:
+def _write_llama(model: Any, path: str | Path, q: Any, arch: str = "llama") -> Path:
     cfg = model.config
-    writer = _open(path, "llama")
-    writer.add_name("kvlab llama")
+    writer = _open(path, arch)
+    writer.add_name(f"kvlab {arch}")
     writer.add_block_count(cfg.n_layer)
     writer.add_context_length(cfg.block_size)
     writer.add_embedding_length(cfg.n_embd)
@@ -338,7 +341,7 @@ def _write_llama(model: Any, path: str | Path, q: Any) -> Path:
     else:
         writer.add_tokenizer_model("none")
     embed_q = qtype_of("q8_0") if q.name == "Q4_1" else q
-    for name, w in _llama_tensors(model).items():
+    for name, w in _llama_tensors(model, arch).items():
         _add(writer, name, w, embed_q if name == "token_embd.weight" else q)
     return _finish(writer, path)
 
@@ -365,7 +368,7 @@ def holds_file(model: Any, path: str | Path) -> bool:
     (every tensor dequantized and compared; the first difference ends it)."""
     if getattr(model.config, "family", "") != "llama":
         return False
-    from engine.quant.gguf import GGUFFile
+    from engine.models.gguf import GGUFFile
 
     with GGUFFile(path) as f:
         table = {name: tuple(info.shape) for name, info in f.tensors.items()}

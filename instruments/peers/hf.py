@@ -19,18 +19,18 @@ from __future__ import annotations
 
 import torch
 
-from engine.models.gpt2.model import GPT
+from engine.models.base import CausalLM
 from instruments.peers.built import Built, engine_for, hf_copy, tensor_bytes
 
 
-def _build(model: GPT) -> Built:
+def _build(model: CausalLM) -> Built:
     import transformers
 
     hf = hf_copy(model)
     return Built(hf, 0.0, tensor_bytes(hf), transformers.__version__)
 
 
-def _build_compiled(model: GPT, capacity: int) -> Built:
+def _build_compiled(model: CausalLM, capacity: int) -> Built:
     """The copy with its step compiled, warmed through a static cache until no call compiles
     (reduce-overhead records its CUDA graph on a later call), so no timed step ever does."""
     from transformers import StaticCache
@@ -55,7 +55,7 @@ class HFDecoder:
     appends = False  # one token per step through this adapter
     logits = "last"
 
-    def __init__(self, model: GPT, *, batch_size: int = 1, capacity: int | None = None,
+    def __init__(self, model: CausalLM, *, batch_size: int = 1, capacity: int | None = None,
                  threads: int | None = None, cache: str = "dynamic") -> None:
         if cache not in ("dynamic", "static", "compiled"):
             raise ValueError(f"cache must be 'dynamic', 'static' or 'compiled', got {cache!r}")

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from engine.models.gpt2.model import GPT
+from engine.models.base import CausalLM
 from instruments.lineup import PeerUnavailable
 from instruments.peers.built import Built, engine_for, folder_bytes, hf_copy, temp_folder
 
@@ -56,7 +56,7 @@ def names(layers: int) -> tuple[list[str], list[str]]:
     return past, [p.replace("past", "present") for p in past]
 
 
-def _export(model: GPT, dtype: str, path: Any) -> None:
+def _export(model: CausalLM, dtype: str, path: Any) -> None:
     import warnings
 
     cfg = model.config
@@ -75,7 +75,7 @@ def _export(model: GPT, dtype: str, path: Any) -> None:
                           dynamic_axes=axes, opset_version=OPSET)
 
 
-def _build(model: GPT, dtype: str, threads: int) -> Built:
+def _build(model: CausalLM, dtype: str, threads: int) -> Built:
     import onnxruntime as ort
 
     dev = model.device
@@ -112,7 +112,7 @@ class ORTDecoder:
     engine = "ort"  # the key its converted engine is kept under (per model)
     build = staticmethod(_build)
 
-    def __init__(self, model: GPT, *, batch_size: int = 1, capacity: int | None = None,
+    def __init__(self, model: CausalLM, *, batch_size: int = 1, capacity: int | None = None,
                  threads: int | None = None, dtype: str = "float32") -> None:
         self.model, self.batch_size = model, batch_size
         self.capacity = capacity or model.config.block_size

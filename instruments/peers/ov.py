@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.models.gpt2.model import GPT
+from engine.models.base import CausalLM
 from instruments.lineup import PeerUnavailable
 from instruments.peers.built import Built, folder_bytes, temp_folder
 from instruments.peers.ort import ORTDecoder, _export
 
 
-def _build(model: GPT, dtype: str, threads: int) -> Built:
+def _build(model: CausalLM, dtype: str, threads: int) -> Built:
     import openvino as ov
 
     folder = temp_folder("ov")

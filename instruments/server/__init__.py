@@ -1,5 +1,7 @@
-"""The serving engine behind an OpenAI-compatible HTTP endpoint (``python -m instruments
-server``), where the field's load generators (guidellm, ``vllm bench serve``) reach it.
+"""The serving engine behind an OpenAI-compatible HTTP endpoint.
+
+``python -m instruments server``: where the field's load generators (guidellm, ``vllm bench
+serve``) reach it.
 
   core     the engine core: a process of its own owning the model and one
            ``engine.serving.ServingEngine``, stepping while it has work; pipes in and out

@@ -50,7 +50,7 @@ out = []
 for name in lineup.mode_names():
     s = lineup.spec(name)
     out.append([name, s.label, [f for f in fams if s.runs(f)[0]], s.why_not, s.tolerance,
-                s.needs, len(fams)])
+                s.needs, fams])
 print(json.dumps(out))
 """
 _MODELS = """
@@ -163,10 +163,11 @@ def _asked(root: Path, code: str, where: str, what: str) -> list[list[Any]]:
 # ------------------------------------------------------------------------- modes and models
 def modes(runs: list[Run], root: Path) -> str:
     rows, whys = [], []
-    for name, label, fams, why_not, tol, needs, n_fams in _asked(
+    for name, label, fams, why_not, tol, needs, every in _asked(
             root, _MODES, "engine/modes.py", "the lineup's modes"):
         rung, _, what = label.partition(" · ")
-        runs_on = "every family" if len(fams) == n_fams else ", ".join(fams) + " only"
+        missing = [f for f in every if f not in fams]  # (the family row says why)
+        runs_on = "not " + ", ".join(missing) if missing else "every family"
         if why_not:
             whys += [why_not] if why_not not in whys else []
             runs_on += "†" * (whys.index(why_not) + 1)

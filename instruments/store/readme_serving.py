@@ -170,34 +170,45 @@ def serving_concurrency(runs: list[Run], root: Path) -> str:
 
 
 def serving_load(runs: list[Run], root: Path) -> str:
+    """A row per rate, the three ways side by side: tokens/s, TTFT p50 / p99, SLO met."""
     run = _newest(runs, "serving", "load")
     if run is None:
         return _missing(runs, "serving (load)", root)
     m = run.get("meta") or {}
-    head = ["way", "rate (/s)", "output tok/s", "TTFT p50 / p99 (ms)", "TPOT p50 (ms)",
-            "met the SLO"]
-    body = [[p["way"], f"{p['rate_per_s']:g}", f"{p['output_tok_s']:,.1f}",
-             f"{ms(p['ttft_p50_ms'])} / {ms(p['ttft_p99_ms'])}", ms(p["tpot_p50_ms"]),
-             f"{(p['slo_met'] or 0):.0%}"] for p in table(run, "points", root)]
+    pts = table(run, "points", root)
+    ways = [w for w in ("single", "static", "continuous") if any(p["way"] == w for p in pts)]
+    cell = {(p["way"], p["rate_per_s"]): p for p in pts}
+    body = [[f"{r:g}", *(f"{cell[(w, r)]['output_tok_s']:,.1f}; {ms(cell[(w, r)]['ttft_p50_ms'])}"
+                         f" / {ms(cell[(w, r)]['ttft_p99_ms'])}; "
+                         f"{(cell[(w, r)]['slo_met'] or 0):.0%}" if (w, r) in cell else "—"
+                         for w in ways)]
+            for r in sorted({p["rate_per_s"] for p in pts})]
     held = m.get("slo_max_rate") or {}
     said = "; ".join(f"{w}: {f'{r:g}/s' if r else 'none'}" for w, r in held.items())
-    return "\n".join([f"SLO: TTFT ≤ {m.get('slo_ttft_ms'):g} ms and TPOT ≤ "
-                      f"{m.get('slo_tpot_ms'):g} ms, held at a rate where ≥ "
-                      f"{m.get('slo_share', 0.9):.0%} of requests meet it. {run_line(run, root)}",
-                      "", *md_table(head, body), "",
-                      f"Highest rate holding the SLO: {said}."])
+    return "\n".join([f"Each cell: output tok/s; TTFT p50 / p99 (ms); share meeting the SLO "
+                      f"(TTFT ≤ {m.get('slo_ttft_ms'):g} ms, TPOT ≤ {m.get('slo_tpot_ms'):g} "
+                      f"ms). {run_line(run, root)}", "",
+                      *md_table(["rate (/s)", *ways], body), "",
+                      f"Highest rate where ≥ {m.get('slo_share', 0.9):.0%} met the SLO: "
+                      f"{said}."])
 
 
 def serving_budget(runs: list[Run], root: Path) -> str:
+    """A row per budget, the model's dtype and int8 side by side: tokens held, the most
+    running, preemptions, tokens/s."""
     run = _newest(runs, "serving", "budget")
     if run is None:
         return _missing(runs, "serving (budget)", root)
-    head = ["K/V", "budget (MiB)", "tokens it holds", "batch max / mean", "preemptions",
-            "output tok/s"]
-    body = [[p["kv_dtype"], f"{p['budget_bytes'] / 2**20:,.1f}", f"{p['pool_tokens']:,}",
-             f"{p['batch_max']} / {p['batch_mean']:.1f}", p["preemptions"],
-             f"{p['output_tok_s']:,.1f}"] for p in table(run, "points", root)]
-    lines = [run_line(run, root), "", *md_table(head, body)]
+    pts = table(run, "points", root)
+    kinds = list(dict.fromkeys(p["kv_dtype"] for p in pts))
+    cell = {(p["kv_dtype"], p["budget_tokens"]): p for p in pts}
+    body = [[ms(next(p for p in pts if p["budget_tokens"] == b)["budget_bytes"] / 2**20),
+             *(f"{cell[(k, b)]['pool_tokens']:,}; {cell[(k, b)]['batch_max']}; "
+               f"{cell[(k, b)]['preemptions']}; {cell[(k, b)]['output_tok_s']:,.1f}"
+               if (k, b) in cell else "—" for k in kinds)]
+            for b in sorted({p["budget_tokens"] for p in pts})]
+    lines = [f"Each cell: tokens it holds; most running; preemptions; output tok/s. "
+             f"{run_line(run, root)}", "", *md_table(["budget (MiB)", *kinds], body)]
     for r in (run.get("tables") or {}).get("recheck", []):
         lines += ["", f"Served again alone ({r['label']}): {r['requests']} requests, "
                   f"{r['tokens_differing']} of {r['tokens']} tokens differ."]

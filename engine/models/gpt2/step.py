@@ -1,6 +1,8 @@
-"""GPT-2's decode step (modes 6-9, 12-15 on GPT-2), written once: one new token per sequence
-through every layer. The Llama family's is ``engine.models.llama.step`` (modes 6-9, 12-15 on a
-Llama): the same ways of meeting the cache and the same product kinds, its own blocks.
+"""GPT-2's decode step (modes 6-9, 12-16 on GPT-2), written once: one new token per sequence
+through every layer. It is the family's step module (``engine.models.steps`` says what every
+family's offers; the decoders reach it only through ``engine.families.step_of``): ``ROLES``,
+``role_modules``, ``tables``, ``step_weights``, ``decode_step``, ``fused_step``,
+``kernel_layout``.
 
   decode_step(weights, token, pos, attend) -> logits (B, vocab)
       token (B, 1); pos its position: an int, or a (1,) long tensor when the shapes must not
@@ -9,8 +11,9 @@ Llama): the same ways of meeting the cache and the same product kinds, its own b
 
 What differs between the modes is passed in, never re-written:
   weights  ``StepWeights``: the embeddings, and per layer the callables a block is made of --
-           the model's own modules (``model_weights``: modes 6, 7, 9) or mode 8's packed copies
-           (``engine.decoders.fast``)
+           ``step_weights(model, products)`` over the model's own Linears (``role_modules``:
+           modes 6, 7, 9), mode 8's chosen copies (``engine.decoders.fast``) or a weight-only
+           view's stored rows
   attend   ``attend(layer, q, k, v) -> y``: how the step meets its KV cache
            (``engine.models.attention``: ``attend_filled`` for modes 8 and 12-15,
            ``attend_static`` for mode 6, ``attend_read_only`` for modes 7 and 9)
@@ -32,7 +35,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -40,13 +43,14 @@ import torch.nn.functional as F
 from ...kernels import cpu as kernels
 from ...kernels.cpu import Fused, Product
 from ..attention import Attend, kernel_attends
+from ..steps import KernelLayout, Products
 from .model import GPT
 
 Fn = Callable[[torch.Tensor], torch.Tensor]
 
 
 class StepWeights(NamedTuple):
-    wte: torch.Tensor  # (vocab, C) token embeddings
+    wte: Any  # (vocab, C) token embeddings: ``wte[ids]`` and ``wte.size(1)``
     wpe: torch.Tensor  # (block_size, C) position embeddings
     layers: Sequence[tuple[Fn, Fn, Fn, Fn, Fn, Fn]]  # ln_1, c_attn, c_proj, ln_2, c_fc, mlp proj
     ln_f: Fn
@@ -54,14 +58,47 @@ class StepWeights(NamedTuple):
     n_head: int
 
 
-def model_weights(model: GPT) -> StepWeights:
-    """The model's own modules as a step's weights (built inside a compiled step, so the
-    compiler reaches every module from the model it was given, as a forward would)."""
+# The Linears a step multiplies by, by role: a block's paths (as ``cfg.matrices()`` names them,
+# the first two shortened as mode 8 reports them) and the output projection.
+ROLES = ("c_attn", "attn.c_proj", "c_fc", "mlp.c_proj", "lm_head")
+_PATHS = {"c_attn": "attn.c_attn", "attn.c_proj": "attn.c_proj", "c_fc": "mlp.c_fc",
+          "mlp.c_proj": "mlp.c_proj"}
+
+
+def role_modules(model: GPT) -> dict[str, list[torch.nn.Module]]:
+    """The model's Linears by role (``ROLES``), one per layer, the head alone (a weight-only
+    view's stored Linears likewise: it has the model's paths)."""
+    out: dict[str, list[torch.nn.Module]] = {
+        role: [b.get_submodule(path) for b in model.transformer.h]
+        for role, path in _PATHS.items()}
+    out["lm_head"] = [model.lm_head]
+    return out
+
+
+def tables(model: GPT) -> dict[str, torch.Tensor]:
+    """What a step needs computed once besides the weights: nothing (the learned positions
+    are a weight)."""
+    return {}
+
+
+def step_weights(model: GPT, products: Products, embed: object = None,
+                 tables: dict[str, torch.Tensor] | None = None) -> StepWeights:
+    """``decode_step``'s weights: the per-role ``products`` (``ROLES`` -> one callable per
+    layer, the head's list of one), the LayerNorms as plain ``F.layer_norm`` calls, the
+    embedding's rows (``embed``: default the model's ``wte`` weight; a weight-only view passes
+    a lookup) and the position table."""
     tr = model.transformer
-    layers = [(b.ln_1, b.attn.c_attn, b.attn.c_proj, b.ln_2, b.mlp.c_fc, b.mlp.c_proj)
-              for b in tr.h]
-    return StepWeights(tr.wte.weight, tr.wpe.weight, layers, tr.ln_f, model.lm_head,
-                       model.config.n_head)
+    layers = [(layer_norm_call(b.ln_1), products["c_attn"][i], products["attn.c_proj"][i],
+               layer_norm_call(b.ln_2), products["c_fc"][i], products["mlp.c_proj"][i])
+              for i, b in enumerate(tr.h)]
+    wte = tr.wte.weight.detach() if embed is None else embed
+    return StepWeights(wte, tr.wpe.weight.detach(), layers,  # type: ignore[arg-type]
+                       layer_norm_call(tr.ln_f), products["lm_head"][0], model.config.n_head)
+
+
+def model_weights(model: GPT) -> StepWeights:
+    """The model's own modules as a step's weights."""
+    return step_weights(model, role_modules(model))
 
 
 def decode_step(w: StepWeights, token: torch.Tensor, pos: int | torch.Tensor,
@@ -111,3 +148,23 @@ def fused_step(w: StepWeights) -> Fused | None:
         return kernels.decode_layers(x, ln_w, ln_b, *args, k_buf, v_buf, pos, n_head, eps)
 
     return step
+
+
+def _norm(ln: torch.nn.LayerNorm) -> tuple:
+    return ("layer", ln.weight.detach(), ln.bias.detach(), ln.eps)
+
+
+def kernel_layout(model: GPT, head: Any) -> KernelLayout:
+    """GPT-2's step as the Triton kernels take it (``engine.decoders.triton_step``): the
+    embedding is the tied head, the learned positions added to it, one q|k|v weight split
+    into its three row ranges (views), a GELU MLP of 4 x n_embd."""
+    from ...kernels.gpu.linear import Weight
+
+    tr, C = model.transformer, model.config.n_embd
+    blocks = []
+    for b in tr.h:
+        qkv = Weight.of(b.attn.c_attn)
+        blocks.append((_norm(b.ln_1), qkv.rows(0, C), qkv.rows(C, 2 * C), qkv.rows(2 * C, 3 * C),
+                       Weight.of(b.attn.c_proj), _norm(b.ln_2), Weight.of(b.mlp.c_fc), None,
+                       Weight.of(b.mlp.c_proj)))
+    return KernelLayout(head, tr.wpe.weight.detach(), None, _norm(tr.ln_f), blocks, 4 * C)

@@ -1,14 +1,16 @@
 """Getting weights into our GPT-2: OpenAI's through ``transformers``, a local folder, or random.
 
-``load_gpt2(name, weights, device=..., dtype=..., mask=..., seed=..., hub_id=...) ->
-ModelState`` is the GPT-2 family's loader (``engine.families.load`` is the one entry point for
-every family): what every family's loader does -- test shapes, random weights, the fallback of
-"auto", the provenance -- is ``engine.models.loader.load_preset``'s; here is where GPT-2's own
-weights come from.
+``read(preset, weights, device=..., dtype=..., mask=..., hub_id=None) -> (model, label)`` is the
+GPT-2 family's reader of its own weights (``engine.families.load`` is the one entry point for
+every family: ``families.load("gpt2", "pretrained", hub_id=...)``); what every family's loading
+does -- test shapes, random weights, the fallback of "auto", the provenance -- is
+``engine.models.loader.load_preset``'s; here is where GPT-2's own weights come from.
 ``weights`` is "random" (seeded, real shapes), "pretrained" (hub id = the preset name, or
-``hub_id``), "auto" (pretrained if it can be had quickly, else random), or a path to a local
-checkpoint folder. Checkpoints are read as safetensors only: never unpickled. Failures raise
-``WeightsError`` with a message that says what to do.
+``hub_id``), or "auto" (pretrained if it can be had quickly, else random); a local checkpoint
+folder is read by ``engine.models.checkpoint`` (never unpickled), through
+``checkpoint_names`` / ``from_checkpoint`` here. Failures raise ``WeightsError`` with a message
+that says what to do. ``gguf_config`` / ``gguf_param`` / ``gguf_rows`` read a ``gpt2`` GGUF file
+(llama.cpp's names, as ``instruments.peers.gguf_out`` writes them).
 
 ``to_transformers(model)`` is the reference the gate compares with: a ``GPT2LMHeadModel``
 holding our weights (Conv1D weights transposed).
@@ -16,18 +18,15 @@ holding our weights (Conv1D weights transposed).
 
 from __future__ import annotations
 
-import functools
 import os
 import socket
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn as nn
 
 from ..config import GPTConfig
-from ..loader import WeightsError, load_preset
-from ..state import ModelState
+from ..loader import WeightsError
 from .model import GPT
 
 WEIGHT_CHOICES = ("auto", "pretrained", "random")
@@ -124,21 +123,15 @@ def _from_pretrained(source: str, *, local_only: bool) -> nn.Module:
             from exc
 
 
-def load_gpt2(name: str = "gpt2", weights: str = "auto", *, hub_id: str | None = None,
-              **options: Any) -> ModelState:
-    """The model ``name`` with the asked-for weights, in a state whose ``provenance`` says where
-    the weights came from (shown everywhere the model is); ``options``: ``device``, ``dtype``,
-    ``mask``, ``seed`` (``engine.models.loader.load_preset``)."""
-    return load_preset(name, weights, "gpt2", functools.partial(_real, source=hub_id or name),
-                       **options)
-
-
-def _real(weights: str, *, source: str, device: str | torch.device, dtype: torch.dtype,
-          mask: str) -> tuple[GPT, str]:
-    """GPT-2's own weights: a checkpoint folder, or ``source`` from the Hugging Face cache or
-    hub (WeightsError saying what to do when they cannot be had)."""
+def read(preset: Any, weights: str, *, device: str | torch.device, dtype: torch.dtype,
+         mask: str, hub_id: str | None = None) -> tuple[GPT, str, None]:
+    """GPT-2's own weights for ``preset``: a checkpoint folder, or the hub's ``hub_id``
+    (default: the preset's name) from the Hugging Face cache or the hub (WeightsError saying
+    what to do when they cannot be had)."""
+    source = hub_id or preset.name
     if weights not in WEIGHT_CHOICES:
-        return _from_folder(Path(weights).expanduser(), mask, device, dtype)
+        raise WeightsError(f"unknown weights {weights!r}; allowed: "
+                           f"{', '.join(WEIGHT_CHOICES)}, or a checkpoint's path")
     try:
         if weights == "auto" and not _cached(source) and not _hub_reachable():
             raise WeightsError("no network and no cached copy")
@@ -159,27 +152,68 @@ def _real(weights: str, *, source: str, device: str | torch.device, dtype: torch
             ) from exc
         raise WeightsError(f"pretrained weights for {source!r} unavailable ({exc})") from exc
     model = gpt_from_transformers(hf, mask=mask, device=device, dtype=dtype)
-    return model, f"pretrained ({source})"
+    return model, f"pretrained ({source})", None
 
 
-def _from_folder(folder: Path, mask: str, device: str | torch.device,
-                 dtype: torch.dtype) -> tuple[GPT, str]:
-    """A checkpoint folder written by ``save_pretrained``: safetensors only, never unpickled."""
-    if not folder.is_dir():
-        raise WeightsError(
-            f"{folder} is not a folder. Pass a folder written by "
-            "GPT2LMHeadModel.save_pretrained (config.json + model.safetensors), "
-            "'pretrained', or 'random'."
-        )
-    if not (folder / "config.json").exists() or not any(folder.glob("*.safetensors")):
-        raise WeightsError(
-            f"{folder} is not a checkpoint folder: it needs config.json and a "
-            ".safetensors file (pickled .bin files are not loaded). Use random weights, "
-            "or save a model there with save_pretrained."
-        )
-    hf = _from_pretrained(str(folder), local_only=True)
-    model = gpt_from_transformers(hf, mask=mask, device=device, dtype=dtype)
-    return model, f"local checkpoint ({folder.name})"
+def checkpoint_names(name: str) -> tuple[str, ...]:
+    """Where our parameter ``name`` is in a ``transformers`` GPT-2 checkpoint: the same name
+    (``GPT2LMHeadModel``'s), or without ``transformer.`` (``GPT2Model``'s, the hub's gpt2)."""
+    return (name, name.removeprefix("transformer."))
+
+
+def from_checkpoint(name: str, value: torch.Tensor) -> torch.Tensor:
+    """A checkpoint's tensor as our parameter ``name``: Conv1D weights ([in, out]) transposed."""
+    return value.t() if name.endswith(_CONV1D) else value
+
+
+# GGUF tensor names (llama.cpp's ``gpt2`` architecture) -> ours; per layer after "blk.N."
+_GGUF_TOP = {"token_embd": "transformer.wte", "position_embd": "transformer.wpe",
+             "output_norm": "transformer.ln_f", "output": "lm_head"}
+_GGUF_LAYER = {"attn_norm": "ln_1", "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj",
+               "ffn_norm": "ln_2", "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}
+
+
+def gguf_param(gguf_name: str) -> str:
+    """Our parameter for a ``gpt2`` GGUF tensor ("blk.3.attn_qkv.bias" ->
+    "transformer.h.3.attn.c_attn.bias"); WeightsError for one GPT-2 does not have."""
+    stem, _, kind = gguf_name.rpartition(".")
+    parts = stem.split(".")
+    if kind in ("weight", "bias") and stem in _GGUF_TOP:
+        return f"{_GGUF_TOP[stem]}.{kind}"
+    if kind in ("weight", "bias") and len(parts) == 3 and parts[0] == "blk" \
+            and parts[1].isdigit() and parts[2] in _GGUF_LAYER:
+        return f"transformer.h.{parts[1]}.{_GGUF_LAYER[parts[2]]}.{kind}"
+    raise WeightsError(f"GGUF tensor {gguf_name!r} is not part of a GPT-2; allowed: "
+                       f"{', '.join(_GGUF_TOP)} and blk.N.{{{', '.join(_GGUF_LAYER)}}}")
+
+
+def gguf_rows(name: str, value: torch.Tensor, cfg: Any) -> torch.Tensor:
+    """A GGUF tensor's rows as they are: llama.cpp stores GPT-2's matrices (out, in), ours."""
+    return value
+
+
+def gguf_config(f: Any, mask: str = "none") -> GPTConfig:
+    """The config a ``gpt2`` GGUF file's metadata describes (WeightsError for another
+    architecture, or what our GPT-2 lacks: an untied output, another epsilon)."""
+    meta = f.metadata
+    if meta.get("general.architecture") != "gpt2":
+        raise WeightsError(f"{f.path} holds a {meta.get('general.architecture')!r} model; "
+                           "allowed: gpt2")
+    if "output.weight" in f.tensors:
+        raise WeightsError(f"{f.path}: an output projection of its own; allowed: tied to "
+                           "token_embd (GPT-2's)")
+    try:
+        eps = float(meta.get("gpt2.attention.layer_norm_epsilon", 1e-5))
+        if abs(eps - 1e-5) > 1e-12:
+            raise ValueError(f"layer_norm_epsilon {eps}; allowed: 1e-05")
+        return GPTConfig(n_layer=int(meta["gpt2.block_count"]),
+                         n_head=int(meta["gpt2.attention.head_count"]),
+                         n_embd=int(meta["gpt2.embedding_length"]),
+                         block_size=int(meta["gpt2.context_length"]),
+                         vocab_size=int(f.tensors["token_embd.weight"].shape[0]), mask=mask)
+    except (KeyError, ValueError) as exc:
+        raise WeightsError(f"{f.path}: its metadata makes no GPT-2 ({type(exc).__name__}: "
+                           f"{exc})") from exc
 
 
 def to_transformers(model: GPT) -> nn.Module:

@@ -82,18 +82,26 @@ class LlamaAttention(nn.Module):
         self.v_proj = nn.Linear(cfg.n_embd, cfg.n_kv_head * cfg.head_dim, bias=False)
         self.o_proj = nn.Linear(cfg.n_head * cfg.head_dim, cfg.n_embd, bias=False)
 
-    def forward(self, x: torch.Tensor, layer: int, cache: KVCache | None, attend: Attention,
-                offset: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q (B, nh, T, hs), k, v (B, n_kv, T, hs) of x (B, T, C), q and k turned by RoPE."""
+        B, T, _ = x.shape
         hs = self.head_dim
         q = self.q_proj(x).view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
         k = self.k_proj(x).view(B, T, self.n_kv_head, hs).transpose(1, 2)  # (B, n_kv, T, hs)
         v = self.v_proj(x).view(B, T, self.n_kv_head, hs).transpose(1, 2)  # (B, n_kv, T, hs)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # at their absolute positions
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v  # at their own positions
+
+    def output(self, y: torch.Tensor) -> torch.Tensor:
+        """The heads (B, nh, T, hs) side by side again, through o_proj: (B, T, C)."""
+        B, _, T, hs = y.shape
+        return self.o_proj(y.transpose(1, 2).contiguous().view(B, T, self.n_head * hs))
+
+    def forward(self, x: torch.Tensor, layer: int, cache: KVCache | None, attend: Attention,
+                offset: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.project(x, cos, sin)
         # (B, nh, T, hs): head h reads K/V head h // groups
-        y = through_cache(attend, cache, q, k, v, layer, offset)
-        y = y.transpose(1, 2).contiguous().view(B, T, self.n_head * hs)
-        return self.o_proj(y)
+        return self.output(through_cache(attend, cache, q, k, v, layer, offset))
 
 
 class LlamaMLP(nn.Module):

@@ -1,6 +1,10 @@
-"""The Llama family's one-token decode step (modes 6-9, 12-15 on a Llama), written once.
+"""The Llama family's one-token decode step (modes 6-9, 12-16 on a Llama), written once: the
+family's step module (``engine.models.steps`` says what every family's offers: ``ROLES``,
+``role_modules``, ``tables``, ``step_weights``, ``decode_step``, ``fused_step``,
+``kernel_layout``). A family built on the Llama's blocks (Qwen2: q/k/v biases) uses it as it
+is: every product carries its own bias.
 
-  decode_step_llama(weights, token, pos, attend) -> logits (B, vocab)
+  decode_step(weights, token, pos, attend) -> logits (B, vocab)
       token (B, 1) at position ``pos``: an int, or a (1,) long tensor when the shapes must not
       change with the position (mode 6's captured step), or (B,) when each sequence has its
       own (the serving engine's batched step); ``attend`` is
@@ -18,7 +22,7 @@ the same angles bit for bit), grouped-query attention, o, residual, RMSNorm, Swi
 the modes is the products (``LlamaStepWeights``: mode 8's chosen copies, the weight-only int8 /
 bf16 rows, GGUF blocks), never the step.
 
-  fused_step_llama(weights) -> fn(token, pos, k_buf, v_buf) -> logits, or None
+  fused_step(weights) -> fn(token, pos, k_buf, v_buf) -> logits, or None
       the same step after the embedding as ONE call into the C++ kernels
       (``torch.ops.kvlab.decode_layers_llama``): on a CPU in fp32 with the kernel built, when
       every product says how (a ``product`` attribute: an ``engine.kernels.cpu.Product``). Its
@@ -32,7 +36,7 @@ bf16 rows, GGUF blocks), never the step.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -41,9 +45,8 @@ import torch.nn.functional as F
 from ...kernels import cpu as kernels
 from ...kernels.cpu import Fused, Product
 from ..attention import Attend, kernel_attends
+from ..steps import Fn, KernelLayout, Products
 from .model import Llama, rope_angles
-
-Fn = Callable[[torch.Tensor], torch.Tensor]
 
 
 class LlamaLayer(NamedTuple):
@@ -94,12 +97,19 @@ def rope_table(model: Llama, positions: int | None = None) -> tuple[torch.Tensor
     return cos.contiguous(), sin.contiguous()
 
 
-def step_weights(model: Any, products: dict[str, Sequence[Fn]], embed: Any = None,
-                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> LlamaStepWeights:
+def tables(model: Llama) -> dict[str, torch.Tensor]:
+    """RoPE's cos, sin for every position the model holds (``rope_table``), made once."""
+    cos, sin = rope_table(model)
+    return {"cos": cos, "sin": sin}
+
+
+def step_weights(model: Any, products: Products, embed: Any = None,
+                 tables: dict[str, torch.Tensor] | None = None) -> LlamaStepWeights:
     """A Llama (or a weight-only view of one: its norms and config are the model's) with the
     per-role products ``products`` (``ROLES`` -> one callable per layer, the head's list of
-    one) as ``decode_step_llama``'s weights; ``embed`` defaults to the embedding's weight,
-    ``rope`` to ``rope_table`` of the model (a step built per call passes its own, made once)."""
+    one) as ``decode_step``'s weights; ``embed`` defaults to the embedding's weight,
+    ``tables`` to ``rope_table`` of the model (a step built per call passes its own, made
+    once)."""
     cfg = model.config
     blocks = model.model.layers
     layers = [LlamaLayer(b.input_layernorm.weight.detach(), products["q_proj"][i],
@@ -109,7 +119,10 @@ def step_weights(model: Any, products: dict[str, Sequence[Fn]], embed: Any = Non
               for i, b in enumerate(blocks)]
     if embed is None:
         embed = model.model.embed_tokens.weight.detach()
-    cos, sin = rope or rope_table(getattr(model, "base", model))  # a view: the model behind it
+    if tables is None:
+        cos, sin = rope_table(getattr(model, "base", model))  # a view: the model behind it
+    else:
+        cos, sin = tables["cos"], tables["sin"]
     return LlamaStepWeights(embed, layers, model.model.norm.weight.detach(),
                             products["lm_head"][0], cfg.n_head, cfg.n_kv_head, cfg.norm_eps,
                             cos, sin)
@@ -131,7 +144,7 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return x * cos + rotated * sin
 
 
-def decode_step_llama(w: LlamaStepWeights, token: torch.Tensor, pos: int | torch.Tensor,
+def decode_step(w: LlamaStepWeights, token: torch.Tensor, pos: int | torch.Tensor,
                       attend: Attend) -> torch.Tensor:
     """Logits (B, vocab) for ``token`` (B, 1) at position ``pos``; see the module docstring."""
     batch = token.size(0)
@@ -153,8 +166,8 @@ def decode_step_llama(w: LlamaStepWeights, token: torch.Tensor, pos: int | torch
     return w.head(rms_norm(x, w.norm, w.eps))
 
 
-def fused_step_llama(w: LlamaStepWeights) -> Fused | None:
-    """``decode_step_llama`` with ``attend_filled`` as one ``decode_layers_llama`` call (module
+def fused_step(w: LlamaStepWeights) -> Fused | None:
+    """``decode_step`` with ``attend_filled`` as one ``decode_layers_llama`` call (module
     docstring), or None where it does not apply: off a CPU or fp32, the kernel not built, or a
     product without a fused form. ``fn(token, pos, k_buf, v_buf)`` takes 1 to
     ``kernels.MAX_ROWS`` sequences, under ``torch.no_grad``."""
@@ -173,8 +186,29 @@ def fused_step_llama(w: LlamaStepWeights) -> Fused | None:
 
     def step(token: torch.Tensor, pos: int, k_buf: torch.Tensor, v_buf: torch.Tensor
              ) -> torch.Tensor:
-        x = embed[token[:, 0]]  # (B, C), as decode_step_llama embeds
+        x = embed[token[:, 0]]  # (B, C), as decode_step embeds
         return kernels.decode_layers_llama(x, norms, *args, k_buf, v_buf, cos, sin, pos, nh,
                                            nkv, eps)
 
     return step
+
+
+def kernel_layout(model: Llama, head: Any) -> KernelLayout:
+    """The step as the Triton kernels take it (``engine.decoders.triton_step``): the
+    embedding is the head's rows when tied, RoPE's table, q, k, v apart (their biases, where a
+    family has them, ride along), SwiGLU's gate and up in one pass."""
+    from ...kernels.gpu.linear import Weight
+
+    inner = model.model
+
+    def rms(norm: torch.nn.Module) -> tuple:
+        return ("rms", norm.weight.detach(), norm.eps)
+
+    blocks = [(rms(b.input_layernorm), Weight.of(b.self_attn.q_proj),
+               Weight.of(b.self_attn.k_proj), Weight.of(b.self_attn.v_proj),
+               Weight.of(b.self_attn.o_proj), rms(b.post_attention_layernorm),
+               Weight.of(b.mlp.gate_proj), Weight.of(b.mlp.up_proj), Weight.of(b.mlp.down_proj))
+              for b in inner.layers]
+    table = head if model.config.tied else Weight.of(inner.embed_tokens)
+    return KernelLayout(table, None, rope_table(model), rms(inner.norm), blocks,
+                        model.config.n_hidden)

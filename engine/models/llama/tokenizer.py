@@ -61,7 +61,7 @@ def _byte_decoder() -> dict[str, int]:
 
 def build(path: str | Path) -> tuple[Tokenizer, dict[str, Any]]:
     """The tokenizer the GGUF file at ``path`` describes, and its facts (special ids, template)."""
-    from ...quant.gguf import GGUFFile
+    from ..gguf import GGUFFile
     from ..loader import WeightsError
 
     with GGUFFile(path) as f:

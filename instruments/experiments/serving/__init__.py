@@ -1,5 +1,6 @@
-"""Serving many requests at once: continuous batching over the paged cache, measured against
-load (kind "serving"; CLI ``python -m instruments serving [--experiment NAME]``).
+"""The serving experiments: continuous batching measured against load.
+
+Kind "serving"; CLI ``python -m instruments serving [--experiment NAME]``.
 
 ``run(loaded, ServingParams, progress, should_stop)`` runs one of ``EXPERIMENTS``
 (``instruments.experiments.serving.runs``: concurrency, load, budget, schedule) through

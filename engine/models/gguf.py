@@ -1,4 +1,5 @@
-"""Reading GGUF files (llama.cpp's format) with our own parser and our own dequantizer.
+"""Reading GGUF files (llama.cpp's format) with our own parser and our own dequantizer: a
+weights format every family's reader shares (a family's own names and shapes are its folder's).
 
   with GGUFFile(path) as f:              header, metadata and tensor table, validated on open
       f.metadata["llama.block_count"]    every key/value as Python values (arrays as lists)
@@ -15,11 +16,16 @@ data, aligned (``general.alignment``, default 32). Nothing is unpickled: a file 
 GGUF, is truncated or holds garbage raises ``engine.models.loader.WeightsError`` naming the
 file and what is wrong with it, on open (every tensor's bytes are checked to lie inside the file).
 
-Dequantized here: F32, F16, Q8_0 (34-byte blocks: fp16 scale d, 32 int8; x = d * q) and Q4_1
+Dequantized here: F32, F16, Q8_0 (34-byte blocks: fp16 scale d, 32 int8; x = d * q), Q4_1
 (20-byte blocks: fp16 d, fp16 m, 16 bytes of nibbles, the low nibbles weights 0-15 and the high
-ones 16-31; x = d * q + m). In fp32 with one rounding per multiply and per add, in gguf-py's
-order, so the results equal ``gguf.quants.dequantize`` bit for bit (tests/test_llama_gguf.py).
-Other types are read (their blocks are sized, ``raw`` works) but not dequantized.
+ones 16-31; x = d * q + m), and the two K-quants llama.cpp's Q4_K_M files hold: Q4_K (144-byte
+super-blocks of 256: fp16 d and dmin, 12 bytes packing eight 6-bit scales and mins, 128 bytes
+of nibbles; x = d * sc * q - dmin * m per sub-block of 32) and Q6_K (210 bytes: 128 bytes of low
+nibbles, 64 of high 2-bit pairs, sixteen int8 scales, fp16 d; x = d * sc * (q - 32) per 16). In
+fp32 with one rounding per multiply and per add, in gguf-py's order, so the results equal
+``gguf.quants.dequantize`` bit for bit (tests/test_llama_gguf.py, tests/test_gguf_families.py).
+Other types are read (their blocks are sized, ``raw`` works) but not dequantized: loading a
+model holding one is refused, naming it.
 """
 
 from __future__ import annotations
@@ -33,8 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..models.config import LlamaConfig
-from ..models.loader import WeightsError
+from .loader import WeightsError
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
@@ -48,7 +53,8 @@ GGML_TYPES: dict[int, tuple[str, int, int]] = {
     24: ("I8", 1, 1), 25: ("I16", 1, 2), 26: ("I32", 1, 4), 27: ("I64", 1, 8),
     28: ("F64", 1, 8), 30: ("BF16", 1, 2),
 }
-DEQUANTIZED = ("F32", "F16", "Q8_0", "Q4_1")
+DEQUANTIZED = ("F32", "F16", "Q8_0", "Q4_1", "Q4_K", "Q6_K")
+KEPT = ("Q8_0", "Q4_1")  # the block types a rung multiplies as stored (rungs 14-15)
 # metadata value types: scalars as struct formats (little-endian); 8 string, 9 array
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
             10: "<Q", 11: "<q", 12: "<d"}
@@ -118,10 +124,46 @@ def dequantize_blocks(blocks: torch.Tensor, ggml_type: str) -> torch.Tensor:
         d = _half(blocks, 0)  # (n, 1) the block's scale
         q = blocks[:, 2:].contiguous().view(torch.int8).float()  # (n, 32)
         return q * d
+    if ggml_type == "Q4_K":
+        return _q4_k(blocks)
+    if ggml_type == "Q6_K":
+        return _q6_k(blocks)
     d, m = _half(blocks, 0), _half(blocks, 2)  # Q4_1: (n, 1) scale and minimum
     nibbles = blocks[:, 4:]  # (n, 16): byte j holds weight j (low) and weight j + 16 (high)
     q = torch.cat((nibbles & 0x0F, nibbles >> 4), dim=1).float()  # (n, 32)
     return d * q + m  # two roundings, as gguf-py's (d * qs) + m
+
+
+def _q4_k(blocks: torch.Tensor) -> torch.Tensor:
+    """(n, 144) Q4_K super-blocks -> (n, 256): eight sub-blocks of 32, each d * sc and
+    dmin * m (6-bit sc, m packed in 12 bytes), its weights the 4-bit q of 32 bytes' low
+    nibbles then the next sub-block's their high ones."""
+    n = blocks.size(0)
+    d, dmin = _half(blocks, 0), _half(blocks, 2)  # (n, 1) each
+    packed = blocks[:, 4:16].reshape(n, 3, 4)  # scales 0-3 | mins 0-3 | the high bits & 4-7
+    lo, mid, hi = packed[:, 0], packed[:, 1], packed[:, 2]  # (n, 4) each
+    sc = torch.cat((lo & 0x3F, (hi & 0x0F) | ((lo >> 2) & 0x30)), dim=1).float()  # (n, 8)
+    m = torch.cat((mid & 0x3F, (hi >> 4) | ((mid >> 2) & 0x30)), dim=1).float()  # (n, 8)
+    qs = blocks[:, 16:].reshape(n, 4, 1, 32)  # four runs of 32 bytes, two sub-blocks each
+    q = torch.cat((qs & 0x0F, qs >> 4), dim=2).reshape(n, 8, 32).float()  # (n, 8, 32)
+    scale = (d * sc).unsqueeze(-1)  # (n, 8, 1): one rounding, as gguf-py's d * sc
+    shift = (dmin * m).unsqueeze(-1)
+    return (scale * q - shift).reshape(n, 256)
+
+
+def _q6_k(blocks: torch.Tensor) -> torch.Tensor:
+    """(n, 210) Q6_K super-blocks -> (n, 256): sixteen sub-blocks of 16, each d * sc (int8),
+    its 6-bit q from a low nibble (128 bytes: runs of 64, low then high nibbles) and a 2-bit
+    pair (64 bytes: runs of 32, four pairs a byte), minus 32."""
+    n = blocks.size(0)
+    ql = blocks[:, :128].reshape(n, 2, 1, 64)
+    qh = blocks[:, 128:192].reshape(n, 2, 1, 32)
+    sc = blocks[:, 192:208].contiguous().view(torch.int8).float()  # (n, 16)
+    d = _half(blocks, 208)  # (n, 1)
+    low = torch.cat((ql & 0x0F, ql >> 4), dim=2).reshape(n, 2, 4, 32)  # (n, 2, 4, 32)
+    high = torch.cat([(qh >> s) & 0x03 for s in (0, 2, 4, 6)], dim=2)  # (n, 2, 4, 32)
+    q = ((low | (high << 4)).to(torch.int16) - 32).reshape(n, 16, 16).float()
+    return ((d * sc).unsqueeze(-1) * q).reshape(n, 256)
 
 
 class GGUFFile:
@@ -260,44 +302,6 @@ class GGUFFile:
     def dequantize(self, name: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Tensor ``name`` as floats in ``dtype`` (dequantized in fp32, then cast once)."""
         return self.raw(name).dequantize(dtype)
-
-    def llama_config(self, mask: str = "none") -> LlamaConfig:
-        """The ``LlamaConfig`` its metadata describes (WeightsError if it is not a Llama, or
-        uses what our Llama lacks: partial rotary dims, RoPE scaling)."""
-        meta = self.metadata
-        arch = meta.get("general.architecture")
-        if arch != "llama":
-            raise WeightsError(f"{self.path} holds a {arch!r} model; allowed: llama")
-
-        def need(key: str) -> Any:
-            if f"llama.{key}" not in meta:
-                raise WeightsError(f"{self.path}: its metadata lacks llama.{key}")
-            return meta[f"llama.{key}"]
-
-        n_head = int(need("attention.head_count"))
-        n_embd = int(need("embedding_length"))
-        head_dim = n_embd // n_head
-        rot = int(meta.get("llama.rope.dimension_count", head_dim))
-        if rot != head_dim:
-            raise WeightsError(f"{self.path}: RoPE turns {rot} of {head_dim} channels per head; "
-                               "allowed: all of them (rope.dimension_count = the head size)")
-        scaling = meta.get("llama.rope.scaling.type", "none")
-        if scaling != "none":
-            raise WeightsError(f"{self.path}: RoPE scaling {scaling!r}; allowed: none")
-        vocab = meta.get("llama.vocab_size")
-        if vocab is None:
-            vocab = self._info("token_embd.weight").shape[0]
-        try:
-            return LlamaConfig(
-                n_layer=int(need("block_count")), n_head=n_head,
-                n_kv_head=int(meta.get("llama.attention.head_count_kv", n_head)),
-                n_embd=n_embd, n_hidden=int(need("feed_forward_length")),
-                block_size=int(need("context_length")), vocab_size=int(vocab),
-                rope_theta=float(meta.get("llama.rope.freq_base", 10000.0)),
-                norm_eps=float(need("attention.layer_norm_rms_epsilon")),
-                tied="output.weight" not in self.tensors, mask=mask)
-        except ValueError as exc:
-            raise WeightsError(f"{self.path}: its shapes make no Llama: {exc}") from exc
 
     def close(self) -> None:
         mm = getattr(self, "_mm", None)
