@@ -8,9 +8,10 @@ docs/serving.md, each begun only once the host is quiet.
 "step": on smollm2-135m's real weights in fp32, in this one process, with --threads torch
 threads (default 2). For each batch, B sequences are prefilled to --context tokens, untimed.
 Then decode steps are timed in interleaved rounds, each round giving every way its --steps
-steps. The ways are our engine's three:
-  fast          the family's one-token step over mode 8's products, the pool read in place by
-                our C++ paged kernel
+steps. The ways are our engine's four:
+  fast          the family's one-token step over products chosen per row count
+                (``engine.serving.products``), the pool read in place by our C++ paged kernel
+  fast (mode 8's products)  the same step over mode 8's products (chosen at one row)
   forward       the model's forward over the batch's tokens, read in place
   gather        the model's forward, each sequence's rows gathered for SDPA
 and llama.cpp's batched decode on the same weights as an F32 GGUF: one ``llama_decode`` of B
@@ -45,6 +46,7 @@ from scripts.bench_prefix import each_when_quiet  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 PARTS = ("step", "concurrency", "load", "budget", "schedule")
 WAYS = {"fast": dict(step="fast", reads="in_place"),
+        "fast (mode 8's products)": dict(step="fast", reads="in_place"),
         "forward": dict(step="forward", reads="in_place"),
         "gather": dict(step="forward", reads="gather")}
 
@@ -73,6 +75,7 @@ def _engine(model: Any, batch: int, context: int, steps: int, **kw: Any) -> Any:
 def step_rows(model: Any, batches: list[int], context: int, steps: int, rounds: int,
               peaks: dict[str, float]) -> list[dict[str, Any]]:
     """Per batch and way: the step's samples (ms), median, floor, the scheduler's median."""
+    from engine.decoders.fast import fast_weights
     from instruments.experiments.serving.metrics import step_floor_ms
     from instruments.peers.serving import Stepper
 
@@ -80,6 +83,8 @@ def step_rows(model: Any, batches: list[int], context: int, steps: int, rounds: 
     for batch in batches:
         engines = {w: _engine(model, batch, context, steps * rounds + 2, **kw)
                    for w, kw in WAYS.items()}
+        mode8 = engines["fast (mode 8's products)"]  # the same step over products chosen at
+        mode8._fast = (mode8._fast[0], fast_weights(model).step)  # one row: side by side
         try:
             llama = Stepper(model, batch, context, steps * rounds + 2)
             llama.time_steps(1)  # untimed, as ours

@@ -48,8 +48,9 @@ from .sampling import Sampler, Sampling
 from .scheduler import Scheduler, Seq, Work
 
 # How a step in which every sequence decodes runs: "forward", the model's own forward over the
-# tokens laid end to end; "fast", the family's one-token step over mode 8's products (chosen per
-# role on this machine), no module calls. A step with prompt tokens always runs the forward.
+# tokens laid end to end; "fast", the family's one-token step, no module calls, over products
+# chosen per role and row count on this machine (``engine.serving.products``). A step with
+# prompt tokens always runs the forward.
 STEPS = ("forward", "fast")
 
 
@@ -124,10 +125,11 @@ class ServingEngine:
                              "with reads='gather'")
         self.step_kind = step
         self._fast: tuple[Any, Any] | None = None
-        if step == "fast":  # mode 8's products, chosen per role here (set-up, never a step)
-            from ..decoders.fast import fast_weights, steps_of  # noqa: PLC0415
+        if step == "fast":  # products chosen per role and row count here (set-up, not a step)
+            from ..decoders.fast import steps_of  # noqa: PLC0415
+            from .products import batch_weights  # noqa: PLC0415
 
-            weights = fast_weights(model).step
+            weights = batch_weights(model).step
             self._fast = (steps_of(model, weights)[0], weights)
         self.prefix_reuse = prefix_reuse
         self.keep_logits = keep_logits

@@ -11,9 +11,10 @@ fills the tracker's tables and returns the meta it adds. ``instruments.experimen
   budget       the same requests, all at once, under KV budgets from one request's blocks to
                every request's. Rows ``points`` with the preemptions; ``steps`` holds the
                running batch over time
-  schedule     the prefix workload (shared system prompts and documents, Poisson arrivals)
-               under a budget smaller than its working set, FCFS against longest prefix
-               match. Rows ``points`` with the hit rate
+  schedule     the prefix workload (shared system prompts and documents, Poisson arrivals at
+               the highest rate) under a budget of half its working set (every shared part and
+               the largest request), FCFS against longest prefix match. Rows ``points`` with
+               the hit rate
 Every point runs on a fresh engine. A short request is served untimed first, so a point's
 first step pays no first-call cost. Each request's ids and times go to ``requests``, and each
 step to ``steps``.
@@ -185,14 +186,18 @@ def _spread(lo: int, hi: int, n: int = 5) -> list[int]:
 
 def schedule(model: Any, p: Any, peaks: dict[str, float], tr: Tracker) -> dict[str, Any]:
     cfg = model.config
-    arrivals = prefix_requests(cfg, p.requests, p.rates[0], p.output_max,
+    rate = max(p.rates)  # arrivals faster than service: a queue for the policy to order
+    arrivals = prefix_requests(cfg, p.requests, rate, p.output_max,
                                systems=p.systems, system_tokens=p.system_tokens,
                                documents=p.documents, document_tokens=p.document_tokens,
                                seed=p.seed)
-    working = sum(len(a.prompt) + a.new_tokens for a in arrivals[: p.max_seqs])
-    tokens = p.budgets_tokens[0] if p.budgets_tokens else max(
-        blocks_tokens([max(arrivals, key=lambda a: len(a.prompt))], p.block_tokens) * 2,
-        working // 3)
+    # the working set: every shared part (system prompts, documents) and the largest request;
+    # the budget holds half of it (at least two of the largest requests), so parts are evicted
+    # and the order of admission decides which stay
+    largest = blocks_tokens([max(arrivals, key=lambda a: len(a.prompt) + a.new_tokens)],
+                            p.block_tokens)
+    working = p.systems * p.system_tokens + p.documents * p.document_tokens + largest
+    tokens = p.budgets_tokens[0] if p.budgets_tokens else max(2 * largest, working // 2)
     for policy in p.policies:
         engine = engine_for(model, p, tokens, policy=policy)
         served = _serve(tr, engine, arrivals, policy)
@@ -205,4 +210,4 @@ def schedule(model: Any, p: Any, peaks: dict[str, float], tr: Tracker) -> dict[s
         if served.stopped:
             return {"partial": True}
     return {"budget_tokens": tokens, "working_set_tokens": working,
-            "groups": len({a.group for a in arrivals}), "rate_per_s": p.rates[0]}
+            "groups": len({a.group for a in arrivals}), "rate_per_s": rate}
