@@ -196,14 +196,15 @@ def harness(gguf: Path, args: argparse.Namespace) -> list[dict]:
     from instruments.spine import ModelSpec, load
 
     torch.set_num_threads(args.threads)
-    loaded = load(ModelSpec("smollm2-135m", str(gguf), "cpu", "float32", 0))
+    loaded = load(ModelSpec(args.model, str(gguf), "cpu", "float32", 0))
     out = []
     for exp in ("concurrency", "load"):
         p = ServingParams(experiment=exp, concurrency=list(args.concurrency),
                           rounds=args.rounds, prompt_min=args.prompt, prompt_max=args.prompt,
                           output_min=args.output, output_max=args.output,
                           rates=list(args.rates), ways=["continuous"], requests=args.requests,
-                          max_seqs=max(args.concurrency + [args.max_seqs]), peers=False)
+                          max_seqs=max(args.concurrency + [args.max_seqs]), peers=False,
+                          step=args.step)
         print(f"  our harness: {exp}", flush=True)
         run = serving(loaded, p)
         run["meta"].update(model=args.model, weights=f"{gguf.name} (F32 GGUF)",
@@ -257,7 +258,7 @@ def main() -> int:
     ap.add_argument("--output", type=int, default=128, help="output tokens")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--max-seqs", type=int, default=16)
-    ap.add_argument("--step", default="forward", choices=("forward", "fast"))
+    ap.add_argument("--step", default="auto", choices=("auto", "forward", "fast"))
     ap.add_argument("--port", type=int, default=18400)
     ap.add_argument("--skip", default="", help="comma list of: ours, llama, harness")
     ap.add_argument("--out", default="results")
@@ -278,9 +279,9 @@ def main() -> int:
     subprocess.run([sys.executable, "-m", "instruments", "gguf", "--model", args.model,
                     "--type", "f32", str(gguf)], cwd=ROOT, check=True,
                    env={**os.environ, "PYTHONPATH": str(ROOT)})
-    from engine.models.llama.tokenizer import load_tokenizer
+    from instruments import lineup
 
-    tok, tok_dir = load_tokenizer(gguf), work / "tokenizer"
+    tok, tok_dir = lineup.tokenizer(lineup.config(args.model)), work / "tokenizer"
     tok_dir.mkdir()
     tok.tokenizer.save(str(tok_dir / "tokenizer.json"))  # guidellm reads it with transformers
     (tok_dir / "tokenizer_config.json").write_text(json.dumps({

@@ -251,9 +251,15 @@ def test_killing_the_measuring_process_mid_sweep(tmp_path: Path) -> None:
 
     # the progress line every 0.3 s (not 5): the page catches up while the process is held
     with sweep_page_first(tmp_path, {"KVLAB_REFRESH_S": "0.3"}) as (page, proc):
+        def cmdline(c: psutil.Process) -> str:
+            try:
+                return " ".join(c.cmdline())
+            except psutil.Error:  # a child that exited (a zombie until reaped): not a worker
+                return ""
+
         def workers() -> list[psutil.Process]:
             return [c for c in psutil.Process(proc.pid).children(recursive=True)
-                    if "instruments.process.worker" in " ".join(c.cmdline())]
+                    if "instruments.process.worker" in cmdline(c)]
 
         def run_sweep(contexts: str) -> None:
             choose = page.locator('[data-testid="stSelectbox"]', has_text="Context lengths")

@@ -252,7 +252,7 @@ def test_gpu_check_dry_run_on_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     kinds = sorted(r["kind"] for r in load_runs(tmp_path).runs)
     assert kinds == ["attribution", "batch_curve", "bench", "device_check", "floor_summary",
                      "hardware", "kv_planner", "latency_sweep", "latency_sweep", "latency_sweep",
-                     "memory", "peers", "prefix_ttft", "speculate", "staircase",
+                     "memory", "peers", "prefix_ttft", "serving", "speculate", "staircase",
                      "step_prediction"]
     # every stage saves its run (sdpa-backends and triton-tiles are the GPU's: skipped here;
     # the prefix stage's chat needs SmolLM2's template: not in the dry run's llama-tiny)

@@ -64,7 +64,7 @@ def llama_rows(name: str, **params: Any) -> list[dict[str, Any]]:
     loaded, p, requests = served(name)
     tr = tracker(requests)
     p = replace(p, **params)
-    serving.llamacpp_rows(loaded.model, p, serving.requests(loaded.model, p), tr)
+    serving.llamacpp_rows(loaded.model, p, runs.concurrency_requests(loaded.model, p), tr)
     return tr.tables["peers"]
 
 
@@ -147,7 +147,7 @@ def test_a_crash_in_the_batched_probe_is_a_row_saying_make_peers(
     monkeypatch.setattr(mod, "probe_batched", native_peer.segfault)
     loaded, p, requests = served("llama-tiny")
     tr = tracker(requests)
-    serving.run_peers(loaded, p, tr)
+    serving.run_peers(loaded, p, tr, runs.concurrency_requests(loaded.model, p))
     (row,) = tr.tables["peers"]
     assert not row["ok"] and row["peer"] == serving.PEER and row["concurrency"] is None
     assert "crashed (signal 11, SIGSEGV) in a probe of llama.cpp" in row["why"]
@@ -159,7 +159,7 @@ def test_beyond_llama_cpps_sequences_a_row_says_so() -> None:
     loaded, p, _ = served("llama-tiny")
     tr = tracker([])
     p = replace(p, concurrency=[llamacpp_batch.MAX_SEQS + 1], rounds=1)
-    serving.llamacpp_rows(loaded.model, p, serving.requests(loaded.model, p), tr)
+    serving.llamacpp_rows(loaded.model, p, runs.concurrency_requests(loaded.model, p), tr)
     (row,) = tr.tables["peers"]
     assert not row["ok"] and row["concurrency"] == 257 and "at most 256 sequences" in row["why"]
 
@@ -170,7 +170,7 @@ def test_absent_packages_are_rows_saying_how_to_install(
     monkeypatch.setitem(sys.modules, "transformers", None)
     loaded, p, requests = served("llama-tiny")
     tr = tracker(requests)
-    serving.run_peers(loaded, p, tr)
+    serving.run_peers(loaded, p, tr, runs.concurrency_requests(loaded.model, p))
     lcpp, hf = tr.tables["peers"]
     assert (lcpp["peer"], hf["peer"]) == (serving.PEER, serving_hf.PEER)
     assert not lcpp["ok"] and lcpp["why"] == lineup_peers.available("llamacpp_f32", "cpu")[1]
@@ -186,7 +186,7 @@ def test_transformers_continuous_batching_gives_our_engines_tokens(name: str) ->
         pytest.skip("this transformers has no generate_batch: pip install transformers==5.23.0")
     loaded, p, requests = served(name)
     tr = tracker(requests)
-    serving_hf.rows(loaded.model, p, serving.requests(loaded.model, p), tr)
+    serving_hf.rows(loaded.model, p, runs.concurrency_requests(loaded.model, p), tr)
     rows = tr.tables["peers"]
     assert [r["concurrency"] for r in rows] == [1, 3]
     for r in rows:

@@ -53,7 +53,6 @@ from typing import Any, Protocol
 
 import torch
 
-from ..models.config import ModelConfig
 from .contiguous import ConcatKVCache, KVCache, PreallocKVCache
 
 # cache kind -> storage dtype of the quantized cache (engine.cache.quantized.QuantizedKVCache)
@@ -73,7 +72,7 @@ class Shaped(Protocol):
     """What a cache is sized from: a model's shapes, device and dtype (a ``GPT``, a ``Llama``)."""
 
     @property
-    def config(self) -> ModelConfig: ...
+    def config(self) -> Any: ...  # shapes only; a ModelConfig (the model room, above this one)
     @property
     def device(self) -> torch.device: ...
     @property

@@ -99,7 +99,7 @@ class BatchWeights:
                                                                                   strict=True)]}
             table: dict[int, dict[str, float]] = {}
             for n in self.rows:
-                x = torch.randn(n, mods[0].in_features, generator=gen)
+                x = torch.randn(n, mods[0].in_features, generator=gen).to(mods[0].weight)
                 ms = {how: float("inf") for how in ways}
                 for i in range(4):  # an untimed pass each, then three interleaved
                     for how, fns in ways.items():

@@ -1,12 +1,11 @@
 """Peers of the serving engine: other engines serving the concurrency experiment's requests on the
 loaded model's weights, each gated on its tokens and timed beside ours.
 
-``run_peers(loaded, params, tr)`` runs after our engine served every concurrency (the
+``run_peers(loaded, params, tr, every)`` runs after our engine served every concurrency (the
 experiment's ``peers``: ``instruments.experiments.serving``), in the same process and never
-beside other work, and adds one row per peer and concurrency to table "peers" (``tr.row``). It
-regenerates the requests as ``runs.concurrency`` does: ``workload.randomrequests(max(C) x
-rounds, ...)`` with the run's seed, the first max(C x rounds, 2) at concurrency C, a closed loop
-of C clients, greedy, no end-of-sequence. It never raises: a peer that cannot run here is a row
+beside other work, and adds one row per peer and concurrency to table "peers" (``tr.row``).
+``every`` is the requests our engine served (``runs.concurrency_requests``): the first
+max(C x rounds, 2) at concurrency C, a closed loop of C clients, greedy, no end-of-sequence. It never raises: a peer that cannot run here is a row
 saying why and how to install it.
 
 The peers:
@@ -50,7 +49,6 @@ from instruments.peers.serving_rows import (  # noqa: F401 (the peers' shared na
     ours,
     peer_points,
     point_row,
-    requests,
     unavailable,
 )
 
@@ -70,16 +68,11 @@ class Loop:
     duration_s: float = 0.0
 
 
-def run_peers(loaded: Any, params: Any, tr: Any) -> None:
+def run_peers(loaded: Any, params: Any, tr: Any, every: list[Any]) -> None:
     """Every peer's rows in table "peers" (the module docstring); never raises."""
     from instruments.lineup import PeerUnavailable
     from instruments.peers import serving_hf
 
-    try:
-        every = requests(loaded.model, params)
-    except Exception as exc:  # nothing to serve: one row says why
-        unavailable(tr, "serving peers", f"the workload could not be made: {line(exc)}")
-        return
     for name, rows in ((PEER, llamacpp_rows), (serving_hf.PEER, serving_hf.rows)):
         if tr.stop():
             tr.note("stopped: the serving peers were left out")

@@ -2,7 +2,6 @@
 and their rows, each gated on our engine's tokens (``instruments.peers.serving`` and
 ``serving_hf`` build on it; a row's fields are named in ``serving``'s docstring).
 
-  requests(model, params)       the concurrency experiment's requests, regenerated
   peer_points(params)           the concurrencies the peers serve
   arrivals_at(every, c, rounds) the requests our engine served at concurrency c
   point_row(tr, peer, c, ...)   a served point's row, its tokens compared with ours
@@ -12,14 +11,6 @@ and their rows, each gated on our engine's tokens (``instruments.peers.serving``
 from __future__ import annotations
 
 from typing import Any
-
-
-def requests(model: Any, params: Any) -> list[Any]:
-    from instruments.experiments.serving.workload import random_requests
-
-    return random_requests(max(params.concurrency) * params.rounds, model.config.vocab_size,
-                           (params.prompt_min, params.prompt_max),
-                           (params.output_min, params.output_max), params.seed)
 
 
 def peer_points(params: Any) -> list[int]:

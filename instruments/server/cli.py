@@ -1,7 +1,7 @@
 """``python -m instruments server``: the serving engine behind an OpenAI-compatible endpoint.
 
   python -m instruments server --model smollm2-135m [--port 8000] [--host 127.0.0.1]
-         [--api-key KEY] [--max-seqs 64] [--kv-budget-mb 1024] [--step forward|fast] ...
+         [--api-key KEY] [--max-seqs 64] [--kv-budget-mb 1024] [--step auto|forward|fast] ...
   --model is a preset (``python -m instruments server --help`` lists them) or a path: a GGUF
   file (a Llama, its own tokenizer) or a GPT-2 checkpoint folder.
 
@@ -56,8 +56,9 @@ def add_parser(sub: Any, models: list[str]) -> None:
                    "contexts need")
     p.add_argument("--policy", default="fcfs", choices=("fcfs", "lpm"))
     p.add_argument("--reads", default="auto", choices=("auto", "in_place", "gather"))
-    p.add_argument("--step", default="forward", choices=("forward", "fast"),
-                   help="how an all-decode step runs (engine.serving.engine.STEPS)")
+    p.add_argument("--step", default="auto", choices=("auto", "forward", "fast"),
+                   help="how an all-decode step runs (engine.serving.engine.STEPS; auto: "
+                   "fast on a CPU in fp32 with the kernel built, else forward)")
     p.add_argument("--log-level", default="warning",
                    choices=("critical", "error", "warning", "info", "debug"))
 
@@ -101,31 +102,29 @@ def check(args: argparse.Namespace) -> None:
 
 
 def model_spec(args: argparse.Namespace, presets: list[str]) -> dict[str, Any]:
-    """The ``ModelSpec`` fields --model names: a preset, or a path read as its family's."""
+    """The ``ModelSpec`` fields --model names: a preset, or a checkpoint's path (a GGUF file, a
+    folder with config.json), read as the family its file says (``lineup.preset``)."""
+    from instruments import lineup
+
     name, weights = args.model, args.weights
     if name not in presets:
         path = Path(name).expanduser()
-        if path.is_file():
-            name, weights = "smollm2-135m", str(path)  # a GGUF file: its config is its own
-        elif path.is_dir():
-            name, weights = "gpt2", str(path)
-        else:
+        if not path.exists():
             raise ValueError(f"unknown model {args.model!r}; allowed: {', '.join(presets)}, "
-                             "a GGUF file or a GPT-2 checkpoint folder")
+                             "or the path of a checkpoint (a .gguf file, or a folder with "
+                             "config.json and *.safetensors)")
+        name = str(path if lineup.is_path(str(path)) else path.absolute())
+        lineup.preset(name)  # a file no family reads: its message, before the core starts
     return {"name": name, "weights": weights, "device": args.device, "dtype": args.dtype,
             "seed": args.seed}
 
 
-def tokenizer_for(args: argparse.Namespace, spec: dict[str, Any], facts: dict[str, Any]
-                  ) -> Any:
-    from engine import families
+def tokenizer_for(facts: dict[str, Any]) -> Any:
+    """The loaded model's tokenizer (its family's, ``lineup.tokenizer``), from the facts the
+    core reports."""
+    from instruments import lineup
 
-    weights = spec["weights"] or ""
-    if spec["name"] == "smollm2-135m" and Path(weights).is_file():
-        from engine.models.llama.tokenizer import load_tokenizer
-
-        return load_tokenizer(weights)
-    return families.tokenizer(families.config_from_dict(facts["config"], facts["family"]))
+    return lineup.tokenizer(lineup.config_from_dict(facts["config"], facts["family"]))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -135,8 +134,7 @@ def run(args: argparse.Namespace) -> int:
     check(args)
     spec = model_spec(args, presets)
     if spec["weights"] is None:
-        spec["weights"] = "random" if lineup.family_of(spec["name"]).name == "gpt2" else \
-            lineup.preset(spec["name"]).weights[0]
+        spec["weights"] = lineup.offline_weights(spec["name"])  # never the network
     served = args.served_model_name or args.model
     options = {"budget_bytes": int(args.kv_budget_mb * 2**20),
                "block_tokens": args.block_tokens, "max_seqs": args.max_seqs,
@@ -154,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     except CoreError as exc:
         raise ValueError(f"the engine core could not start: {exc}") from None
     try:
-        tok = tokenizer_for(args, spec, core.facts)
+        tok = tokenizer_for(core.facts)
         app = build_app(core, tok, served, args.api_key)
         f = core.facts
         print(f"serving {served!r} at http://{args.host}:{args.port}/v1 (OpenAI-compatible; "

@@ -87,13 +87,16 @@ def core_main(commands: Any, events: Any, spec: dict[str, Any], options: dict[st
 
         if threads:
             torch.set_num_threads(threads)
-        from engine.serving.engine import ServingEngine
+        from engine.serving.engine import ServingEngine, default_step
         from engine.serving.sampling import Sampling
         from instruments.spine import ModelSpec, load
 
         loaded = load(ModelSpec(**spec))
         model = loaded.model
         options = dict(options)
+        if options.get("step", "auto") == "auto":  # the faster way where it runs (the step bench)
+            options["step"] = "forward" if options.get("reads") == "gather" else \
+                default_step(model.device, model.dtype)
         bpt = model.config.kv_bytes_per_token(model.dtype.itemsize)
         # the pool: what max_seqs whole contexts need, within the bytes asked for
         budget_tokens = min(options.pop("budget_bytes") // bpt,

@@ -160,16 +160,18 @@ def llamacpp(runs: list[Run], root: Path) -> str:
     if not newest_of:
         raise ReadmeError(f"{rel(Path(runs[0]['path']).parent, root)}/ holds no peers run "
                           "with llama.cpp")
-    rows = [row for run in newest_of.values() for row in _goals(run, root)]
     hosts = sorted({h for h, _, _ in newest_of})
-    head = ["run (UTC)", "host", "model", "our kernel", "threads", "context",
+    head = ["model", "our kernel", "threads", "context",
             *(f"ours / llama.cpp {fmt} (ms)" for *_, fmt in PAIRS), "q4_1 × fp32 read"]
-    if len(hosts) == 1:  # said once, above the table
-        head.pop(1)
-        rows = [row[:1] + row[2:] for row in rows]
     total = sum(1 for r in runs if r.get("kind") == "peers" and _pairs(r, root))
-    return "\n".join([f"Per model and thread count the newest of {total} runs, on "
-                      f"{', '.join(hosts)}:", "", *md_table(head, rows), "",
+    lines = [f"Per host, model and thread count the newest of {total} runs:"]
+    for h in hosts:  # one table a host, the host and its runs' dates said once above it
+        mine = [run for (rh, _, _), run in newest_of.items() if rh == h]
+        days = sorted({str(run.get("created_utc"))[:10] for run in mine})
+        rows = [row[2:] for run in mine for row in _goals(run, root)]  # less run time, host
+        span = days[0] if len(days) == 1 else f"{days[0]} – {days[-1]}"
+        lines += ["", f"{h}, {span}:", "", *md_table(head, rows)]
+    return "\n".join([*lines, "",
                       "Ours: `q4_1_weights`, `q8_0_weights`, and our fastest exact fp32 mode; "
                       "goal ≤ 1, target ≤ 0.8; q4_1's target ≤ 0.35× a read of the fp32 "
                       "weights measured in the same process."])

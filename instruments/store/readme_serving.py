@@ -146,11 +146,18 @@ def serving_concurrency(runs: list[Run], root: Path) -> str:
     if run is None:
         return _missing(runs, "serving (concurrency)", root)
     head = ["clients", "output tok/s", "TTFT p50 / p99 (ms)", "TPOT p50 / p99 (ms)",
-            "ITL p99 (ms)", "mean batch"]
+            "ITL p99 (ms)", "mean batch", "time in prompt steps"]
+    steps: dict[str, list[float]] = {}  # label -> [all steps' ms, those carrying prompt tokens']
+    for s in table(run, "steps", root):
+        t = steps.setdefault(s["label"], [0.0, 0.0])
+        t[0] += s["step_ms"]
+        t[1] += s["step_ms"] if s["prefill_tokens"] else 0.0
+    share = {k: f"{v[1] / v[0]:.0%}" if v[0] else "—" for k, v in steps.items()}
     body = [[p["concurrency"], f"{p['output_tok_s']:,.1f}",
              f"{ms(p['ttft_p50_ms'])} / {ms(p['ttft_p99_ms'])}",
              f"{ms(p['tpot_p50_ms'])} / {ms(p['tpot_p99_ms'])}", ms(p["itl_p99_ms"]),
-             f"{p['batch_mean']:.1f}"] for p in table(run, "points", root)]
+             f"{p['batch_mean']:.1f}", share.get(f"C={p['concurrency']}", "—")]
+            for p in table(run, "points", root)]
     lines = [run_line(run, root), "", *md_table(head, body)]
     peers = (run.get("tables") or {}).get("peers", [])
     if peers:

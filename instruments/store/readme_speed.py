@@ -245,10 +245,16 @@ def _model(meta: dict) -> str:
 
 
 def speculation(runs: list[Run], root: Path) -> str:
-    """Per speculate run (a model and a prompt): acceptance and measured speedup per k, how
-    many predictions came within ``GOAL``, whether every output equalled greedy decoding."""
-    found = [r for r in runs if r.get("kind") == "speculate"] or [
+    """Per model and prompt, its newest speculate run: acceptance and measured speedup per k,
+    how many predictions came within ``GOAL``, whether every output equalled greedy decoding
+    (older repeats are counted, not shown)."""
+    every = [r for r in runs if r.get("kind") == "speculate"] or [
         newest(runs, "speculate", root)]
+    last: dict[tuple[str, str], Run] = {}
+    for run in sorted(every, key=lambda r: str(r.get("created_utc"))):
+        m = run.get("meta") or {}
+        last[(_model(m), str(m.get("bench_prompt")))] = run
+    found = sorted(last.values(), key=lambda r: str(r.get("created_utc")))
     rows = []
     for run in found:
         m, sp = run.get("meta") or {}, table(run, "speculative", root)
@@ -263,12 +269,18 @@ def speculation(runs: list[Run], root: Path) -> str:
     ks = "/".join(str(r["k"]) for r in table(found[-1], "speculative", root))
     m = found[-1].get("meta") or {}
     threads = m.get("threads")
-    return "\n".join([f"Draft lengths k = {ks}; mode `{m.get('mode')}`, {m.get('new_tokens')} "
+    head = ["run", "model", "prompt", "distinct tokens generated", "acceptance per k",
+            "measured speedup per k", f"prediction within {GOAL:.0%}", "output = greedy"]
+    one = len({r[1] for r in rows}) == 1  # one model: named once, above the table
+    if one:
+        head.pop(1)
+        rows = [r[:1] + r[2:] for r in rows]
+    return "\n".join([f"{_model(m) + '; ' if one else ''}"
+                      f"Draft lengths k = {ks}; mode `{m.get('mode')}`, {m.get('new_tokens')} "
                       f"new tokens per prompt; on {host(found[-1])}, {threads} thread"
                       f"{'' if threads == 1 else 's'}, torch {m.get('torch_version')}, "
                       f"{str(found[-1].get('created_utc'))[:10]}. Speedup: the whole generation "
-                      "against plain greedy decoding with the same mode.",
-                      "", *md_table(["run", "model", "prompt", "distinct tokens generated",
-                                     "acceptance per k", "measured speedup per k",
-                                     f"prediction within {GOAL:.0%}", "output = greedy"],
-                                    rows)])
+                      "against plain greedy decoding with the same mode."
+                      + (f" The newest run of each; {len(every) - len(found)} older repeats "
+                         "are in the folder." if len(every) > len(found) else ""),
+                      "", *md_table(head, rows)])

@@ -231,7 +231,7 @@ def run(loaded: Loaded, params: ServingParams, progress: ProgressFn | None = Non
     if params.experiment == "concurrency" and params.peers and not partial:
         from instruments.peers import serving as peers
 
-        peers.run_peers(loaded, params, tr)
+        peers.run_peers(loaded, params, tr, runs.concurrency_requests(model, params))
     if partial:
         tr.note("stopped: what was measured is kept")
     return record(loaded, "serving", params, tr.tables, partial=partial, notes=tr.notes,

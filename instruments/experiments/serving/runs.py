@@ -79,10 +79,16 @@ def _serve(tr: Tracker, engine: Any, arrivals: list[Arrival], label: str, **kw: 
     return served
 
 
+def concurrency_requests(model: Any, p: Any) -> list[Arrival]:
+    """The concurrency experiment's requests, the peers' too: concurrency c serves the first
+    max(c x rounds, 2)."""
+    return random_requests(max(p.concurrency) * p.rounds, model.config.vocab_size,
+                           (p.prompt_min, p.prompt_max), (p.output_min, p.output_max), p.seed)
+
+
 def concurrency(model: Any, p: Any, peaks: dict[str, float], tr: Tracker) -> dict[str, Any]:
     cfg, dtype = model.config, str(model.dtype).removeprefix("torch.")
-    every = random_requests(max(p.concurrency) * p.rounds, cfg.vocab_size,
-                            (p.prompt_min, p.prompt_max), (p.output_min, p.output_max), p.seed)
+    every = concurrency_requests(model, p)
     curves: list[dict[str, Any]] = []
     for c in p.concurrency:
         arrivals = every[: max(c * p.rounds, 2)]
