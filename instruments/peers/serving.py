@@ -5,8 +5,8 @@ loaded model's weights, each gated on its tokens and timed beside ours.
 experiment's ``peers``: ``instruments.experiments.serving``), in the same process and never
 beside other work, and adds one row per peer and concurrency to table "peers" (``tr.row``).
 ``every`` is the requests our engine served (``runs.concurrency_requests``): the first
-max(C x rounds, 2) at concurrency C, a closed loop of C clients, greedy, no end-of-sequence. It never raises: a peer that cannot run here is a row
-saying why and how to install it.
+max(C x rounds, 2) at concurrency C, a closed loop of C clients, greedy, no end-of-sequence. It
+never raises: a peer that cannot run here is a row saying why and how to install it.
 
 The peers:
   "llama.cpp batched (F32)"    llama.cpp's batched decode through llama-cpp-python's low-level
