@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .models.config import GPTConfig, LlamaConfig, ModelConfig
+from .models.gpt2.tokenizer import TokenizerError  # noqa: F401 (a tokenizer's files not found)
 from .models.mistral.config import MistralConfig
 from .models.qwen2.config import Qwen2Config
 

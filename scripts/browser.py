@@ -110,6 +110,15 @@ def model_page(pw, url: str, model: str, path: str, title: str):  # noqa: ANN001
     page.goto(f"{url}/{path}")
     page.wait_for_selector(f'h1:has-text("{title}")', timeout=120_000)
     settle(page)
+    if "/" in model:  # a checkpoint's path: typed under the list's last entry, its own weights
+        page.locator('[data-testid="stSelectbox"]', has_text="Preset").first.click()
+        page.get_by_role("option", name=re.compile("checkpoint at a path")).click()
+        settle(page)
+        field = page.get_by_role("textbox", name="Checkpoint path")
+        field.fill(model)
+        field.press("Enter")
+        settle(page, 300_000)  # the model loads in the measuring process
+        return page
     # A preset's option reads "gpt2 (GPT-2)" (ui.state's label): matched by its name.
     for label, option in (("Preset", re.compile(rf"^{re.escape(model)} \(")),
                           ("Weights", "random")):

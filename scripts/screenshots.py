@@ -6,6 +6,9 @@ closed loop at ``--concurrency``), the whole page shot when the run has finished
     python scripts/screenshots.py                     # docs/screenshots/sweep.png, gpt2
     python scripts/screenshots.py --model smollm2-135m --out /tmp/shots
     python scripts/screenshots.py --page serving      # docs/screenshots/serving.png, smollm2-135m
+    python scripts/screenshots.py --page memory --mistral-window 64 --contexts 16,32,64,128,256
+        # a user's checkpoint past its sliding window: a random MistralForCausalLM saved by
+        # transformers into a temporary folder, typed in as a path (sweep_mistral-*.png, ...)
 
 A run is a measurement: take it on a quiet host (nothing else running); the page names the
 host's device in its sidebar (and Serving's figures in their titles). Needs Debian's
@@ -33,7 +36,38 @@ from scripts.browser import (  # noqa: E402
 RUN_TIMEOUT_MS = 900_000  # gpt2's default sweep takes 1-2 minutes on two cores
 # page -> (its path, heading, Run button, the default model, the line it says when done)
 PAGES = {"sweep": ("sweep", "Latency sweep", "Run sweep", "gpt2", "Finished \\d+ points"),
-         "serving": ("serving", "Serving", "Serve", "smollm2-135m", "Finished \\d+ points")}
+         "serving": ("serving", "Serving", "Serve", "smollm2-135m", "Finished \\d+ points"),
+         "memory": ("memory", "Memory", "Measure memory", "gpt2", "Finished")}
+
+
+def mistral_checkpoint(window: int) -> str:
+    """A random Mistral (4 layers, width 256, 8 query and 2 K/V heads, a ``window``-token
+    sliding window) saved by transformers as a user's folder: config.json + safetensors."""
+    import tempfile
+
+    import torch
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    cfg = MistralConfig(vocab_size=4096, hidden_size=256, intermediate_size=512,
+                        num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
+                        max_position_embeddings=1024, sliding_window=window)
+    folder = Path(tempfile.mkdtemp(prefix="kvlab-shot-")) / f"mistral-window{window}"
+    MistralForCausalLM(cfg).save_pretrained(folder, safe_serialization=True)
+    return str(folder)
+
+
+def set_contexts(page, which: str, contexts: str) -> None:  # noqa: ANN001 (a playwright page)
+    """Type the context lengths a run measures (the sweep's custom list, the memory page's)."""
+    if which == "sweep":
+        page.locator('[data-testid="stSelectbox"]', has_text="Context lengths").click()
+        page.get_by_role("option", name="custom list / range").click()
+        settle(page)
+    field = page.get_by_role("textbox", name="Lengths (tokens)" if which == "sweep"
+                             else "Context lengths")
+    field.fill(contexts)
+    field.press("Enter")
+    settle(page)
 
 
 def shoot(page, path: Path) -> None:  # noqa: ANN001 (a playwright page)
@@ -53,11 +87,16 @@ def main(argv: list[str] | None = None) -> int:
                         "gpt2 for the sweep, smollm2-135m for Serving)")
     parser.add_argument("--concurrency", default="1, 4, 16",
                         help="Serving: the closed loop's clients")
+    parser.add_argument("--contexts", default=None, help="context lengths to measure (sweep, "
+                        "memory; default: the page's)")
+    parser.add_argument("--mistral-window", type=int, default=None,
+                        help="shoot a random Mistral checkpoint of this sliding window instead")
     parser.add_argument("--results", type=Path, default=ROOT / "results")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "screenshots")
     args = parser.parse_args(argv)
     path, title, button, default, done = PAGES[args.page]
-    model = args.model or default
+    model = mistral_checkpoint(args.mistral_window) if args.mistral_window else \
+        args.model or default
     if model in ("tiny", "llama-tiny"):
         parser.error(f"--model {model} is a test shape; the README shows a preset users run")
     from playwright.sync_api import sync_playwright
@@ -71,12 +110,14 @@ def main(argv: list[str] | None = None) -> int:
             field.fill(args.concurrency)
             field.press("Enter")
             settle(page)
+        if args.contexts:
+            set_contexts(page, args.page, args.contexts)
         page.get_by_role("button", name=button).click()
         page.wait_for_selector('[data-testid="stProgress"]', timeout=60_000)
         wait_finished(page, RUN_TIMEOUT_MS)
         page.wait_for_selector(f"text=/{done}/", timeout=10_000)
         settle(page)
-        name = f"{args.page}.png" if model == default else f"{args.page}_{model}.png"
+        name = f"{args.page}.png" if model == default else f"{args.page}_{Path(model).name}.png"
         shoot(page, args.out / name)
         print(f"wrote {args.out / name}")
     return 0

@@ -228,7 +228,7 @@ def prompt_ids(model: CausalLM, text: str, new_tokens: int, chat: bool = False
     import torch
 
     from engine.loop import random_prompt
-    from engine.models.gpt2.tokenizer import TokenizerError
+    from instruments.lineup import TokenizerError
 
     cfg = model.config
     room = cfg.block_size - new_tokens

@@ -172,8 +172,8 @@ def classify(exc: BaseException) -> tuple[str, str]:
     """(category, message for the page): "input" for what the user can fix, "oom", "crash"."""
     import torch
 
-    from engine.models.gpt2.tokenizer import TokenizerError
     from engine.models.loader import WeightsError
+    from instruments.lineup import TokenizerError
 
     text = str(exc).strip()
     if isinstance(exc, torch.OutOfMemoryError) or (
