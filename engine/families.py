@@ -65,6 +65,9 @@ class Family:
     # on their own (``ModeSpec.steps``) are then not offered, for the reason ``step_why``
     step: str | None = None
     step_why: str = ""
+    # "module:fn" (model, randn, rows) -> a call running its operators that are no matmul and no
+    # attention (norms, activations, RoPE, adds) at their real widths; None: not calibrated
+    small_ops: str | None = None
     # "module:fn" (kind, model, batch_size, capacity) -> the family's own KV cache of that kind,
     # or None for the engine's (``engine.cache.make_cache``); and the cache kinds it runs (None:
     # every one), with why not the others
@@ -129,20 +132,22 @@ register_family(Family(
     "product, GELU MLP, every head caching its own K and V.", GPTConfig,
     "engine.models.gpt2.model:GPT", "engine.models.gpt2.weights",
     "engine.models.gpt2.tokenizer:for_config", step="engine.models.gpt2.step",
+    small_ops="engine.models.gpt2.small_ops:small_ops",
     architectures=("GPT2LMHeadModel", "gpt2")))
 register_family(Family(
     "llama", "Llama", "The Llama family: RMSNorm, rotary positions (RoPE), a SwiGLU MLP, "
     "grouped-query attention (query heads share fewer K/V heads, so the cache holds fewer).",
     LlamaConfig, "engine.models.llama.model:Llama", "engine.models.llama.weights",
     "engine.models.llama.tokenizer:for_config", step="engine.models.llama.step",
+    small_ops="engine.models.llama.small_ops:small_ops",
     positions="rope", architectures=("LlamaForCausalLM", "llama"), blocks="model.layers",
     embed="model.embed_tokens"))
 register_family(Family(
     "qwen2", "Qwen2", "Qwen2: the Llama family's blocks (RMSNorm, RoPE, SwiGLU, GQA) with "
     "biases on q, k and v.", Qwen2Config, "engine.models.qwen2.model:Qwen2",
     "engine.models.qwen2.weights", None,
-    step="engine.models.llama.step", positions="rope",
-    architectures=("Qwen2ForCausalLM", "qwen2"), blocks="model.layers",
+    step="engine.models.llama.step", small_ops="engine.models.llama.small_ops:small_ops",
+    positions="rope", architectures=("Qwen2ForCausalLM", "qwen2"), blocks="model.layers",
     embed="model.embed_tokens"))
 register_family(Family(
     "mistral", "Mistral", "Mistral: the Llama family's blocks whose attention sees only the last "
@@ -153,7 +158,7 @@ register_family(Family(
     "a sliding window's mask cannot be told",
     cache="engine.models.mistral.ring:make_cache", caches=("prealloc", "concat"),
     caches_why="a sliding window's cache is a ring of its rows; the paged and int8 caches "
-    "keep every row",
+    "keep every row", small_ops="engine.models.llama.small_ops:small_ops",
     positions="rope", architectures=("MistralForCausalLM", "mistral"), blocks="model.layers",
     embed="model.embed_tokens"))
 
@@ -311,6 +316,12 @@ def load(name: str, weights: str | None = None, *, device: Any = "cpu", dtype: A
     loader = importlib.import_module("engine.models.loader")  # torch: only when loading
     return loader.load_preset(p, cfg, model_class(cfg), read, chosen, device=device,
                               dtype=dtype, seed=seed)
+
+
+def small_ops(model: Any) -> Any:
+    """The builder of ``model``'s family's small operators (``Family.small_ops``), or None."""
+    fam = family_of(model.config)
+    return None if fam.small_ops is None else _resolve(fam.small_ops)
 
 
 def step_of(model: Any) -> Any:

@@ -18,10 +18,11 @@ import torch
 from engine import modes
 from engine.decoders import make_decoder
 from engine.models.config import LlamaConfig
+from engine.models.llama import small_ops
 from engine.models.llama.model import Llama
 from instruments import lineup
 from instruments.costmodel import predict
-from instruments.measure import calibration, small_ops
+from instruments.measure import calibration
 
 
 @pytest.fixture(scope="module")

@@ -189,6 +189,7 @@ family_of = families.family_of
 load_model = families.load  # a preset with its weights: an engine.models.state.ModelState
 model_class = families.model_class
 tokenizer = families.tokenizer  # a model's tokenizer: encode, decode, decode_each, chat
+small_ops = families.small_ops  # a model's non-matmul, non-attention operators, to time
 TokenizerError = families.TokenizerError  # what a tokenizer raises when its files are missing
 reference = families.reference  # the family's transformers model holding a model's weights
 block_linears = families.block_linears  # every block's Linears, in cfg.matrices() order

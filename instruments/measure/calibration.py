@@ -23,10 +23,10 @@ the same for every model family: what differs is read off the model and its conf
              heads are fewer)
   attention_full  variant "seed", x = T: an uncached forward's T queries over T keys
   small      x = rows: the family's operators that are no matmul and no attention, at their real
-             widths (``SMALL_OPS``) -- GPT-2: layer norms, GELU, residual adds, the heads'
-             re-assembly, token and position embeddings; the Llama family: RMSNorms, RoPE's
-             angles and its rotation of q and k, SiLU(gate) x up, residual adds, the heads'
-             re-assembly, the embedding lookup
+             widths (the family table's ``small_ops``) -- GPT-2: layer norms, GELU, residual
+             adds, the heads' re-assembly, token and position embeddings; the Llama family:
+             RMSNorms, RoPE's angles and its rotation of q and k, SiLU(gate) x up, residual
+             adds, the heads' re-assembly, the embedding lookup
   hollow     variant = mode, x = context: the mode's own decoder running a whole step (cached
              modes) or forward (uncached) on a *hollow* model of the same family
              (``hollow_model``) -- the same number of layers and the same code, widths of 4 and
@@ -67,10 +67,9 @@ from engine.models.state import ModelState
 from engine.quant.weight_only import STORAGES, weight_only
 from instruments import lineup
 from instruments.costmodel import predict
-from instruments.lineup import make_cache
+from instruments.lineup import make_cache, small_ops
 from instruments.measure import busy as busy_time
 from instruments.measure.sampler import Sampler
-from instruments.measure.small_ops import SMALL_OPS
 
 Tick = Callable[[str], bool]  # (what is being timed) -> True when asked to stop
 HOLLOW_WIDTH, HOLLOW_VOCAB = 4, 8
@@ -288,9 +287,9 @@ class _Parts:
 
     # -- the rest ----------------------------------------------------------------------------
     def small(self, rows: int) -> Callable[[], Any]:
-        for cls, build in SMALL_OPS:
-            if isinstance(self.model, cls):
-                return build(self.model, self.randn, rows)
+        build = small_ops(self.model)
+        if build is not None:
+            return build(self.model, self.randn, rows)
         raise NotCalibrated(f"small operators of a {type(self.model).__name__} "
                             f"({self.cfg.family} family): none are listed here")
 
