@@ -43,10 +43,8 @@ worker thread, did: ``ct2.py``).
 
 from __future__ import annotations
 
-import contextlib
 import importlib.metadata
 import shutil
-import sys
 import weakref
 from pathlib import Path
 from typing import Any
@@ -59,6 +57,7 @@ from instruments.peers import gguf_out, native
 from instruments.peers.built import Built, engine_for, temp_folder
 from instruments.peers.llamacpp_api import (
     PROBE_TOKENS,
+    Context,
     decode,
     import_llama_cpp,
     load,
@@ -121,7 +120,7 @@ def _free(built: Built) -> None:
         built.handle = None
 
 
-class LlamaCppDecoder:
+class LlamaCppDecoder(Context):
     appends = False
     logits = "last"
     cache_kind = "llama.cpp"
@@ -204,13 +203,3 @@ class LlamaCppDecoder:
         self._trim(same)
         self._decode(want[same:])
 
-    def close(self) -> None:
-        if getattr(self, "ctx", None):
-            self.api.llama_free(self.ctx)
-            self.ctx = None
-
-    def __del__(self) -> None:
-        if sys.is_finalizing():
-            return
-        with contextlib.suppress(Exception):
-            self.close()

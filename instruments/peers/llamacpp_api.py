@@ -14,7 +14,9 @@ raise ``PeerUnavailable`` with llama.cpp's own last error.
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -103,3 +105,22 @@ def probe_file(path: str, threads: str) -> None:
         raise RuntimeError(f"llama.cpp gave no logits: {last_error()}")
     api.llama_free(ctx)
     api.llama_model_free(handle)
+
+
+class Context:
+    """An owner of a llama.cpp context (``self.api``, ``self.ctx``): ``close`` frees it once, and
+    one collected unclosed closes itself (never while the interpreter shuts down)."""
+
+    api: Any
+    ctx: Any
+
+    def close(self) -> None:
+        if getattr(self, "ctx", None):
+            self.api.llama_free(self.ctx)
+            self.ctx = None
+
+    def __del__(self) -> None:
+        if sys.is_finalizing():
+            return
+        with contextlib.suppress(Exception):
+            self.close()

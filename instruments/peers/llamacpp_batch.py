@@ -31,20 +31,18 @@ return), each with llama.cpp's own last error.
 
 from __future__ import annotations
 
-import contextlib
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from instruments.lineup import PeerUnavailable
-from instruments.peers.llamacpp_api import import_llama_cpp, last_error, load
+from instruments.peers.llamacpp_api import Context, import_llama_cpp, last_error, load
 
 MAX_SEQS = 256  # llama.cpp's LLAMA_MAX_SEQ (src/llama-cparams.h): n_seq_max above it is refused
 
 
-class Batched:
+class Batched(Context):
     def __init__(self, api: Any, handle: Any, *, seqs: int, seq_tokens: int,
                  threads: int) -> None:
         if not 1 <= seqs <= MAX_SEQS:
@@ -113,15 +111,7 @@ class Batched:
         if getattr(self, "batch", None) is not None:
             self.api.llama_batch_free(self.batch)
             self.batch = None
-        if getattr(self, "ctx", None):
-            self.api.llama_free(self.ctx)
-            self.ctx = None
-
-    def __del__(self) -> None:
-        if sys.is_finalizing():
-            return
-        with contextlib.suppress(Exception):
-            self.close()
+        super().close()
 
 
 def probe_batched(path: str, threads: str) -> None:

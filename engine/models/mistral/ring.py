@@ -29,6 +29,18 @@ _LOST = ("rows before position {lost} have left the window (overwritten); allowe
          "{length} or 0, or anywhere while nothing has left it")
 
 
+def _croppable(length: int, held: int, window: int) -> bool:
+    """Can a windowed cache holding ``held`` rows go back to ``length``: to nothing, to where it
+    is, or anywhere while no row has left the window yet."""
+    return length in (0, held) or held <= window
+
+
+def _check_crop(length: int, held: int, window: int) -> None:
+    if not 0 <= length <= held or not _croppable(length, held, window):
+        raise ValueError(f"crop length {length}: " + _LOST.format(lost=held - window,
+                                                                   length=held))
+
+
 class RingKVCache:
     """The preallocated kind, as a ring of ``window`` rows (module docstring)."""
 
@@ -71,12 +83,10 @@ class RingKVCache:
         self.length += n_new
 
     def can_crop(self, length: int) -> bool:
-        return length in (0, self.length) or self.length <= self.window
+        return _croppable(length, self.length, self.window)
 
     def crop(self, length: int) -> None:
-        if not 0 <= length <= self.length or not self.can_crop(length):
-            raise ValueError(f"crop length {length}: " + _LOST.format(
-                lost=self.length - self.window, length=self.length))
+        _check_crop(length, self.length, self.window)
         self.length = length  # rows past it are overwritten by the next update
 
     def tensors(self) -> list[torch.Tensor]:
@@ -106,12 +116,10 @@ class WindowedConcat(ConcatKVCache):
         return keys, values
 
     def can_crop(self, length: int) -> bool:
-        return length in (0, self.length) or self.length <= self.window
+        return _croppable(length, self.length, self.window)
 
     def crop(self, length: int) -> None:
-        if not 0 <= length <= self.length or not self.can_crop(length):
-            raise ValueError(f"crop length {length}: " + _LOST.format(
-                lost=self.length - self.window, length=self.length))
+        _check_crop(length, self.length, self.window)
         if length == 0:
             self.k, self.v = [None] * self.n_layer, [None] * self.n_layer
             self.length = 0
