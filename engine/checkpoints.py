@@ -14,8 +14,9 @@ from __future__ import annotations
 import functools
 import json
 import os
+from typing import Any
 
-from .families import CHECKPOINT, CHECKPOINTS, FAMILIES, Family, Preset
+from .families import CHECKPOINT, CHECKPOINTS, FAMILIES, Family, Preset, is_path
 
 
 def checkpoint(path: str) -> Preset:
@@ -89,3 +90,22 @@ def _gguf(path: str) -> Preset:
         cfg = _resolve(fam.weights).gguf_config(f)
     shapes = {k: v for k, v in cfg.to_dict().items() if k != "mask"}
     return Preset(path, fam.name, shapes, (CHECKPOINT, "random"), f"the GGUF file at {path}")
+
+
+def own_tokenizer(what: Any, source: str | None = None) -> tuple[Any, Any]:
+    """(the config of ``what`` -- a model, its state or a config --, the tokenizer its checkpoint
+    holds, or None): the checkpoint at ``source``, else the one the model was loaded from (its
+    provenance); ``engine.models.tokens.of_checkpoint`` reads it."""
+    from .models.config import ModelConfig
+
+    cfg = what
+    if not isinstance(what, ModelConfig):
+        from .models.state import ModelState
+
+        state = ModelState.of(what)
+        cfg, source = state.model.config, source or state.provenance.checkpoint
+    if not source or not is_path(source):
+        return cfg, None
+    from .models.tokens import of_checkpoint
+
+    return cfg, of_checkpoint(source, cfg.vocab_size)

@@ -1,15 +1,14 @@
 """The model families and their presets: one table, as llama.cpp's ``llama-arch.cpp`` is one.
 
 ``FAMILIES[name]`` is a ``Family``: the one door to everything that differs between families --
-its config class, its from-scratch model, its one-token step (``engine.models.steps`` says what
-a family's step module offers; the fast, fused, compiled, weight-only and Triton steps are all
-built from it), its positions (learned or RoPE), its tokenizer, and its weight readers (its own
-weights, the ``transformers`` reference the gate holds it to, a GGUF file's blocks as stored).
-Each is implemented in the family's folder under ``engine/models/``; nothing else in the engine
-names a family or tests a model's class. ``PRESETS[name]`` is a ``Preset``: the family, the
-shapes, the weights it offers (the first is the default), where the real weights come from and
-how to get them. Everything else -- the sidebar, the CLI's ``--model``, the cost model, the
-planner, the decoders -- asks here (through ``instruments.lineup`` outside ``engine/``).
+config class, from-scratch model, one-token step (``engine.models.steps``; the fast, fused,
+compiled, weight-only and Triton steps are built from it), positions (learned or RoPE),
+tokenizer, weight readers (its own weights, the ``transformers`` reference the gate holds it to,
+a GGUF file's blocks as stored) -- each implemented in its folder under ``engine/models/``;
+nothing else in the engine names a family or tests a model's class. ``PRESETS[name]`` is a
+``Preset``: the family, shapes, weights offered (the default first), where real weights come
+from and how to get them. Everything else (sidebar, CLI, cost model, planner, decoders) asks
+here, through ``instruments.lineup`` outside ``engine/``.
 ``register_family`` / ``register_preset`` add one (a test registers a toy family).
 
   config(name, **overrides)   the preset's config (the family's config class)
@@ -20,7 +19,7 @@ planner, the decoders -- asks here (through ``instruments.lineup`` outside ``eng
   small_ops(model)            the builder of its non-matmul, non-attention operators, or None
   make_cache(kind, model, ...) a KV cache of ``kind``: the family's own (a ring), else the engine's
   raw_weights(model, path)    a GGUF file's tensors as stored, under the model's names
-  tokenizer(cfg)              the family's tokenizer for a model of this config (or bytes)
+  tokenizer(model, source)    the checkpoint's own tokenizer, else its family's
   reference(model)            the family's ``transformers`` model holding the same weights
   block_linears(model)        every block's Linears in ``cfg.matrices()``'s order; head_linear
 Torch-free at import: the models, steps and readers are "module[:callable]" strings imported on
@@ -190,8 +189,7 @@ register_preset(Preset("llama-tiny", "llama",
 
 
 def preset(name: str) -> Preset:
-    """Preset ``name``, or the checkpoint at path ``name`` as one (``checkpoint``); ValueError
-    naming what is allowed otherwise."""
+    """Preset ``name``, or the checkpoint at path ``name`` (ValueError naming what is allowed)."""
     if name in PRESETS:
         return PRESETS[name]
     if is_path(name):
@@ -222,8 +220,7 @@ def names(*, tests: bool = False) -> list[str]:
 
 
 def offline_weights(name: str) -> str:
-    """The weights a run uses when none are asked for: the model's first choice, random where
-    that would reach for the network ("auto")."""
+    """The weights a run uses when none are asked for: the first choice, unless "auto" (random)."""
     first = preset(name).weights[0]
     return "random" if first == "auto" else first
 
@@ -248,9 +245,8 @@ def config(name: str, **overrides: Any) -> ModelConfig:
 
 
 def config_from_dict(fields: dict[str, Any], family: str | None = None) -> ModelConfig:
-    """A config saved with a run (``cfg.to_dict()``) read back: of ``family`` when given (runs
-    record it), else the family whose config has exactly these fields (GPT-2's for the runs
-    saved before families existed)."""
+    """A config saved with a run (``cfg.to_dict()``) read back: of ``family`` (runs record it),
+    else the family whose config has exactly these fields (GPT-2's for the oldest runs)."""
     if family is None:
         family = next((f.name for f in FAMILIES.values()
                        if set(fields) == set(f.config.__dataclass_fields__)), "gpt2")
@@ -276,9 +272,8 @@ def _resolve(target: str) -> Any:
 def load(name: str, weights: str | None = None, *, device: Any = "cpu", dtype: Any = "float32",
          mask: str = "none", seed: int = 0, **options: Any) -> Any:
     """Preset ``name`` (or the checkpoint at path ``name``) with ``weights`` (default: its first
-    choice; a checkpoint folder's path for a preset loads that checkpoint, of the preset's
-    family): an ``engine.models.state.ModelState``. ``options`` go to the family's reader
-    (GPT-2's ``hub_id``)."""
+    choice; a checkpoint's path loads it, of the preset's family): a ``ModelState``.
+    ``options`` go to the family's reader (GPT-2's ``hub_id``)."""
     p = preset(name)
     chosen = weights or p.weights[0]
     if chosen not in p.weights and is_path(chosen):
@@ -311,7 +306,8 @@ def load(name: str, weights: str | None = None, *, device: Any = "cpu", dtype: A
 
     loader = importlib.import_module("engine.models.loader")  # torch: only when loading
     return loader.load_preset(p, cfg, model_class(cfg), read, chosen, device=device,
-                              dtype=dtype, seed=seed)
+                              dtype=dtype, seed=seed,
+                              checkpoint=None if p.name in PRESETS else p.name)
 
 
 def small_ops(model: Any) -> Any:
@@ -356,13 +352,17 @@ def raw_weights(model: Any, path: str) -> dict[str, Any]:
         path, model.config, readers.gguf_param, readers.gguf_rows)
 
 
-def tokenizer(cfg: ModelConfig) -> Any:
-    """The tokenizer of a model of ``cfg`` (its family's, or bytes for a 256-token vocabulary);
-    ValueError where the family has none here."""
+def tokenizer(what: Any, source: str | None = None) -> Any:
+    """The tokenizer of a model, its state or a config: the checkpoint's own where it holds one
+    (``source``'s, else the one the model was loaded from; ``engine.models.tokens``), else its
+    family's (bytes for a 256-token vocabulary); ValueError where there is none here."""
+    cfg, own = _resolve("engine.checkpoints:own_tokenizer")(what, source)
+    if own is not None:
+        return own
     fam = family_of(cfg)
     if fam.tokenizer is None:
-        raise ValueError(f"{fam.title} models have no tokenizer here; allowed: token-id prompts "
-                         "(the latency, memory and gate experiments draw random ones)")
+        raise ValueError(f"{fam.title} models have no tokenizer here, nor does the checkpoint "
+                         "(tokenizer.json); allowed: token-id prompts")
     return _resolve(fam.tokenizer)(cfg)
 
 

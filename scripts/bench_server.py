@@ -281,7 +281,7 @@ def main() -> int:
                    env={**os.environ, "PYTHONPATH": str(ROOT)})
     from instruments import lineup
 
-    tok, tok_dir = lineup.tokenizer(lineup.config(args.model)), work / "tokenizer"
+    tok, tok_dir = lineup.tokenizer(lineup.config(args.model), args.model), work / "tokenizer"
     tok_dir.mkdir()
     tok.tokenizer.save(str(tok_dir / "tokenizer.json"))  # guidellm reads it with transformers
     (tok_dir / "tokenizer_config.json").write_text(json.dumps({

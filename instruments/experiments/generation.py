@@ -50,14 +50,14 @@ class GenerationParams:
         modes_usable(self.modes, device, cfg.family)
         fits(len(self.prompt_ids), self.new_tokens, cfg.block_size)
 
-    def ids(self, cfg: ModelConfig) -> tuple[list[int], str]:
+    def ids(self, model: Any) -> tuple[list[int], str]:
         """(the prompt's ids, the text the model reads): the text through the model's
         tokenizer, in its chat template when asked (ValueError where the model has none)."""
         if self.prompt_ids:
             return list(self.prompt_ids), ""
         from instruments.lineup import tokenizer
 
-        tok = tokenizer(cfg)
+        cfg, tok = model.config, tokenizer(model)
         text = tok.chat(self.prompt_text) if self.chat else self.prompt_text
         ids = tok.encode(text)
         if not ids:
@@ -104,8 +104,8 @@ def run(loaded: Loaded, params: GenerationParams, progress: ProgressFn | None = 
     from instruments.lineup import make_decoder, tokenizer
 
     model = loaded.checked(params)
-    ids, prompt_text = params.ids(model.config)
-    tok = tokenizer(model.config)
+    ids, prompt_text = params.ids(model)
+    tok = tokenizer(model)
     idx = checked_request(model, [ids], params.new_tokens)
     n = params.new_tokens
     tr = Tracker(progress, should_stop, 2 * n, unit="tokens")

@@ -233,7 +233,7 @@ def prompt_ids(model: CausalLM, text: str, new_tokens: int, chat: bool = False
     cfg = model.config
     room = cfg.block_size - new_tokens
     try:
-        tok = lineup.tokenizer(cfg)
+        tok = lineup.tokenizer(model)
         text = text or DEFAULT_PROMPT
         ids = tok.encode(tok.chat(text) if chat else text)
     except TokenizerError as exc:
@@ -297,7 +297,7 @@ def _speculate(model: CausalLM, p: SpeculateParams, prompt: torch.Tensor, tr: Tr
         return True
     want = plain[-1].tokens
     distinct = int(want.unique().numel())
-    tok = lineup.tokenizer(model.config)
+    tok = lineup.tokenizer(model)
     meta.update(prompt_tokens=t0, prompt_text=tok.decode(prompt[0].tolist()),
                 output_text=tok.decode(want[0].tolist()), distinct_tokens=distinct)
     if distinct <= 2:

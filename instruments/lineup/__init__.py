@@ -15,7 +15,7 @@ Model families and their presets (``engine.families``):
   ``models(tests=False)``, ``preset(name)`` (a name, or a checkpoint's path: ``is_path``),
   ``offline_weights(name)``, ``config(name)``, ``config_from_dict(fields)``,
   ``family_of(name_or_config)``, ``load_model(name, weights, ...)``, ``model_class(cfg)``,
-  ``tokenizer(cfg)``, ``reference(model)``, ``block_linears(model)``, ``head_linear(model)``,
+  ``tokenizer(model)``, ``reference(model)``, ``block_linears(model)``, ``head_linear(model)``,
   ``make_cache(kind, model, batch, capacity)`` (the family's own cache where it has one)
 Pages, inputs, the gate, the cost model and the experiments ask here, so a mode, a peer or a
 model family registered once is selectable, gated, predicted and timed wherever the others are.

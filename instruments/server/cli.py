@@ -120,11 +120,12 @@ def model_spec(args: argparse.Namespace, presets: list[str]) -> dict[str, Any]:
 
 
 def tokenizer_for(facts: dict[str, Any]) -> Any:
-    """The loaded model's tokenizer (its family's, ``lineup.tokenizer``), from the facts the
-    core reports."""
+    """The loaded model's tokenizer (the checkpoint's own, else its family's:
+    ``lineup.tokenizer``), from the facts the core reports."""
     from instruments import lineup
 
-    return lineup.tokenizer(lineup.config_from_dict(facts["config"], facts["family"]))
+    return lineup.tokenizer(lineup.config_from_dict(facts["config"], facts["family"]),
+                            facts.get("checkpoint"))
 
 
 def run(args: argparse.Namespace) -> int:

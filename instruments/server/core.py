@@ -68,6 +68,7 @@ def _facts(loaded: Any, engine: Any) -> dict[str, Any]:
 
     cfg = loaded.model.config
     return {"config": cfg.to_dict(), "family": cfg.family, "context": cfg.block_size,
+            "checkpoint": loaded.state.provenance.checkpoint,
             "vocab": cfg.vocab_size, "weights": loaded.info.get("weights_label"),
             "device": loaded.spec.device, "device_name": describe_device(
                 loaded.spec.device)["name"], "dtype": loaded.spec.dtype,

@@ -17,7 +17,7 @@ poem, a summary). The assistant turns are the model's own greedy answers, as the
 wrote them (the same as "no reuse" wrote them when ``identical``). "no reuse" computes every
 turn's whole prompt and keeps nothing; "reuse" serves each turn from the tree the earlier turns
 left (prompt and answer), so only the new user turn and the template around it are computed.
-Needs a model whose tokenizer has a chat template: the Llama family's (SmolLM2's).
+Needs a model whose tokenizer has a chat template (SmolLM2's, or a checkpoint's own).
 """
 
 from __future__ import annotations
@@ -59,9 +59,6 @@ class PrefixChatParams:
         return cls()
 
     def check(self, cfg: ModelConfig, device: str) -> None:
-        if cfg.family != "llama" or cfg.vocab_size != 49152:
-            raise ValueError("the chat needs a model with a chat template; allowed: the Llama "
-                             "family's presets (smollm2-135m; llama-tiny for a quick run)")
         whole("turns", self.turns, 1, len(USER_TURNS))
         whole("answer tokens", self.answer_tokens, 1, 512)
         whole("repeats", self.repeats, 1, 50)
@@ -128,17 +125,34 @@ def _turn(model: Any, cache: Any, ids: list[int], reuse: bool, p: PrefixChatPara
     return row, last.logits, answer
 
 
+def chat_tokenizer(model: Any) -> Any:
+    """The model's tokenizer (a checkpoint's own, else its family's) when it holds a chat
+    template; ValueError saying what is allowed otherwise."""
+    from instruments import lineup
+
+    allowed = ("allowed: an instruct model's (smollm2-135m; llama-tiny for a quick run), or a "
+               "checkpoint whose tokenizer holds one")
+    try:
+        tok = lineup.tokenizer(model)
+    except (ValueError, lineup.TokenizerError) as exc:
+        raise ValueError(f"the chat needs a model with a chat template ({exc}); {allowed}") \
+            from exc
+    if not tok.chat_template:
+        raise ValueError(f"the chat needs a model with a chat template ({tok.name} has none); "
+                         f"{allowed}")
+    return tok
+
+
 @no_grad
 def run(loaded: Loaded, params: PrefixChatParams, progress: ProgressFn | None = None,
         should_stop: StopFn | None = None) -> dict[str, Any]:
     """The chat, turn by turn, with and without reuse (see the module docstring)."""
     from engine.cache import PrefixCache
-    from instruments import lineup
     from instruments.measure.sampler import Sampler
 
     model = loaded.checked(params)
     cfg = model.config
-    tok = lineup.tokenizer(cfg)
+    tok = chat_tokenizer(model)
     load_start = load_avg()
     budget = budget_for(cfg, model.dtype, cfg.block_size + 4 * params.block_tokens)
     caches = {False: PrefixCache(model, budget, block_tokens=params.block_tokens),

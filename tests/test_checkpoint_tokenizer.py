@@ -1,0 +1,225 @@
+"""A checkpoint's own tokenizer (engine.models.tokens), read from its folder's tokenizer.json or
+its GGUF file, held to transformers' AutoTokenizer on the same files.
+
+The checkpoint: a small random ``Qwen2ForCausalLM`` (a family with no tokenizer of its own here)
+saved with a byte-level BPE trained in the test -- Qwen2's normalizer and split, as its tokenizer
+class imposes them in transformers 5 --, whose post-processor adds a BOS and whose chat template
+writes the BOS too (as Llama-3's does), plus a SentencePiece-style (Metaspace) one.
+Bugs seen to fail: the folder's tokenizer not read (a Qwen2 folder then has none), the BOS
+doubled on a chat prompt (its rendering opens with it), the post-processor skipped on plain text.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import (
+    Regex,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+    trainers,
+)
+from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from engine import families
+
+pytestmark = pytest.mark.timeout(600)
+SPECIAL = ["<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+CHATML = ("{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+          "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+          "{% endif %}")
+CORPUS = ["The KV cache stores the keys and values of every token seen so far.",
+          "A sliding window keeps only the last few rows; memory stays flat past it.",
+          "Ça coûte 5 € ! naïve café, x² and 3.14159 -- numbers 1, 22, 333."] * 20
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"
+               r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+TEXTS = ["The cache stores keys.", "naïve café: 3.14 €", "  two  spaces\nand a line",
+         "<|im_start|>user\nhi<|im_end|>"]
+
+
+def _trained(kind: str) -> Tokenizer:
+    """A BPE of ~400 tokens: byte-level (GPT-2's spelling, BOS added by the post-processor),
+    or SentencePiece-style (Metaspace, no post-processor)."""
+    tok = Tokenizer(models.BPE())
+    if kind == "byte":  # Qwen2's own normalizer and split, which its tokenizer class imposes
+        tok.normalizer = normalizers.NFC()
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT), "isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        tok.decoder = decoders.ByteLevel()
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        tok.decoder = decoders.Metaspace()
+        alphabet = []
+    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(
+        vocab_size=400, special_tokens=SPECIAL, initial_alphabet=alphabet))
+    if kind == "byte":
+        tok.post_processor = processors.TemplateProcessing(
+            single="<s> $A", special_tokens=[("<s>", tok.token_to_id("<s>"))])
+    return tok
+
+
+def _folder(tmp: Path, kind: str, vocab_size: int = 512) -> Path:
+    folder = tmp / kind
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        tie_word_embeddings=True)).save_pretrained(folder)
+    fast = PreTrainedTokenizerFast(tokenizer_object=_trained(kind), bos_token="<s>",
+                                   eos_token="<|im_end|>")
+    fast.chat_template = CHATML
+    fast.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def byte_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _folder(tmp_path_factory.mktemp("ckpt"), "byte")
+
+
+def test_a_folders_tokenizer_encodes_as_transformers_does(byte_folder: Path) -> None:
+    ref = AutoTokenizer.from_pretrained(byte_folder)
+    state = families.load(str(byte_folder))
+    ours = families.tokenizer(state)  # the model's checkpoint, found from its provenance
+    assert ours.name == "byte/tokenizer.json" and ours.eos_id == ref.eos_token_id
+    for text in TEXTS:
+        want = ref(text)["input_ids"]
+        assert want[0] == ref.bos_token_id  # the post-processor's BOS
+        assert ours.encode(text) == want, text
+        assert ours.decode(want) == ref.decode(want)
+        assert b"".join(map(ours.token_bytes, want)).decode() == ref.decode(want)
+        assert len(ours.decode_each(want)) == len(want)
+    messages = [{"role": "user", "content": "Name a use of a KV cache."}]
+    # transformers 5 saves the template beside tokenizer_config.json: read from there
+    assert "chat_template" not in json.loads((byte_folder / "tokenizer_config.json").read_text())
+    assert (byte_folder / "chat_template.jinja").is_file()
+    rendered = ref.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert ours.chat("Name a use of a KV cache.") == rendered
+    want = ref.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                   return_dict=False)
+    ids = ours.encode(rendered)
+    assert ids == list(want) and ids.count(ref.bos_token_id) == 1  # one BOS, not two
+
+
+def test_a_sentencepiece_style_tokenizer_reads_back_per_token(tmp_path: Path) -> None:
+    folder = _folder(tmp_path, "metaspace")
+    # read as the file says (AutoTokenizer would impose Qwen2's byte-level split on it)
+    ref = PreTrainedTokenizerFast.from_pretrained(folder)
+    ours = families.tokenizer(families.config(str(folder)), str(folder))
+    for text in TEXTS[:3]:
+        want = ref(text)["input_ids"]
+        assert ours.encode(text) == want, text
+        assert ours.decode(want) == ref.decode(want)
+        # SentencePiece drops the word marker of the first token only
+        assert b"".join(map(ours.token_bytes, want)).decode().removeprefix(" ") == ref.decode(want)
+
+
+def test_a_qwen2_folder_generates_from_text_through_the_cli(byte_folder: Path,
+                                                            tmp_path: Path) -> None:
+    """Without the folder's tokenizer a Qwen2 model has none here: the text-reading experiments
+    (generation, the chat) now run on it, and the prompt's ids are transformers'."""
+    from instruments import cli
+    from instruments.store.results import load_runs
+
+    ref = AutoTokenizer.from_pretrained(byte_folder)
+    for argv in (["generation", "--prompt", TEXTS[0], "--new-tokens", "6"],
+                 ["prefix_chat", "--turns", "1", "--answer-tokens", "4", "--repeats", "1"]):
+        assert cli.main([*argv, "--model", str(byte_folder), "--results-dir", str(tmp_path),
+                         "--no-progress"]) == 0, argv
+    runs = {r["kind"]: r for r in load_runs(tmp_path).runs}
+    assert runs["generation"]["meta"]["tokenizer"] == "byte/tokenizer.json"
+    assert runs["generation"]["meta"]["prompt_tokens"] == len(ref(TEXTS[0])["input_ids"])
+    turns = runs["prefix_chat"]["tables"]["turns"]
+    assert turns and turns[0]["prompt_tokens"] == len(ref.apply_chat_template(
+        [{"role": "user", "content": _first_turn()}], add_generation_prompt=True,
+        tokenize=True, return_dict=False))
+
+
+def _first_turn() -> str:
+    from instruments.experiments.prefix.chat import USER_TURNS
+
+    return USER_TURNS[0]
+
+
+def test_a_gpt2_gguf_carries_its_tokenizer(tmp_path: Path) -> None:
+    """gguf_out writes GPT-2's vocabulary and merges (pre-tokenizer "gpt-2"); loaded back as a
+    path, the file's own tokenizer encodes as tiktoken does."""
+    from engine.models.gpt2.tokenizer import encode
+    from instruments.peers.gguf_out import write_gguf
+
+    path = write_gguf(families.load("tiny").model, tmp_path / "tiny.gguf", "f32")
+    state = families.load(str(path))
+    tok = families.tokenizer(state)
+    assert tok.name == "tiny.gguf's byte-level BPE"
+    text = "The KV cache: 3.14159 naïve  café\n<|endoftext|>"
+    assert tok.encode(text) == encode(text)
+
+
+def test_bad_tokenizers_are_refused_naming_what_is_allowed(tmp_path: Path) -> None:
+    small = _folder(tmp_path, "byte", vocab_size=300)  # 400 tokens for 300 rows
+    with pytest.raises(ValueError, match="at most the model's rows"):
+        families.tokenizer(families.config(str(small)), str(small))
+    (small / "tokenizer.json").write_text("{not json")
+    with pytest.raises(ValueError, match="tokenizer is not readable"):
+        families.tokenizer(families.config(str(small)), str(small))
+    (small / "tokenizer.json").unlink()  # none at all: the family's, and Qwen2 has none here
+    with pytest.raises(ValueError, match=r"no tokenizer here.*allowed: token-id prompts"):
+        families.tokenizer(families.config(str(small)), str(small))
+
+
+def test_the_http_server_reads_text_with_the_checkpoints_tokenizer(byte_folder: Path) -> None:
+    """``python -m instruments server --model FOLDER``: a completion's and a chat's prompt are
+    the folder tokenizer's ids (usage.prompt_tokens as transformers counts them)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    requests = pytest.importorskip("requests")
+    for module in ("starlette", "uvicorn", "prometheus_client"):
+        pytest.importorskip(module)
+    from .test_server import ROOT, free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "instruments", "server", "--model",
+                             str(byte_folder), "--port", str(port), "--threads", "1"], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 180
+    try:
+        while True:
+            try:
+                if requests.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail("the server did not start:\n" + (proc.stdout.read() or ""))
+            time.sleep(0.3)
+        ref = AutoTokenizer.from_pretrained(byte_folder)
+        body = {"model": str(byte_folder), "max_tokens": 3, "temperature": 0}
+        r = requests.post(url + "/v1/completions", json={**body, "prompt": TEXTS[1]}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] == len(ref(TEXTS[1])["input_ids"])
+        messages = [{"role": "user", "content": "hi"}]
+        r = requests.post(url + "/v1/chat/completions", json={**body, "messages": messages},
+                          timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] == len(ref.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
