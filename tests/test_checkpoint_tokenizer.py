@@ -11,7 +11,13 @@ doubled on a chat prompt (its rendering opens with it), the post-processor skipp
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -176,14 +182,10 @@ def test_bad_tokenizers_are_refused_naming_what_is_allowed(tmp_path: Path) -> No
         families.tokenizer(families.config(str(small)), str(small))
 
 
-def test_the_http_server_reads_text_with_the_checkpoints_tokenizer(byte_folder: Path) -> None:
-    """``python -m instruments server --model FOLDER``: a completion's and a chat's prompt are
-    the folder tokenizer's ids (usage.prompt_tokens as transformers counts them)."""
-    import os
-    import subprocess
-    import sys
-    import time
 
+@contextlib.contextmanager
+def _served(folder: Path) -> Iterator[str]:
+    """``python -m instruments server --model FOLDER`` on a free loopback port: its URL."""
     requests = pytest.importorskip("requests")
     for module in ("starlette", "uvicorn", "prometheus_client"):
         pytest.importorskip(module)
@@ -191,7 +193,7 @@ def test_the_http_server_reads_text_with_the_checkpoints_tokenizer(byte_folder: 
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "instruments", "server", "--model",
-                             str(byte_folder), "--port", str(port), "--threads", "1"], cwd=ROOT,
+                             str(folder), "--port", str(port), "--threads", "1"], cwd=ROOT,
                             env={**os.environ, "PYTHONPATH": str(ROOT)},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 180
@@ -206,20 +208,49 @@ def test_the_http_server_reads_text_with_the_checkpoints_tokenizer(byte_folder: 
                 proc.kill()
                 pytest.fail("the server did not start:\n" + (proc.stdout.read() or ""))
             time.sleep(0.3)
-        ref = AutoTokenizer.from_pretrained(byte_folder)
-        body = {"model": str(byte_folder), "max_tokens": 3, "temperature": 0}
-        r = requests.post(url + "/v1/completions", json={**body, "prompt": TEXTS[1]}, timeout=60)
-        assert r.status_code == 200, r.text
-        assert r.json()["usage"]["prompt_tokens"] == len(ref(TEXTS[1])["input_ids"])
-        messages = [{"role": "user", "content": "hi"}]
-        r = requests.post(url + "/v1/chat/completions", json={**body, "messages": messages},
-                          timeout=60)
-        assert r.status_code == 200, r.text
-        assert r.json()["usage"]["prompt_tokens"] == len(ref.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+        yield url
     finally:
         proc.terminate()
         try:
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def test_the_http_server_reads_text_with_the_checkpoints_tokenizer(byte_folder: Path) -> None:
+    """A completion's and a chat's prompt are the folder tokenizer's ids (usage.prompt_tokens as
+    transformers counts them)."""
+    import requests
+
+    ref = AutoTokenizer.from_pretrained(byte_folder)
+    body = {"model": str(byte_folder), "max_tokens": 3, "temperature": 0}
+    messages = [{"role": "user", "content": "hi"}]
+    with _served(byte_folder) as url:
+        r = requests.post(url + "/v1/completions", json={**body, "prompt": TEXTS[1]}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] == len(ref(TEXTS[1])["input_ids"])
+        r = requests.post(url + "/v1/chat/completions", json={**body, "messages": messages},
+                          timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] == len(ref.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+
+
+def test_a_model_with_no_tokenizer_is_served_on_token_ids(tmp_path: Path) -> None:
+    """A Qwen2 folder without tokenizer.json: the server starts, takes token ids, and answers a
+    text prompt or a chat with a 400 saying why."""
+    import requests
+
+    folder = _folder(tmp_path, "byte")
+    (folder / "tokenizer.json").unlink()
+    body = {"model": str(folder), "max_tokens": 3, "temperature": 0}
+    with _served(folder) as url:
+        r = requests.post(url + "/v1/completions", json={**body, "prompt": [5, 6, 7]}, timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3, r.text
+        ids = r.json()["choices"][0]["text"].split()
+        assert len(ids) == 3 and all(0 <= int(i) < 512 for i in ids)
+        r = requests.post(url + "/v1/completions", json={**body, "prompt": "hi"}, timeout=60)
+        assert r.status_code == 400 and "allowed: a prompt of token ids" in r.text, r.text
+        r = requests.post(url + "/v1/chat/completions", json={
+            **body, "messages": [{"role": "user", "content": "hi"}]}, timeout=60)
+        assert r.status_code == 400 and "no chat template" in r.text, r.text

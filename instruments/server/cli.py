@@ -2,8 +2,9 @@
 
   python -m instruments server --model smollm2-135m [--port 8000] [--host 127.0.0.1]
          [--api-key KEY] [--max-seqs 64] [--kv-budget-mb 1024] [--step auto|forward|fast] ...
-  --model is a preset (``python -m instruments server --help`` lists them) or a path: a GGUF
-  file (a Llama, its own tokenizer) or a GPT-2 checkpoint folder.
+  --model is a preset (``python -m instruments server --help`` lists them) or a checkpoint's
+  path (a folder, a GGUF file), read with its own tokenizer; a model with none here serves
+  token-id prompts only (``IdsOnly``: a text prompt is a 400 saying why).
 
 What runs: the engine core in a process of its own (``instruments.server.core``), started and
 ready before the port opens; the front end (``instruments.server.app``) under uvicorn in this
@@ -119,13 +120,33 @@ def model_spec(args: argparse.Namespace, presets: list[str]) -> dict[str, Any]:
             "seed": args.seed}
 
 
+class IdsOnly:
+    """A model with no tokenizer here: prompts are token ids, and text comes back as its ids."""
+
+    name, chat_template, eos_id = "token ids", False, None
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def encode(self, text: str) -> list[int]:
+        from instruments.server.api import ApiError
+
+        raise ApiError(400, f"{self.why}; allowed: a prompt of token ids", "prompt")
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(f" {i}" for i in ids)  # a prefix of ids decodes to a prefix of text
+
+
 def tokenizer_for(facts: dict[str, Any]) -> Any:
     """The loaded model's tokenizer (the checkpoint's own, else its family's:
-    ``lineup.tokenizer``), from the facts the core reports."""
+    ``lineup.tokenizer``), from the facts the core reports; ``IdsOnly`` where it has none."""
     from instruments import lineup
 
-    return lineup.tokenizer(lineup.config_from_dict(facts["config"], facts["family"]),
-                            facts.get("checkpoint"))
+    try:
+        return lineup.tokenizer(lineup.config_from_dict(facts["config"], facts["family"]),
+                                facts.get("checkpoint"))
+    except (ValueError, lineup.TokenizerError) as exc:
+        return IdsOnly(str(exc))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -154,6 +175,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"the engine core could not start: {exc}") from None
     try:
         tok = tokenizer_for(core.facts)
+        if isinstance(tok, IdsOnly):
+            print(f"no tokenizer: prompts must be token ids ({tok.why})", file=sys.stderr)
         app = build_app(core, tok, served, args.api_key)
         f = core.facts
         print(f"serving {served!r} at http://{args.host}:{args.port}/v1 (OpenAI-compatible; "
