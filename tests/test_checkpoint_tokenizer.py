@@ -11,14 +11,9 @@ doubled on a chat prompt (its rendering opens with it), the post-processor skipp
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -183,38 +178,14 @@ def test_bad_tokenizers_are_refused_naming_what_is_allowed(tmp_path: Path) -> No
 
 
 
-@contextlib.contextmanager
-def _served(folder: Path) -> Iterator[str]:
-    """``python -m instruments server --model FOLDER`` on a free loopback port: its URL."""
-    requests = pytest.importorskip("requests")
+def _served(folder: Path) -> Any:
+    """The HTTP server on ``folder`` (``tests.test_server.serving``): its URL."""
+    pytest.importorskip("requests")
     for module in ("starlette", "uvicorn", "prometheus_client"):
         pytest.importorskip(module)
-    from .test_server import ROOT, free_port
+    from .test_server import serving
 
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "instruments", "server", "--model",
-                             str(folder), "--port", str(port), "--threads", "1"], cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 180
-    try:
-        while True:
-            try:
-                if requests.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail("the server did not start:\n" + (proc.stdout.read() or ""))
-            time.sleep(0.3)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    return serving(str(folder))
 
 
 def test_the_http_server_reads_text_with_the_checkpoints_tokenizer(byte_folder: Path) -> None:

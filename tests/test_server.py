@@ -20,6 +20,7 @@ check left out).
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -28,6 +29,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -50,33 +52,42 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server() -> str:
+@contextlib.contextmanager
+def serving(model: str, *args: str) -> Iterator[str]:
+    """``python -m instruments server --model MODEL ARGS`` on a free loopback port, its engine
+    core started: its URL; stopped after."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "instruments", "server", "--model", MODEL,
-                             "--port", str(port), "--api-key", KEY, "--max-seqs", "4",
-                             "--threads", "1"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "instruments", "server", "--model", model,
+                             "--port", str(port), "--threads", "1", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
-    while True:
-        try:
-            if requests.get(url + "/health", timeout=2).status_code == 200:
-                break
-        except requests.ConnectionError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail("the server did not start:\n" + (proc.stdout.read() if proc.stdout
-                                                          else ""))
-        time.sleep(0.3)
-    yield url
-    proc.terminate()
     try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+        while True:
+            try:
+                if requests.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail("the server did not start:\n" + (proc.stdout.read() if proc.stdout
+                                                              else ""))
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    with serving(MODEL, "--api-key", KEY, "--max-seqs", "4") as url:
+        yield url
 
 
 def auth() -> dict[str, str]:
