@@ -34,12 +34,18 @@ def checkpoint(path: str) -> Preset:
         found = ", ".join(sorted(os.listdir(full))[:5]) or "nothing"
         raise ValueError(f"{path} holds no config.json (found: {found}); allowed: "
                          f"{CHECKPOINTS}")
-    return _checkpoint(full, os.stat(marker).st_mtime_ns)
+    stamp = tuple(os.stat(f).st_mtime_ns if os.path.exists(f) else 0 for f in (
+        marker, *(os.path.join(full, n) for n in TOKENIZER_FILES if folder)))
+    return _checkpoint(full, stamp)
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
 @functools.lru_cache(maxsize=32)
-def _checkpoint(path: str, stamp: int) -> Preset:
-    """``checkpoint`` of an absolute path, read once per modification (``stamp``)."""
+def _checkpoint(path: str, stamp: tuple[int, ...]) -> Preset:
+    """``checkpoint`` of an absolute path, read once per modification of its config or
+    tokenizer files (``stamp``)."""
     if not os.path.isdir(path):
         return _gguf(path)
     try:
@@ -62,7 +68,21 @@ def _checkpoint(path: str, stamp: int) -> Preset:
     has = any(n.endswith(".safetensors") or (n.startswith("pytorch_model") and n.endswith(".bin"))
               for n in os.listdir(path))
     return Preset(path, fam.name, shapes, (CHECKPOINT, "random") if has else ("random",),
-                  f"the checkpoint at {path}" if has else f"the config at {path} (no weights)")
+                  f"the checkpoint at {path}" if has else f"the config at {path} (no weights)",
+                  chat=_has_chat_template(path))
+
+
+def _has_chat_template(folder: str) -> bool:
+    """Does the folder's own tokenizer hold a chat template (``engine.models.tokens`` reads it)?"""
+    if not os.path.isfile(os.path.join(folder, "tokenizer.json")):
+        return False
+    if os.path.isfile(os.path.join(folder, "chat_template.jinja")):
+        return True
+    try:
+        with open(os.path.join(folder, "tokenizer_config.json"), encoding="utf-8") as fh:
+            return bool(json.load(fh).get("chat_template"))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def resolve(named: list[str], where: str) -> Family:
@@ -88,8 +108,11 @@ def _gguf(path: str) -> Preset:
     with GGUFFile(path) as f:
         fam = resolve([str(f.metadata.get("general.architecture"))], path)
         cfg = _resolve(fam.weights).gguf_config(f)
+        chat = f.metadata.get("tokenizer.ggml.model") not in (None, "none") and \
+            bool(f.metadata.get("tokenizer.chat_template"))
     shapes = {k: v for k, v in cfg.to_dict().items() if k != "mask"}
-    return Preset(path, fam.name, shapes, (CHECKPOINT, "random"), f"the GGUF file at {path}")
+    return Preset(path, fam.name, shapes, (CHECKPOINT, "random"), f"the GGUF file at {path}",
+                  chat=chat)
 
 
 def own_tokenizer(what: Any, source: str | None = None) -> tuple[Any, Any]:

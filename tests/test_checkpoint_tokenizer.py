@@ -103,6 +103,7 @@ def test_a_folders_tokenizer_encodes_as_transformers_does(byte_folder: Path) -> 
     # transformers 5 saves the template beside tokenizer_config.json: read from there
     assert "chat_template" not in json.loads((byte_folder / "tokenizer_config.json").read_text())
     assert (byte_folder / "chat_template.jinja").is_file()
+    assert families.preset(str(byte_folder)).chat  # the pages offer its chat template
     rendered = ref.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert ours.chat("Name a use of a KV cache.") == rendered
     want = ref.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
@@ -173,6 +174,7 @@ def test_bad_tokenizers_are_refused_naming_what_is_allowed(tmp_path: Path) -> No
     with pytest.raises(ValueError, match="tokenizer is not readable"):
         families.tokenizer(families.config(str(small)), str(small))
     (small / "tokenizer.json").unlink()  # none at all: the family's, and Qwen2 has none here
+    assert not families.preset(str(small)).chat
     with pytest.raises(ValueError, match=r"no tokenizer here.*allowed: token-id prompts"):
         families.tokenizer(families.config(str(small)), str(small))
 
