@@ -29,8 +29,30 @@ from typing import Any
 #   "none"        no stored mask: scaled_dot_product_attention applies causality itself
 MASK_KINDS = ("none", "shared_bool", "seed")
 
+class Shapes:
+    """What both configs compute the same way from their fields."""
+
+    n_layer: int
+    n_head: int
+    n_embd: int
+    n_kv_head: int  # (GPT-2: a property, every head)
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    def kv_bytes_per_token(self, element_bytes: int) -> int:
+        """K and V of one token across every layer: 2 x n_layer x n_kv_head x head_dim x el."""
+        return 2 * self.n_layer * self.n_kv_head * self.head_dim * element_bytes
+
+    def cache_rows(self, tokens: int) -> int:
+        """Rows per layer a KV cache holds after ``tokens`` tokens: every one (a family with a
+        sliding window holds its window's at most)."""
+        return tokens
+
+
 @dataclass(frozen=True)
-class GPTConfig:
+class GPTConfig(Shapes):
     n_layer: int = 12
     n_head: int = 12
     n_embd: int = 768
@@ -53,21 +75,8 @@ class GPTConfig:
     family = "gpt2"
 
     @property
-    def head_dim(self) -> int:
-        return self.n_embd // self.n_head
-
-    @property
     def n_kv_head(self) -> int:
         return self.n_head  # every head caches its own K and V
-
-    def kv_bytes_per_token(self, element_bytes: int) -> int:
-        """K and V of one token across every layer: 2 x n_layer x n_kv_head x head_dim x el."""
-        return 2 * self.n_layer * self.n_kv_head * self.head_dim * element_bytes
-
-    def cache_rows(self, tokens: int) -> int:
-        """Rows per layer a KV cache holds after ``tokens`` tokens: every one (a family with a
-        sliding window holds its window's at most)."""
-        return tokens
 
     def matrices(self) -> list[tuple[str, int, int, bool]]:
         """One block's Linears, (role -- its module's path in the block --, out, in, has
@@ -114,7 +123,7 @@ class GPTConfig:
 
 
 @dataclass(frozen=True)
-class LlamaConfig:
+class LlamaConfig(Shapes):
     """The Llama family's shapes: RMSNorm, rotary positions (RoPE), a SwiGLU MLP of width
     ``n_hidden``, grouped-query attention (``n_head`` query heads share ``n_kv_head`` K/V
     heads, ``n_head / n_kv_head`` each), the output projection tied to the embedding when
@@ -153,22 +162,9 @@ class LlamaConfig:
             raise ValueError(f"unknown mask kind {self.mask!r}; allowed: {', '.join(MASK_KINDS)}")
 
     @property
-    def head_dim(self) -> int:
-        return self.n_embd // self.n_head
-
-    @property
     def groups(self) -> int:
         """Query heads per K/V head: query head h reads K/V head h // groups."""
         return self.n_head // self.n_kv_head
-
-    def kv_bytes_per_token(self, element_bytes: int) -> int:
-        """K and V of one token across every layer: 2 x n_layer x n_kv_head x head_dim x el."""
-        return 2 * self.n_layer * self.n_kv_head * self.head_dim * element_bytes
-
-    def cache_rows(self, tokens: int) -> int:
-        """Rows per layer a KV cache holds after ``tokens`` tokens: every one (a family with a
-        sliding window holds its window's at most)."""
-        return tokens
 
     def matrices(self) -> list[tuple[str, int, int, bool]]:
         """One block's Linears, (role -- its module's path in the block --, out, in, has bias):
