@@ -34,11 +34,12 @@ from engine.modes import ModeSpec
 
 from .peers import PEERS, PeerSpec, PeerUnavailable
 from .peers import available as peer_available
+from .peers import converts as peer_converts
 
 __all__ = ["PEERS", "ModeSpec", "PeerSpec", "PeerUnavailable", "available", "choices", "color",
            "config", "defaults", "family_of", "fastest_exact", "is_peer", "label",
-           "make_decoder", "models", "names", "ordered", "peer_choices", "preset", "seed_pair",
-           "spec", "uncached", "with_role"]
+           "make_decoder", "models", "names", "ordered", "peer_choices", "peer_converts", "preset",
+           "seed_pair", "spec", "uncached", "with_role"]
 
 # ------------------------------------------------------------------------ modes and peers
 
