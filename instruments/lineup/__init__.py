@@ -15,8 +15,9 @@ Model families and their presets (``engine.families``):
   ``models(tests=False)``, ``preset(name)`` (a name, or a checkpoint's path: ``is_path``),
   ``offline_weights(name)``, ``config(name)``, ``config_from_dict(fields)``,
   ``family_of(name_or_config)``, ``load_model(name, weights, ...)``, ``model_class(cfg)``,
-  ``tokenizer(cfg)``, ``reference(model)``, ``block_linears(model)``, ``head_linear(model)``,
-  ``make_cache(kind, model, batch, capacity)`` (the family's own cache where it has one)
+  ``tokenizer(cfg)``, ``reference(model)``, ``gguf_layout(model)``, ``block_linears(model)``,
+  ``head_linear(model)``, ``make_cache(kind, model, batch, capacity)`` (the family's own cache
+  where it has one)
 Pages, inputs, the gate, the cost model and the experiments ask here, so a mode, a peer or a
 model family registered once is selectable, gated, predicted and timed wherever the others are.
 Torch-free at import; lowest of the instrument parts but the store, so the cost model and the
@@ -193,6 +194,7 @@ tokenizer = families.tokenizer  # a model's tokenizer: encode, decode, decode_ea
 small_ops = families.small_ops  # a model's non-matmul, non-attention operators, to time
 TokenizerError = families.TokenizerError  # what a tokenizer raises when its files are missing
 reference = families.reference  # the family's transformers model holding a model's weights
+gguf_layout = families.gguf_layout  # a model's weights in llama.cpp's layout (a GGUF file's)
 block_linears = families.block_linears  # every block's Linears, in cfg.matrices() order
 head_linear = families.head_linear
 make_cache = families.make_cache  # a KV cache of a kind: the family's own, else the engine's
