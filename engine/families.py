@@ -1,15 +1,15 @@
 """The model families and their presets: one table, as llama.cpp's ``llama-arch.cpp`` is one.
 
-``FAMILIES[name]`` is a ``Family``: the one door to everything that differs between families --
-config class, from-scratch model, one-token step (``engine.models.steps``; the fast, fused,
-compiled, weight-only and Triton steps are built from it), positions (learned or RoPE),
-tokenizer, weight readers (its own weights, the ``transformers`` reference the gate holds it to,
-a GGUF file's blocks as stored) -- each implemented in its folder under ``engine/models/``;
-nothing else in the engine names a family or tests a model's class. ``PRESETS[name]`` is a
-``Preset``: the family, shapes, weights offered (the default first), where real weights come
-from and how to get them. Everything else (sidebar, CLI, cost model, planner, decoders) asks
-here, through ``instruments.lineup`` outside ``engine/``.
-``register_family`` / ``register_preset`` add one (a test registers a toy family).
+``FAMILIES[name]`` is a ``Family``: the one door to all that differs between families -- its config
+class, from-scratch model, one-token step (``engine.models.steps`` says what a step module offers;
+the fast, fused, compiled, weight-only and Triton steps are built from it), positions (learned or
+RoPE), tokenizer, and weight readers and writers (its own weights, the ``transformers`` reference
+the gate holds it to, a GGUF file's blocks as stored, its GGUF layout). Each is implemented in the
+family's folder under ``engine/models/``; nothing else in the engine names a family or tests a
+model's class. ``PRESETS[name]`` is a ``Preset``: the family, shapes, weights offered (the first is
+the default), where real weights come from and how to get them. The rest -- the sidebar, the CLI's
+``--model``, the cost model, the planner, the decoders -- asks here (through ``instruments.lineup``
+outside ``engine/``). ``register_family`` / ``register_preset`` add one (a test, a toy family).
 
   config(name, **overrides)   the preset's config (the family's config class)
   config_from_dict(fields)    a config saved with a run, read back
@@ -21,6 +21,7 @@ here, through ``instruments.lineup`` outside ``engine/``.
   raw_weights(model, path)    a GGUF file's tensors as stored, under the model's names
   tokenizer(model, source)    the checkpoint's own tokenizer, else its family's
   reference(model)            the family's ``transformers`` model holding the same weights
+  gguf_layout(model)          its weights in llama.cpp's layout (what a GGUF file of it holds)
   block_linears(model)        every block's Linears in ``cfg.matrices()``'s order; head_linear
 Torch-free at import: the models, steps and readers are "module[:callable]" strings imported on
 first use (the dashboard's server reads the table without importing torch).
@@ -51,8 +52,8 @@ class Family:
     # **options) -> (model, label, file)`` its own weights to fetch, where it has any
     # (``file``: the GGUF file they were read from, or None), ``to_transformers(model)`` the
     # gate's reference holding them, ``checkpoint_names`` / ``from_checkpoint`` a checkpoint
-    # folder's tensors, and where it reads GGUF files ``gguf_config`` / ``gguf_param`` /
-    # ``gguf_rows`` (its metadata, names, row order)
+    # folder's tensors, where it reads GGUF files ``gguf_config`` / ``gguf_param`` /
+    # ``gguf_rows`` (its metadata, names, row order), and ``gguf_layout`` where it writes them
     weights: str
     # "module:fn" (cfg) -> an object with encode, decode, decode_each; None: prompts are token
     # ids (the experiments that need text say so)
@@ -64,15 +65,13 @@ class Family:
     # "module:fn" (model, randn, rows) -> a call running its operators that are no matmul and no
     # attention (norms, activations, RoPE, adds) at their real widths; None: not calibrated
     small_ops: str | None = None
-    # "module:fn" (kind, model, batch_size, capacity) -> the family's own KV cache of that kind,
-    # or None for the engine's (``engine.cache.make_cache``); and the cache kinds it runs (None:
-    # every one), with why not the others
+    # "module:fn" (kind, model, batch_size, capacity) -> its own KV cache of that kind, or None
+    # for the engine's (``engine.cache.make_cache``); the kinds it runs (None: all), why not others
     cache: str | None = None
     caches: tuple[str, ...] | None = None
     caches_why: str = ""
     positions: str = "learned"  # "learned" (a position table) | "rope" (rotary, no table)
-    # what a checkpoint calls it: transformers' ``architectures`` / ``model_type`` names,
-    # GGUF's ``general.architecture``
+    # what a checkpoint calls it (transformers' architectures / model_type, GGUF's architecture)
     architectures: tuple[str, ...] = ()
     blocks: str = "transformer.h"  # the path of the model's list of blocks
     head: str = "lm_head"  # the path of its output projection
@@ -183,9 +182,9 @@ register_preset(Preset(
 # random weights have a large std so greedy streams are lively.
 register_preset(Preset("tiny", "gpt2", dict(n_layer=2, n_head=2, n_embd=64, block_size=128,
                                             vocab_size=50257), ("random",), test=True))
-register_preset(Preset("llama-tiny", "llama",
-                       dict(n_layer=2, n_head=4, n_kv_head=2, n_embd=64, n_hidden=128,
-                            block_size=256, vocab_size=49152), ("random",), test=True))
+register_preset(Preset("llama-tiny", "llama", dict(  # SmolLM2's tokenizer, and its chat template
+    n_layer=2, n_head=4, n_kv_head=2, n_embd=64, n_hidden=128, block_size=256, vocab_size=49152),
+    ("random",), test=True, chat=True))
 
 
 def preset(name: str) -> Preset:
@@ -193,7 +192,7 @@ def preset(name: str) -> Preset:
     if name in PRESETS:
         return PRESETS[name]
     if is_path(name):
-        return checkpoint(name)
+        return _resolve("engine.checkpoints:checkpoint")(name)
     raise ValueError(f"unknown model {name!r}; allowed: {', '.join(names(tests=True))}, or "
                      f"the path of a checkpoint ({CHECKPOINTS})")
 
@@ -208,11 +207,6 @@ def is_path(name: str) -> bool:
                                     or os.path.exists(name))
 
 
-def checkpoint(path: str) -> Preset:
-    """The checkpoint at ``path`` as a preset (``engine.checkpoints.checkpoint``)."""
-    return importlib.import_module("engine.checkpoints").checkpoint(path)
-
-
 def names(*, tests: bool = False) -> list[str]:
     """Preset names, real models first (test shapes only when asked)."""
     return [n for n, p in PRESETS.items() if not p.test] + \
@@ -220,9 +214,8 @@ def names(*, tests: bool = False) -> list[str]:
 
 
 def offline_weights(name: str) -> str:
-    """The weights a run uses when none are asked for: the first choice, unless "auto" (random)."""
-    first = preset(name).weights[0]
-    return "random" if first == "auto" else first
+    """The weights a run uses when none are asked for: its first choice, random for "auto"."""
+    return "random" if (first := preset(name).weights[0]) == "auto" else first
 
 
 def installed(name: str) -> tuple[bool, str]:
@@ -277,7 +270,7 @@ def load(name: str, weights: str | None = None, *, device: Any = "cpu", dtype: A
     p = preset(name)
     chosen = weights or p.weights[0]
     if chosen not in p.weights and is_path(chosen):
-        p, chosen = checkpoint(chosen), CHECKPOINT
+        p, chosen = _resolve("engine.checkpoints:checkpoint")(chosen), CHECKPOINT
         if p.family != preset(name).family:
             raise ValueError(f"{weights} holds a {FAMILIES[p.family].title} model; {name!r} "
                              f"is {family_of(name).title}: pass the path as the model instead")
@@ -327,9 +320,8 @@ def step_of(model: Any) -> Any:
 
 def make_cache(kind: str, model: Any, batch_size: int = 1, capacity: int | None = None, *,
                reads: str | None = None) -> Any:
-    """An empty KV cache of ``kind`` for ``batch_size`` sequences of ``model``: its family's own
-    (``Family.cache``: a sliding window's ring) where it has one for the kind, else the
-    engine's (``engine.cache.make_cache``)."""
+    """An empty KV cache of ``kind`` for ``batch_size`` sequences of ``model``: its family's
+    own for the kind (``Family.cache``: a sliding window's ring), else ``engine.cache``'s."""
     fam = family_of(model.config)
     if fam.caches is not None and kind not in fam.caches:
         raise ValueError(f"{fam.title} models run no {kind!r} cache: {fam.caches_why}; "
@@ -342,9 +334,8 @@ def make_cache(kind: str, model: Any, batch_size: int = 1, capacity: int | None 
 
 
 def raw_weights(model: Any, path: str) -> dict[str, Any]:
-    """The GGUF file ``path``'s tensors as stored (``engine.models.gguf.RawTensor``), under
-    ``model``'s parameter names and in its row order, read with its family's name map; {}
-    where the family reads no GGUF file."""
+    """The GGUF file ``path``'s tensors as stored (``engine.models.gguf.RawTensor``) under
+    ``model``'s names, in its row order (its family's name map); {} where it reads no GGUF."""
     readers = _resolve(family_of(model.config).weights)
     if not hasattr(readers, "gguf_param"):
         return {}
@@ -371,10 +362,19 @@ def reference(model: Any) -> Any:
     return _resolve(family_of(model.config).weights).to_transformers(model)
 
 
+def gguf_layout(model: Any, vocabulary: bool = True) -> Any:
+    """``model`` in llama.cpp's layout (``engine.models.gguf.GGUFLayout``); ValueError if none."""
+    fam = family_of(model.config)
+    writes = [f.title for f in FAMILIES.values() if hasattr(_resolve(f.weights), "gguf_layout")]
+    if fam.title not in writes:
+        raise ValueError(f"{fam.title} models have no GGUF layout; allowed: {', '.join(writes)}")
+    return _resolve(fam.weights).gguf_layout(model, vocabulary)
+
+
 def block_linears(model: Any) -> list[list[Any]]:
-    """Every block's Linear modules, in ``cfg.matrices()``'s order (GPT-2: c_attn, attn.c_proj,
-    c_fc, mlp.c_proj; Llama: q, k, v, o, gate, up, down): what a step multiplies by, found by
-    their paths so that code costing or timing them needs no family of its own."""
+    """Every block's Linears in ``cfg.matrices()``'s order (GPT-2: c_attn, attn.c_proj, c_fc,
+    mlp.c_proj; Llama: q, k, v, o, gate, up, down): what a step multiplies by, found by their
+    paths so that code costing or timing them needs no family of its own."""
     fam = family_of(model.config)
     return [[model_part(block, role) for role, *_ in model.config.matrices()]
             for block in model_part(model, fam.blocks)]

@@ -54,8 +54,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def one(args: argparse.Namespace, threads: int) -> dict:
     """One thread count in its own process; the run it saved."""
     model = args.model or ("tiny" if args.tiny else "gpt2")
-    weights = "random" if lineup.family_of(model).name == "gpt2" else \
-        lineup.preset(model).weights[0]
+    weights = lineup.offline_weights(model)  # gpt2's "auto" would reach for the hub
     cmd = [sys.executable, "-m", "instruments", "peers", "--model", model,
            "--weights", weights, "--threads", str(threads),
            "--contexts", args.contexts or ("64,128" if args.tiny else "128,512"),

@@ -183,7 +183,9 @@ def test_without_the_package_the_peers_say_how_to_install(
                                   "install llama-cpp-python==0.3.36 gguf==0.19.0)")
     with pytest.raises(PeerUnavailable, match="make peers"):
         lineup.make_decoder(tiny, "llamacpp_f32")
-    assert lineup.available("hf_dynamic", "cpu", "llama")[0] is False  # the others: GPT-2 only
+    assert lineup.available("ort_float32", "cpu", "llama") == (  # its export: GPT-2's only
+        False, "not for Llama models: its ONNX export wraps transformers' GPT2LMHeadModel only")
+    assert not lineup.available("llamacpp_f32", "cpu", "mistral")[0]  # no layout gated for it
     assert lineup.available("llamacpp_f32", "cuda", "gpt2") == (False, "runs on cpu only")
 
 

@@ -70,21 +70,48 @@ def test_int8_peer_is_held_to_its_stated_bound(monkeypatch: pytest.MonkeyPatch) 
     assert not refused.passed and refused.max_diff > refused.tolerance, refused.detail
 
 
-@pytest.mark.parametrize("name", ["hf_static", "hf_dynamic", "ort_float32", "ov_float32",
-                                  "ct2_float32"])
-def test_seek_back_then_step_is_exact(lively: GPT, name: str) -> None:
+def seek_back_then_step(model: torch.nn.Module, name: str) -> None:
     """The sweep's set-up: seek to t - 1 (cropping, or moving the write position back), then
     one step, at falling and rising contexts; CTranslate2's is a step of its own loop."""
-    usable(name)
-    ids = random_prompt(lively, 1, 120, seed=1)
-    dec = lineup.make_decoder(lively, name, batch_size=1, capacity=128)
+    ids = random_prompt(model, 1, 120, seed=1)
+    dec = lineup.make_decoder(model, name, batch_size=1, capacity=128)
     for t in (100, 40, 70, 70):
         dec.seek(ids, t - 1)
         got = dec.step(ids[:, t - 1:t])
         with torch.no_grad():
-            want, _ = lively(ids[:, :t], use_cache=False, logits="last")
+            want, _ = model(ids[:, :t], use_cache=False, logits="last")
         assert float((got - want[:, -1]).abs().max()) < 5e-5, (name, t)
     assert getattr(dec, "refills", 0) == 0  # no step had to start a generation afresh
+
+
+@pytest.mark.parametrize("name", ["hf_static", "hf_dynamic", "ort_float32", "ov_float32",
+                                  "ct2_float32"])
+def test_seek_back_then_step_is_exact(lively: GPT, name: str) -> None:
+    usable(name)
+    seek_back_then_step(lively, name)
+
+
+@pytest.mark.parametrize("name", ["hf_dynamic", "hf_static", "ct2_float32"])
+def test_the_transformers_peers_convert_a_llama_too(name: str) -> None:
+    """Built from the family's own transformers model (``lineup.reference``), not GPT-2's: the
+    gate passes on llama-tiny (measured within 1.1e-5 of mode 1) and a seek back is exact."""
+    usable(name)
+    state = lineup.load_model("llama-tiny", "random")
+    assert lineup.available(name, "cpu", "llama") == (True, "")
+    check = Gate(state.model).check(name)
+    assert check.passed and check.max_diff is not None and check.max_diff < 5e-5, check.detail
+    seek_back_then_step(state.model, name)
+
+
+def test_a_peer_refuses_the_architectures_its_converter_was_not_gated_for() -> None:
+    """Matched against the family table's architectures: a sliding window (Mistral) is refused
+    where the peer's logits or its seek strayed past the window, saying why."""
+    assert peers.available("hf_dynamic", "cpu", "mistral") == peers.available("hf_dynamic", "cpu")
+    for name, why in (("hf_static", "a sliding window's StaticCache is not rewound"),
+                      ("ct2_float32", "its conversion attends over every row"),
+                      ("ort_float32", "its ONNX export wraps transformers' GPT2LMHeadModel")):
+        ok, said = peers.available(name, "cpu", "mistral")
+        assert not ok and said.startswith(f"not for Mistral models: {why}"), said
 
 
 def test_ct2_greedy_steps_stay_in_its_loop(lively: GPT) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from instruments import lineup
 from instruments.experiments.inputs import parse_contexts
 from instruments.experiments.prefix.chat import USER_TURNS, PrefixChatParams
 from instruments.experiments.prefix.ttft import SHARES, PrefixTtftParams
@@ -103,8 +104,10 @@ with tab_ttft:
 # ---------------------------------------------------------------------------- the chat
 with tab_chat:
     KEY_C = "prefix_chat_job"
-    if cfg.family != "llama":
-        st.info("The chat needs a chat template: choose **smollm2-135m** in the sidebar.")
+    has_template = lineup.preset(choice.model).chat  # the model's tokenizer holds one
+    if not has_template:
+        st.info("The chat needs a chat template: choose **smollm2-135m** in the sidebar, or a "
+                "checkpoint whose tokenizer holds one.")
     c1, c2, c3 = st.columns(3)
     turns = int(c1.number_input("Turns", 1, len(USER_TURNS), len(USER_TURNS), key="chat_turns"))
     answer = int(c2.number_input("Answer tokens (at most)", 1, 512, 48, key="chat_answer"))
@@ -112,7 +115,7 @@ with tab_chat:
     with st.expander("The user's turns"):
         st.markdown("\n".join(f"{i}. {t}" for i, t in enumerate(USER_TURNS, 1)))
     if st.button("Run the chat", type="primary", icon=RUN_ICON, key="prefix_chat_go",
-                 disabled=jobs.running(KEY_C) or cfg.family != "llama"):
+                 disabled=jobs.running(KEY_C) or not has_template):
         _start(KEY_C, "prefix_chat", PrefixChatParams(turns, answer, samples),
                f"prefix chat, {choice.model}")
 

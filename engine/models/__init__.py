@@ -15,6 +15,7 @@
   gguf            our reader of GGUF files: header, metadata, tensor table, dequantizer
   attention       how a forward attends (the causal-mask variants) and how a one-token step
                   meets a preallocated cache
+  rope            rotary positions (RoPE), every family's with ``positions="rope"``
   state           ``ModelState``: everything built on one model besides its weights
 The family table that names these (``engine.families``) sits above them; nothing here imports it.
 """

@@ -9,6 +9,10 @@ weights format every family's reader shares (a family's own names and shapes are
                                          their ggml type and shape, for a later rung that
                                          multiplies by Q4_1 / Q8_0 blocks without expanding them
   dequantize_blocks(blocks, "Q4_1")      (n, bytes per block) uint8 -> (n, 32) float32
+  GGUFLayout                             what a family writes into a GGUF file llama.cpp loads
+                                         (its weights module's ``gguf_layout(model)``, the
+                                         inverse of its reader; ``instruments.peers.gguf_out``
+                                         quantizes and writes it); ``float_params(model)``
 
 A GGUF file: the magic b"GGUF", a version (2 or 3), the tensor and key/value counts, the
 key/value pairs, the tensor table (name, dims fastest-first, ggml type, offset), then the tensor
@@ -32,7 +36,7 @@ from __future__ import annotations
 
 import mmap
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +107,32 @@ class RawTensor:
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         per_block = self.blocks.reshape(-1, self.block_bytes)
         return dequantize_blocks(per_block, self.ggml_type).reshape(self.shape).to(dtype)
+
+
+@dataclass
+class GGUFLayout:
+    """A model's weights in llama.cpp's layout of one architecture: everything of a GGUF file
+    that is the family's, in the order it is written. Keys are ``gguf.GGUFWriter``'s methods
+    less "add_" (``("block_count", 30)`` is ``add_block_count(30)``), so their value types are
+    the writer's; the file type and quantization version come after ``metadata``, then
+    ``vocabulary``."""
+
+    arch: str  # general.architecture: llama.cpp's name of the layout ("gpt2", "llama", ...)
+    metadata: list[tuple[str, Any]]
+    tensors: dict[str, np.ndarray]  # GGUF name -> float32 values in torch's (out, in) order
+    vocabulary: list[tuple[str, Any]] = field(default_factory=list)
+    # a GGUF file whose "tokenizer." keys are copied as stored when its token list is as long
+    # as the model's vocabulary (a shipped model's own); with no vocabulary, none: "none"
+    tokenizer_from: Path | None = None
+    # matrices written F32 whatever the file's type: tables read by row, never multiplied
+    unquantized: tuple[str, ...] = ()
+
+
+def float_params(model: torch.nn.Module) -> dict[str, np.ndarray]:
+    """``model``'s state dict as float32 numpy arrays on the host (what a layout is cut from)."""
+    with torch.no_grad():
+        return {k: v.detach().to("cpu", torch.float32).numpy()  # host: written to a file
+                for k, v in model.state_dict().items()}
 
 
 def _half(blocks: torch.Tensor, start: int) -> torch.Tensor:

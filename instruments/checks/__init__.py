@@ -4,7 +4,7 @@
   correctness  logits against ``transformers``, cached == uncached, multi-token append
   bugs         the silent bugs of a KV cache, each a broken subclass of an engine module,
                switched on one at a time in a private view of a model (never in the model others
-               use): the write-up's three in every family; ``bugs_llama`` the Llama family's own
+               use): the write-up's three in every family; ``bugs_rope`` those of rotary positions
 
 ``BUG_DESCRIPTIONS`` (kind -> what goes wrong) and ``BUG_POSITIONS`` (kind -> the kinds of
 positions a family must have for it: RoPE's bugs need rotary ones; None: every family) are here,

@@ -1,6 +1,6 @@
 """The silent bugs of a KV cache, switched on in a model for the checks to catch (the engine has
 none of them, and no switch for them): the write-up's three, in every family, and a family's
-own (RoPE's and GQA's: ``instruments.checks.bugs_llama``).
+own (RoPE's and GQA's where positions are rotary: ``instruments.checks.bugs_rope``).
 
   view = private_view(model)        a model of its own over the same weight tensors
   with inject_bug(view, "positions"): ...   the bug is on inside the block, off after
@@ -41,7 +41,7 @@ from engine.cache import ConcatKVCache, KVCache
 from engine.models.attention import Attention
 from engine.models.base import CausalLM
 from instruments import lineup
-from instruments.checks import BUG_KINDS, bugs_for, bugs_llama
+from instruments.checks import BUG_KINDS, bugs_for, bugs_rope
 
 Wrap = Callable[[Any, nn.Module, "KVCache | None", Attention, int],
                 tuple["KVCache | None", Attention, int]]
@@ -79,7 +79,7 @@ def new_keys_first(cfg: Any, attn: nn.Module, cache: KVCache | None, attend: Att
 
 WRAPS: dict[str, dict[str, Wrap]] = {  # positions -> bug -> how attention sees the cache
     positions: {"mask_offset": unshifted_mask, "cache_order": new_keys_first, **own}
-    for positions, own in (("learned", {}), ("rope", bugs_llama.WRAPS))}
+    for positions, own in (("learned", {}), ("rope", bugs_rope.WRAPS))}
 
 
 class _Hooked:

@@ -66,7 +66,8 @@ class PeersParams:
         block_size = cfg.block_size
         contexts = sorted({min(t, block_size) for t in (128, 512)})
         kind = str(device).split(":")[0]
-        names = [n for n, p in PEERS.items() if kind in p.devices and cfg.family in p.families]
+        names = [n for n, p in PEERS.items()
+                 if kind in p.devices and lineup.peer_converts(n, cfg.family)]
         ours = lineup.with_role("peer_baseline", device, cfg.family)
         return cls(contexts, names, ours)
 

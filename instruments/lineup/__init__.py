@@ -15,8 +15,9 @@ Model families and their presets (``engine.families``):
   ``models(tests=False)``, ``preset(name)`` (a name, or a checkpoint's path: ``is_path``),
   ``offline_weights(name)``, ``config(name)``, ``config_from_dict(fields)``,
   ``family_of(name_or_config)``, ``load_model(name, weights, ...)``, ``model_class(cfg)``,
-  ``tokenizer(model)``, ``reference(model)``, ``block_linears(model)``, ``head_linear(model)``,
-  ``make_cache(kind, model, batch, capacity)`` (the family's own cache where it has one)
+  ``tokenizer(model)``, ``reference(model)``, ``gguf_layout(model)``, ``block_linears(model)``,
+  ``head_linear(model)``, ``make_cache(kind, model, batch, capacity)`` (the family's own cache
+  where it has one)
 Pages, inputs, the gate, the cost model and the experiments ask here, so a mode, a peer or a
 model family registered once is selectable, gated, predicted and timed wherever the others are.
 Torch-free at import; lowest of the instrument parts but the store, so the cost model and the
@@ -34,11 +35,12 @@ from engine.modes import ModeSpec
 
 from .peers import PEERS, PeerSpec, PeerUnavailable
 from .peers import available as peer_available
+from .peers import converts as peer_converts
 
 __all__ = ["PEERS", "ModeSpec", "PeerSpec", "PeerUnavailable", "available", "choices", "color",
            "config", "defaults", "family_of", "fastest_exact", "is_peer", "label",
-           "make_decoder", "models", "names", "ordered", "peer_choices", "preset", "seed_pair",
-           "spec", "uncached", "with_role"]
+           "make_decoder", "models", "names", "ordered", "peer_choices", "peer_converts", "preset",
+           "seed_pair", "spec", "uncached", "with_role"]
 
 # ------------------------------------------------------------------------ modes and peers
 
@@ -192,6 +194,7 @@ tokenizer = families.tokenizer  # a model's tokenizer: encode, decode, decode_ea
 small_ops = families.small_ops  # a model's non-matmul, non-attention operators, to time
 TokenizerError = families.TokenizerError  # what a tokenizer raises when its files are missing
 reference = families.reference  # the family's transformers model holding a model's weights
+gguf_layout = families.gguf_layout  # a model's weights in llama.cpp's layout (a GGUF file's)
 block_linears = families.block_linears  # every block's Linears, in cfg.matrices() order
 head_linear = families.head_linear
 make_cache = families.make_cache  # a KV cache of a kind: the family's own, else the engine's

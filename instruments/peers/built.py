@@ -6,8 +6,8 @@ weights were written in place. The gate alone builds a peer's adapter four times
 conversion of gpt2 takes seconds, so adapters share one engine per model: it is kept in the
 model's ``engine.models.state.ModelState`` (what the measuring process holds while the model is
 loaded), and released with it -- its paused generation stopped, its temporary folder removed.
-``hf_copy(model)`` is the one ``transformers`` copy of the weights every peer starts from
-(``engine.models.gpt2.weights``).
+``hf_copy(model)`` is the one ``transformers`` copy of the weights every peer starts from (the
+family's reference, ``lineup.reference``).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 
 from engine.models.base import CausalLM
 from engine.models.state import ModelState, weights_version  # bumped by in-place writes
+from instruments import lineup
 
 
 @dataclass
@@ -64,10 +65,9 @@ def temp_folder(prefix: str) -> Path:
 
 
 def hf_copy(model: CausalLM) -> Any:
-    """A GPT2LMHeadModel holding a copy of ``model``'s weights, on the model's device."""
-    from engine.models.gpt2.weights import to_transformers
-
-    return to_transformers(model).to(model.device)
+    """The family's ``transformers`` model holding a copy of ``model``'s weights, on the
+    model's device."""
+    return lineup.reference(model).to(model.device)
 
 
 def tensor_bytes(module: Any) -> int:

@@ -1,12 +1,12 @@
 """Peers ct2_*: CTranslate2 converted from the loaded weights, stepped through its own loop.
 
-Conversion: the weights go into a ``GPT2LMHeadModel``
-(``engine.models.gpt2.weights.to_transformers``); its config is saved to a temporary folder and
-CTranslate2's Transformers converter reads the model from memory, with a vocabulary built from the
-GPT-2 tokenizer we ship (tiktoken's byte-level tokens; numbered placeholders when it is unavailable
-or the vocabulary differs): nothing is downloaded. One folder per precision (``quantization`` = the
-peer's compute type), so the bytes of ``model.bin`` are the bytes of weights the engine holds.
-``intra_threads`` = the run's threads. Batch size 1.
+Conversion: the weights go into the family's transformers model (``lineup.reference``: a
+``GPT2LMHeadModel``, a ``LlamaForCausalLM``, ...); its config is saved to a temporary folder and
+CTranslate2's Transformers converter reads the model from memory, with a vocabulary of numbered
+placeholders (ids are all we feed it, and a token's name is only how CTranslate2 maps it back to
+its id): no tokenizer is read, nothing is downloaded. One folder per precision
+(``quantization`` = the peer's compute type), so the bytes of ``model.bin`` are the bytes of
+weights the engine holds. ``intra_threads`` = the run's threads. Batch size 1.
 
 Steps: CTranslate2's Python API has no KV cache to hold between calls, so the adapter keeps one
 of its generations paused: the generation's callback (run in CTranslate2's worker thread after
@@ -75,38 +75,14 @@ IDLE_S = 60.0  # a paused generation nobody steps for this long is ended (frees 
 EOS = "<|endoftext|>"
 
 
-def _byte_level() -> dict[int, str]:
-    """GPT-2's map from bytes to the printable characters its vocabulary file uses."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-            *range(ord("®"), ord("ÿ") + 1)]
-    out, extra = {b: chr(b) for b in keep}, 0
-    for b in range(256):
-        if b not in out:
-            out[b] = chr(256 + extra)
-            extra += 1
-    return out
-
-
 @functools.lru_cache(maxsize=2)
 def vocabulary(size: int) -> tuple[str, ...]:
-    """Token strings by id: GPT-2's own (from tiktoken) when the sizes agree, else '<id>'."""
-    try:
-        from engine.models.gpt2.tokenizer import get_tokenizer
-
-        enc = get_tokenizer()
-        if enc.n_vocab == size:
-            table = _byte_level()
-            names = tuple("".join(table[b] for b in enc.decode_single_token_bytes(i))
-                          for i in range(size))
-            if len(set(names)) == size:
-                return names
-    except Exception:  # no tokenizer files: numbered names serve as well (ids are what we feed)
-        pass
+    """Token names by id: '<id>', the last one the end-of-text token CTranslate2 is told of."""
     return (*(f"<{i}>" for i in range(size - 1)), EOS)
 
 
 class _Vocab:
-    """The little of a tokenizer CTranslate2's GPT-2 loader reads."""
+    """The little of a tokenizer CTranslate2's Transformers loaders read."""
 
     def __init__(self, names: tuple[str, ...]) -> None:
         self.names = names

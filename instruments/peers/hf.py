@@ -1,13 +1,13 @@
-"""Peers hf_dynamic, hf_static and hf_compiled: transformers' GPT2LMHeadModel holding the loaded
-weights.
+"""Peers hf_dynamic, hf_static and hf_compiled: the family's transformers model (the gate's
+reference: ``GPT2LMHeadModel``, ``LlamaForCausalLM``, ...) holding the loaded weights.
 
 ``HFDecoder(model, batch_size=1, capacity=None, threads=None, cache="dynamic" | "static")`` is
 an adapter of ``instruments.peers`` (prefill / step / seek, logits (B, vocab) fp32 on the CPU).
-The transformers model is a copy of the weights (``engine.models.gpt2.weights.to_transformers``),
-built once per model; ``extra_bytes`` is that copy. "dynamic" is transformers' default
-``DynamicCache`` (grown every step, cropped to seek); "static" a ``StaticCache`` of ``capacity``
-rows: a step attends over all of them under a mask (``attended_keys`` says so), and seeking back
-only moves its write position (the rows after it are masked, then overwritten). "compiled" is
+The transformers model is a copy of the weights (``lineup.reference``), built once per model;
+``extra_bytes`` is that copy. "dynamic" is transformers' default ``DynamicCache`` (grown every
+step, cropped to seek); "static" a ``StaticCache`` of ``capacity`` rows: a step attends over
+all of them under a mask (``attended_keys`` says so), and seeking back only moves its write
+position (the rows after it are masked, then overwritten). "compiled" is
 transformers' own fast path as its docs recommend it: the static cache and ``torch.compile(forward,
 mode="reduce-overhead", fullgraph=True)`` for the one-token step (a CUDA graph on a GPU); a prefill
 runs the plain forward into the same cache (each new prompt length would otherwise compile

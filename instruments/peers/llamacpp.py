@@ -74,12 +74,11 @@ FIX = ("this llama.cpp build cannot run that file on this CPU: rebuild it with `
 def _source(model: Any, qtype: str, folder: Path) -> tuple[Path, bool]:
     """The GGUF file of ``model``'s weights in ``qtype``, and whether it was written here."""
     out = folder / f"model.{qtype}.gguf"
-    if model.config.family == "llama":
-        shipped = gguf_out.package_file()
-        if shipped is not None and gguf_out.holds_file(model, shipped):
-            if qtype == "q4_1":
-                return shipped, False
-            return gguf_out.rewrite_gguf(shipped, out, qtype), True
+    shipped = gguf_out.package_file()  # a model holding its weights is given the file itself
+    if shipped is not None and gguf_out.holds_file(model, shipped):
+        if qtype == "q4_1":
+            return shipped, False
+        return gguf_out.rewrite_gguf(shipped, out, qtype), True
     return gguf_out.write_gguf(model, out, qtype), True
 
 

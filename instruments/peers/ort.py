@@ -1,7 +1,7 @@
 """Peers ort_*: ONNX Runtime running transformers' GPT-2 exported with past keys/values.
 
-Export: the loaded weights in a ``GPT2LMHeadModel``
-(``engine.models.gpt2.weights.to_transformers``), wrapped so the graph takes ``input_ids`` (B, T)
+Export: the loaded weights in transformers' ``GPT2LMHeadModel`` (``lineup.reference``; the peers'
+table offers it for that architecture only), wrapped so the graph takes ``input_ids`` (B, T)
 and, per layer, ``past_<i>_k`` / ``past_<i>_v`` (B, heads, P, head size) and returns the last
 position's logits (B, vocab) and the presents (P + T rows). Exported by torch's TorchScript-based
 ONNX exporter (``dynamo=False``): the package's own GPT-2 exporter
@@ -81,7 +81,7 @@ def _build(model: CausalLM, dtype: str, threads: int) -> Built:
     dev = model.device
     folder = temp_folder("ort")
     try:
-        _export(model, dtype, folder / "gpt2.onnx")
+        _export(model, dtype, folder / "model.onnx")
     except Exception as exc:
         raise PeerUnavailable(f"ONNX export failed: {type(exc).__name__}: "
                               f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
@@ -101,7 +101,7 @@ def _build(model: CausalLM, dtype: str, threads: int) -> Built:
         providers: list[Any] = [("CUDAExecutionProvider", {"device_id": dev.index or 0})]
     else:
         providers = ["CPUExecutionProvider"]
-    session = ort.InferenceSession(str(folder / "gpt2.onnx"), so, providers=providers)
+    session = ort.InferenceSession(str(folder / "model.onnx"), so, providers=providers)
     return Built(session, 0.0, folder_bytes(folder), ort.__version__, folder)
 
 

@@ -22,9 +22,9 @@ def _build(model: CausalLM, dtype: str, threads: int) -> Built:
 
     folder = temp_folder("ov")
     try:
-        _export(model, dtype, folder / "gpt2.onnx")
+        _export(model, dtype, folder / "model.onnx")
         core = ov.Core()
-        compiled = core.compile_model(core.read_model(str(folder / "gpt2.onnx")), "CPU", {
+        compiled = core.compile_model(core.read_model(str(folder / "model.onnx")), "CPU", {
             "INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": "f32"})
     except Exception as exc:
         raise PeerUnavailable(f"OpenVINO export/compile failed: {type(exc).__name__}: "

@@ -30,8 +30,8 @@ are the batch as text, as JSON keeps them), threads, version, note.
 
 Where llama.cpp's tokens legitimately differ: its CPU GELU reads an f16 table
 (``instruments.peers.llamacpp``), so F32 GPT-2's logits stray by ~5e-4 of the largest; a near tie
-flips a greedy token and the rest of that request. The row's note says so when GPT-2's differ.
-Llama's SiLU is fp32 (within ~7e-6 of mode 1): a difference there is named as one to look at.
+flips a greedy token and the rest of that request. Llama's SiLU is fp32 (within ~7e-6 of mode
+1): a difference there is one to look at. A row whose tokens differ says both (``GELU_NOTE``).
 """
 
 from __future__ import annotations
@@ -54,9 +54,12 @@ from instruments.peers.serving_rows import (  # noqa: F401 (the peers' shared na
 
 PEER = "llama.cpp batched (F32)"
 INSTALL = "make peers"  # compiles llama-cpp-python for this CPU (the Makefile says why)
-GELU_NOTE = ("GPT-2 in llama.cpp: its CPU GELU reads an f16 table (~5e-4 of the largest logit "
-             "in every MLP, instruments.peers.llamacpp), so a near tie flips a greedy token "
-             "and the rest of that request")
+# One note for every model (the row names the model; no family is tested here): which of the two
+# facts applies is the model's activation
+GELU_NOTE = ("llama.cpp's CPU GELU (GPT-2's) reads an f16 table (~5e-4 of the largest logit in "
+             "every MLP, instruments.peers.llamacpp), so a near tie flips a greedy token and the "
+             "rest of that request; its SiLU (the Llama family's) is fp32, within ~7e-6 of mode "
+             "1's logits: a difference there is a near tie or a bug to look at")
 
 
 @dataclass
@@ -229,11 +232,8 @@ def llamacpp_rows(model: Any, params: Any, every: list[Any], tr: Any) -> None:
                         step_ms_by_batch={str(b): statistics.median(ms)
                                           for b, ms in sorted(loop.step_ms.items())},
                         threads=threads, version=built.version, note=base_note)
-        if not row["tokens_equal"] and model.config.family == "gpt2":
+        if not row["tokens_equal"]:
             row["note"] = f"{row['note']}. {GELU_NOTE}"
-        elif not row["tokens_equal"]:
-            row["note"] = (f"{row['note']}. llama.cpp's F32 Llama is within ~7e-6 of mode 1's "
-                           "logits: a difference here is a near tie or a bug to look at")
         tr.row("peers", row, f"peer {PEER}: concurrency {c}: {row['output_tok_s']:.1f} "
                f"output tok/s, tokens {'equal' if row['tokens_equal'] else 'DIFFER'}",
                points=0)

@@ -8,6 +8,8 @@ bytes (the small model trained for the tests, ``tests/fixtures/bytes_stdlib``); 
 GPT-2's BPE. Every family's tokenizer has the same surface: ``encode(text)``, ``decode(ids)``,
 ``decode_each(ids)`` (one string per token), ``chat(user_text)`` (the prompt with the model's
 chat template; ValueError where it has none), ``chat_template``, ``eos_id``, ``name``.
+``bpe_table()`` is the BPE as a vocabulary file writes it (tokens, merges): what a GGUF file of
+GPT-2 carries for llama.cpp (``engine.models.gpt2.weights.gguf_layout``).
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ def decode_each(ids: list[int]) -> list[str]:
 
 
 BYTE_VOCAB = 256  # a vocabulary of bytes: text is its UTF-8 encoding, no tokenizer files
+VOCAB = 50257  # GPT-2's: 256 bytes, 50,000 merges, <|endoftext|>
 
 
 class GPT2Tokenizer:
@@ -69,7 +72,7 @@ class GPT2Tokenizer:
     eos_id: int | None = 50256
     chat_template = False  # GPT-2 was not trained on chats
 
-    def __init__(self, vocab_size: int = 50257) -> None:
+    def __init__(self, vocab_size: int = VOCAB) -> None:
         self.vocab_size = vocab_size
 
     def encode(self, text: str) -> list[int]:
@@ -116,3 +119,56 @@ def for_config(cfg: object) -> GPT2Tokenizer | ByteTokenizer:
     GPT-2's BPE otherwise (``engine.families``' ``tokenizer`` for GPT-2)."""
     vocab = int(cfg.vocab_size)  # type: ignore[attr-defined]
     return ByteTokenizer() if vocab == BYTE_VOCAB else GPT2Tokenizer(vocab)
+
+
+EOT = "<|endoftext|>"
+
+
+def byte_chars() -> dict[int, str]:
+    """GPT-2's map from bytes to the printable characters its vocabulary file writes."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), ord("ÿ") + 1)]
+    out, extra = {b: chr(b) for b in keep}, 0
+    for b in range(256):
+        if b not in out:
+            out[b] = chr(256 + extra)
+            extra += 1
+    return out
+
+
+def _bpe(ranks: dict[bytes, int], word: bytes, below: int) -> list[bytes]:
+    """``word`` merged as BPE would, using only merges of rank < ``below``."""
+    parts = [bytes([b]) for b in word]
+    while len(parts) > 1:
+        pairs = [(ranks.get(parts[i] + parts[i + 1], below), i) for i in range(len(parts) - 1)]
+        rank, i = min(pairs)
+        if rank >= below:
+            break
+        parts[i:i + 2] = [parts[i] + parts[i + 1]]
+    return parts
+
+
+@functools.lru_cache(maxsize=1)
+def bpe_table() -> tuple[list[str], list[str]] | None:
+    """(tokens, merges) of GPT-2's BPE from tiktoken (None without its files). tiktoken keeps
+    ranks, not merges: the merge that made token r is the pair BPE reaches using the merges
+    ranked below r (one pair for every multi-byte token)."""
+    try:
+        ranks: dict[bytes, int] = dict(get_tokenizer()._mergeable_ranks)  # tiktoken's own table
+    except Exception:  # no tokenizer files: the writer falls back to placeholder tokens
+        return None
+    if len(ranks) != VOCAB - 1:
+        return None
+    chars = byte_chars()
+
+    def text(b: bytes) -> str:
+        return "".join(chars[x] for x in b)
+
+    by_rank = sorted(ranks.items(), key=lambda kv: kv[1])
+    tokens = [text(b) for b, _ in by_rank] + [EOT]
+    merges = []
+    for word, rank in by_rank:
+        if len(word) > 1:
+            left, right = _bpe(ranks, word, rank)
+            merges.append(f"{text(left)} {text(right)}")
+    return tokens, merges

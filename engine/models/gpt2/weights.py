@@ -10,7 +10,8 @@ does -- test shapes, random weights, the fallback of "auto", the provenance -- i
 folder is read by ``engine.models.checkpoint`` (never unpickled), through
 ``checkpoint_names`` / ``from_checkpoint`` here. Failures raise ``WeightsError`` with a message
 that says what to do. ``gguf_config`` / ``gguf_param`` / ``gguf_rows`` read a ``gpt2`` GGUF file
-(llama.cpp's names, as ``instruments.peers.gguf_out`` writes them).
+(llama.cpp's names); ``gguf_layout(model)`` is their inverse, what ``instruments.peers.gguf_out``
+writes.
 
 ``to_transformers(model)`` is the reference the gate compares with: a ``GPT2LMHeadModel``
 holding our weights (Conv1D weights transposed).
@@ -22,12 +23,15 @@ import os
 import socket
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn as nn
 
 from ..config import GPTConfig
+from ..gguf import GGUFLayout, float_params
 from ..loader import WeightsError
 from .model import GPT
+from .tokenizer import VOCAB, bpe_table
 
 WEIGHT_CHOICES = ("auto", "pretrained", "random")
 # transformers' GPT-2 uses Conv1D, whose weight is stored [in, out]: the transpose of nn.Linear.
@@ -214,6 +218,44 @@ def gguf_config(f: Any, mask: str = "none") -> GPTConfig:
     except (KeyError, ValueError) as exc:
         raise WeightsError(f"{f.path}: its metadata makes no GPT-2 ({type(exc).__name__}: "
                            f"{exc})") from exc
+
+
+# Layout (llama.cpp's ``src/llama-arch.cpp`` names, ``src/models/gpt2.cpp`` shapes): token_embd,
+# position_embd, output_norm (weight, bias), output only when the head is not tied, and per block
+# attn_norm, attn_qkv (our fused c_attn: q | k | v rows), attn_output, ffn_norm, ffn_up, ffn_down,
+# each with its bias. GGUF lists dims fastest first, so a torch (out, in) matrix is written as is.
+def gguf_layout(model: GPT, vocabulary: bool = True) -> GGUFLayout:
+    """``model`` as llama.cpp's ``gpt2`` architecture (the inverse of ``gguf_param``): with
+    GPT-2's BPE (``tokenizer.bpe_table``) when it has its vocabulary and ``vocabulary``, else
+    placeholder tokens. The position table stays F32: added by a row lookup, never multiplied,
+    and small."""
+    cfg, p = model.config, float_params(model)
+    table = bpe_table() if vocabulary and cfg.vocab_size == VOCAB else None
+    vocab: list[tuple[str, Any]] = [("vocab_size", cfg.vocab_size)]
+    if table is None:
+        vocab.append(("tokenizer_model", "none"))
+    else:
+        tokens, merges = table
+        eot = len(tokens) - 1
+        vocab += [("tokenizer_model", "gpt2"), ("tokenizer_pre", "gpt-2"), ("token_list", tokens),
+                  # GGUF's token types: 1 normal, 3 control (the end-of-text token)
+                  ("token_types", [1] * eot + [3]), ("token_merges", merges),
+                  ("bos_token_id", eot), ("eos_token_id", eot)]
+    tensors = {"token_embd.weight": p["transformer.wte.weight"],
+               "position_embd.weight": p["transformer.wpe.weight"]}
+    for i in range(cfg.n_layer):
+        for theirs, ours in _GGUF_LAYER.items():
+            for kind in ("weight", "bias"):
+                tensors[f"blk.{i}.{theirs}.{kind}"] = p[f"transformer.h.{i}.{ours}.{kind}"]
+    tensors["output_norm.weight"] = p["transformer.ln_f.weight"]
+    tensors["output_norm.bias"] = p["transformer.ln_f.bias"]
+    if not np.array_equal(p["lm_head.weight"], p["transformer.wte.weight"]):  # not tied
+        tensors["output.weight"] = p["lm_head.weight"]
+    return GGUFLayout("gpt2", [
+        ("name", "kvlab gpt2"), ("block_count", cfg.n_layer), ("context_length", cfg.block_size),
+        ("embedding_length", cfg.n_embd), ("feed_forward_length", 4 * cfg.n_embd),
+        ("head_count", cfg.n_head), ("layer_norm_eps", 1e-5)],  # our LayerNorms' epsilon
+        tensors, vocab, unquantized=("position_embd.weight",))
 
 
 def to_transformers(model: GPT) -> nn.Module:

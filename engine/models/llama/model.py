@@ -10,7 +10,8 @@ decoder runs it unchanged. What differs from GPT-2:
                before k enters the cache (a cached key keeps the rotation of its own position).
                Channels i and i + hs/2 of a head form one rotating pair (the "rotate_half" / NEOX
                layout of ``transformers``; llama.cpp's GGUF files store q/k rows interleaved,
-               and ``engine.models.llama.weights`` un-permutes them on load)
+               and ``engine.models.llama.weights`` un-permutes them on load); shared by every
+               family with rotary positions (``engine.models.rope``)
   SwiGLU MLP   down(silu(gate(x)) * up(x)), width ``n_hidden``
   GQA          ``n_head`` query heads share ``n_kv_head`` K/V heads; the cache holds the K/V
                heads only, never repeated copies. Query head h reads K/V head h // groups
@@ -39,6 +40,7 @@ from ...cache.contiguous import KVCache
 from ..attention import Attention, through_cache
 from ..base import CausalLM, PreNormBlock, embedding
 from ..config import LlamaConfig
+from ..rope import apply_rope, rope_angles  # a kind of positions, shared by the RoPE families
 
 
 class RMSNorm(nn.Module):
@@ -53,24 +55,6 @@ class RMSNorm(nn.Module):
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
-
-
-def rope_angles(pos: torch.Tensor, head_dim: int, theta: float,
-                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin (T, hs) for positions ``pos`` (T,): pair i of a head turns by
-    pos * theta^(-2i/hs); channel i and channel i + hs/2 share that angle (rotate_half layout)."""
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=pos.device).float()
-    inv_freq = 1.0 / (theta ** (exponents / head_dim))  # (hs/2,) in fp32, as transformers
-    freqs = pos.float()[:, None] * inv_freq[None, :]  # (T, hs/2)
-    emb = torch.cat((freqs, freqs), dim=-1)  # (T, hs)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (B, h, T, hs) rotated: each pair (x_i, x_{i+hs/2}) turns by its position's angle."""
-    half = x.size(-1) // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)  # rotate_half
-    return x * cos + rotated * sin
 
 
 class LlamaAttention(nn.Module):

@@ -24,6 +24,8 @@ that RoPE's pairs are adjacent channels (2i, 2i+1), its "normal" RoPE for Llama;
 
 ``to_transformers(model)`` is the reference the gate compares with: a ``LlamaForCausalLM``
 holding our weights (the parameter names are the same, so it is one ``load_state_dict``).
+``gguf_layout(model)`` is the reader's inverse (q/k rows permuted back, ``permute_rows``): what
+``instruments.peers.gguf_out`` writes for llama.cpp's ``llama`` architecture.
 """
 
 from __future__ import annotations
@@ -32,12 +34,13 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn as nn
 
 from ..checkpoint import gguf_label, raw_gguf, read_gguf
 from ..config import LlamaConfig
-from ..gguf import GGUFFile, RawTensor
+from ..gguf import GGUFFile, GGUFLayout, RawTensor, float_params
 from ..loader import WeightsError
 from .model import Llama
 
@@ -75,6 +78,13 @@ def unpermute_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     n_heads x hs; any trailing dims (columns, or a row's raw blocks) ride along."""
     hs = w.size(0) // n_heads
     return w.reshape(n_heads, hs // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def permute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Our (rotate_half) q/k row order -> llama.cpp's (each head's RoPE pairs adjacent): the
+    inverse of ``unpermute_rows``."""
+    hs = w.shape[0] // n_heads
+    return w.reshape(n_heads, 2, hs // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def _heads_of(name: str, cfg: LlamaConfig) -> int | None:
@@ -150,6 +160,45 @@ def gguf_rows(name: str, value: torch.Tensor, cfg: Any) -> torch.Tensor:
     raw blocks too), every other tensor as it is."""
     heads = _heads_of(name, cfg)
     return value if heads is None else unpermute_rows(value, heads)
+
+
+_BLOCK = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate",
+          "ffn_up", "ffn_down")  # the order llama.cpp's converter writes a block in
+
+
+def gguf_layout(model: nn.Module, vocabulary: bool = True, *, arch: str = "llama",
+                qkv_bias: bool = False, permute: bool = True) -> GGUFLayout:
+    """``model`` as llama.cpp's ``arch`` architecture (the inverse of ``gguf_param`` /
+    ``gguf_rows``): q/k rows permuted to llama.cpp's order when ``permute``, q/k/v biases when
+    ``qkv_bias`` (a family built on these blocks says which). The tokenizer: SmolLM2's, copied
+    from the shipped file (``package_gguf``) when ``vocabulary`` and the model has as many
+    tokens, else placeholders."""
+    cfg, p = model.config, float_params(model)
+    biases = [f"blk.{i}.attn_{t}.bias" for i in range(cfg.n_layer) for t in "qkv"] \
+        if qkv_bias else []
+    names = ["token_embd.weight", *([] if cfg.tied else ["output.weight"]),
+             *(f"blk.{i}.{t}.weight" for i in range(cfg.n_layer) for t in _BLOCK),
+             *biases, "output_norm.weight"]
+    tensors = {}
+    for name in names:
+        w = p[param_name(name)]
+        if permute and (".attn_q." in name or ".attn_k." in name):
+            w = permute_rows(w, cfg.n_head if ".attn_q." in name else cfg.n_kv_head)
+        tensors[name] = w
+    shipped = None
+    if vocabulary:
+        try:
+            shipped = package_gguf()
+        except WeightsError:  # not installed: placeholder tokens
+            shipped = None
+    return GGUFLayout(arch, [
+        ("name", f"kvlab {arch}"), ("block_count", cfg.n_layer),
+        ("context_length", cfg.block_size), ("embedding_length", cfg.n_embd),
+        ("feed_forward_length", cfg.n_hidden), ("head_count", cfg.n_head),
+        ("head_count_kv", cfg.n_kv_head), ("rope_freq_base", float(cfg.rope_theta)),
+        ("rope_dimension_count", cfg.n_embd // cfg.n_head),
+        ("layer_norm_rms_eps", float(cfg.norm_eps)), ("vocab_size", cfg.vocab_size)],
+        tensors, tokenizer_from=shipped)
 
 
 def llama_from_gguf(path: str | Path, *, device: torch.device | str = "cpu",

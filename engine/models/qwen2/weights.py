@@ -5,6 +5,8 @@
   gguf_config / gguf_param / gguf_rows  a ``qwen2`` GGUF file: the Llama's names and keys
                                   (under "qwen2."), its q/k rows as stored
   to_transformers(model)          a ``Qwen2ForCausalLM`` holding our weights (the reference)
+  gguf_layout(model)              the Llama's, as llama.cpp's ``qwen2`` architecture: q/k rows
+                                  as they are, and the q/k/v biases
 """
 
 from __future__ import annotations
@@ -13,13 +15,14 @@ from typing import Any
 
 import torch.nn as nn
 
-from ..gguf import GGUFFile
+from ..gguf import GGUFFile, GGUFLayout
 from ..llama.weights import checkpoint_names, from_checkpoint, gguf_param, hf_copy
 from ..llama.weights import gguf_config as llama_gguf_config
+from ..llama.weights import gguf_layout as llama_gguf_layout
 from .config import Qwen2Config
 
-__all__ = ["checkpoint_names", "from_checkpoint", "gguf_config", "gguf_param", "gguf_rows",
-           "to_transformers"]
+__all__ = ["checkpoint_names", "from_checkpoint", "gguf_config", "gguf_layout", "gguf_param",
+           "gguf_rows", "to_transformers"]
 
 
 def gguf_config(f: GGUFFile, mask: str = "none") -> Qwen2Config:
@@ -32,6 +35,12 @@ def gguf_rows(name: str, value: Any, cfg: Any) -> Any:
     """A GGUF tensor's rows, as they are: llama.cpp's converter keeps Qwen2's q/k in
     transformers' order (its RoPE is NEOX's, rotate_half)."""
     return value
+
+
+def gguf_layout(model: nn.Module, vocabulary: bool = True) -> GGUFLayout:
+    """``model`` as llama.cpp's ``qwen2`` architecture (the inverse of ``gguf_rows``: its q/k
+    rows as they are), with the q/k/v biases."""
+    return llama_gguf_layout(model, vocabulary, arch="qwen2", qkv_bias=True, permute=False)
 
 
 def to_transformers(model: nn.Module) -> nn.Module:

@@ -1,9 +1,11 @@
-"""The Llama family's own silent bugs, for the checks to catch: RoPE's and GQA's. (The write-up's
-three, in every family, and how any bug is switched on: ``instruments.checks.bugs``.)
+"""The silent bugs of a model with rotary positions (the family table's ``positions="rope"``:
+the Llama family's, Qwen2's, Mistral's), for the checks to catch: RoPE's and GQA's (every such
+family shares K/V heads). (The write-up's three, in every family, and how any bug is switched
+on: ``instruments.checks.bugs``.)
 
 Each is a ``Wrap`` of ``instruments.checks.bugs`` -- ``wrap(cfg, attn, cache, attend, offset)
 -> (cache, attend, offset)``, what every block's ``self_attn`` then sees around the engine's own
-``forward`` (``engine.models.llama.model.LlamaAttention``):
+``forward`` (a RoPE family's attention module, e.g. the Llama family's):
 
   rope_twice   the keys read back from the cache are rotated again, as if the cache held them
                unrotated -- every cached key turned a second time
@@ -21,7 +23,7 @@ import torch.nn as nn
 
 from engine.cache import KVCache
 from engine.models.attention import Attention
-from engine.models.llama.model import apply_rope, rope_angles
+from engine.models.rope import apply_rope, rope_angles
 
 
 class _RotatedAgain:
