@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.timeout(600), pytest.mark.native]  # tests/isolate.py
 def _spec(name: str, crash: bool) -> PeerSpec:
     return PeerSpec(name, 190 + crash, f"peer · planted, crash={crash}", "#123456", "planted",
                     (), "planted==1", "float32", ("cpu",), "tests.native_peer:PlantedDecoder",
-                    dict(crash=crash), families=("gpt2", "llama"))
+                    dict(crash=crash), architectures=("gpt2", "llama"))  # GGUF names
 
 
 @pytest.fixture
