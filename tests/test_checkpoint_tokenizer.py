@@ -41,14 +41,23 @@ CORPUS = ["The KV cache stores the keys and values of every token seen so far.",
           "Ça coûte 5 € ! naïve café, x² and 3.14159 -- numbers 1, 22, 333."] * 20
 QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"
                r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+NUMBERS = ["In 1234567 of 2024's 1999 runs, 123 456 7890 and 31415926 it'll say they're 12."] * 40
 TEXTS = ["The cache stores keys.", "naïve café: 3.14 €", "  two  spaces\nand a line",
          "<|im_start|>user\nhi<|im_end|>"]
 
 
 def _trained(kind: str) -> Tokenizer:
-    """A BPE of ~400 tokens: byte-level (GPT-2's spelling, BOS added by the post-processor),
-    or SentencePiece-style (Metaspace, no post-processor)."""
+    """A BPE of ~400 tokens: byte-level (Qwen2's split, BOS added by the post-processor), plain
+    byte-level (GPT-2's regex, so digits and contractions merge: what a GGUF's pre-tokenizer
+    must then split as llama.cpp does), or SentencePiece-style (Metaspace)."""
     tok = Tokenizer(models.BPE())
+    if kind == "plain":
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        tok.train_from_iterator(CORPUS + NUMBERS, trainers.BpeTrainer(
+            vocab_size=400, special_tokens=SPECIAL,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+        return tok
     if kind == "byte":  # Qwen2's own normalizer and split, which its tokenizer class imposes
         tok.normalizer = normalizers.NFC()
         tok.pre_tokenizer = pre_tokenizers.Sequence([
@@ -227,3 +236,52 @@ def test_a_model_with_no_tokenizer_is_served_on_token_ids(tmp_path: Path) -> Non
         r = requests.post(url + "/v1/chat/completions", json={
             **body, "messages": [{"role": "user", "content": "hi"}]}, timeout=60)
         assert r.status_code == 400 and "no chat template" in r.text, r.text
+
+
+def _gguf_with_vocab(tmp: Path, folder: Path, pre: str) -> Path:
+    """The folder's Qwen2 written as GGUF (``gguf_out``) with a plain byte-level BPE as its
+    vocabulary and merges, under llama.cpp's pre-tokenizer name ``pre``."""
+    import gguf
+
+    from instruments.peers.gguf_out import file_fields, file_tensors, write_gguf
+
+    base = write_gguf(families.load(str(folder)).model, tmp / "base.gguf", "f32")
+    data = json.loads(_trained("plain").to_str())
+    vocab = data["model"]["vocab"]
+    tokens = sorted(vocab, key=vocab.get)
+    path = tmp / f"{pre}.gguf"
+    w = gguf.GGUFWriter(str(path), "qwen2")
+    for key, value, vtype, sub in file_fields(base):
+        if not key.startswith("tokenizer.") and key != "general.architecture":
+            w.add_key_value(key, value, vtype, sub)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types([gguf.TokenType.CONTROL if t in SPECIAL else gguf.TokenType.NORMAL
+                       for t in tokens])
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m)
+                        for m in data["model"]["merges"]])
+    w.add_bos_token_id(vocab["<s>"])
+    w.add_eos_token_id(vocab["<|im_end|>"])
+    for name, _, values in file_tensors(base):
+        w.add_tensor(name, values)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("pre", ["qwen2", "llama-bpe"])
+def test_a_gguf_vocabulary_splits_as_llama_cpp_does(byte_folder: Path, tmp_path: Path,
+                                                     pre: str) -> None:
+    """A GGUF file's BPE under Qwen2's and Llama 3's pre-tokenizers: our ids are llama.cpp's own
+    tokenizer's on the same file (Llama 3 keeps up to three digits together, Qwen2 one)."""
+    llama_cpp = pytest.importorskip("llama_cpp", reason="make peers builds llama.cpp")
+    path = _gguf_with_vocab(tmp_path, byte_folder, pre)
+    ours = families.tokenizer(families.load(str(path)))
+    assert ours.name == f"{pre}.gguf's byte-level BPE"
+    ref = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    for text in [*TEXTS, NUMBERS[0], "numbers 1234567 and 22 333, IT'S 'll"]:
+        want = ref.tokenize(text.encode(), add_bos=False, special=True)
+        assert ours.encode(text) == want, (pre, text)

@@ -17,7 +17,8 @@ with the BOS token -- a chat template's rendering -- gets no second one, as ``ap
 encodes it. Its chat template comes from tokenizer_config.json (or chat_template.jinja) and is
 rendered in jinja2's sandbox with transformers' settings. A GGUF file's tokenizer is rebuilt
 from its vocabulary and merges: byte-level BPE (``tokenizer.ggml.model`` "gpt2") with the
-pre-tokenizers we know (``PRE``); it adds BOS where the file says ``add_bos_token``.
+pre-tokenizers we know (``PRE``: SmolLM2's, GPT-2's, Qwen2's, Llama 3's, as llama.cpp splits
+them); it adds BOS where the file says ``add_bos_token``.
 
 Building a GGUF file's tokenizer (98k strings for SmolLM2) takes about a second, so the result is
 cached: ``tokenizer.json`` + ``meta.json`` under ``$KVLAB_CACHE_DIR``, else
@@ -34,12 +35,20 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-CACHE_FORMAT = 1  # bump when what is built changes: older caches are then ignored
+CACHE_FORMAT = 2  # bump when what is built changes: older caches are then ignored
 _CONTROL = 3  # tokenizer.ggml.token_type of a control token
-# GGUF pre-tokenizers rebuilt here (llama.cpp's names): SmolLM2's splits every digit off first
-PRE = {"smollm": True, "starcoder": True, "gpt-2": False}  # name -> digits split first
+# GGUF pre-tokenizers rebuilt here (llama.cpp's ``tokenizer.ggml.pre`` names, its regexes): a
+# split before the byte-level step, or none (GPT-2's own regex, in ByteLevel)
+_DIGITS = "digits"  # every digit on its own, then GPT-2's regex (SmolLM2's, llama.cpp "\\p{N}")
+_WORDS = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|NUMBERS| ?[^\s\p{L}\p{N}]+"
+          r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+PRE: dict[str, str | None] = {
+    "smollm": _DIGITS, "starcoder": _DIGITS, "gpt-2": None,
+    "qwen2": _WORDS.replace("NUMBERS", r"\p{N}"),  # one digit a piece
+    "llama-bpe": _WORDS.replace("NUMBERS", r"\p{N}{1,3}"),  # Llama 3's: up to three digits
+}
 
 
 def cache_root() -> Path:
@@ -78,9 +87,12 @@ def build(path: str | Path) -> tuple[Tokenizer, dict[str, Any]]:
     bpe = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
                      fuse_unk=False, byte_fallback=False)
     tok = Tokenizer(bpe)
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), byte_level] if PRE[pre] else [byte_level])
+    split = PRE[pre]
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                          use_regex=split in (None, _DIGITS))
+    first = [] if split is None else [pre_tokenizers.Digits(individual_digits=True)] \
+        if split == _DIGITS else [pre_tokenizers.Split(Regex(split), "isolated")]
+    tok.pre_tokenizer = pre_tokenizers.Sequence([*first, byte_level])
     tok.decoder = decoders.ByteLevel()
     types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
     control = [t for t, kind_ in zip(tokens, types, strict=True) if kind_ == _CONTROL]
