@@ -141,6 +141,9 @@ class LlamaConfig(Shapes):
     norm_eps: float = 1e-5
     tied: bool = True
     mask: str = "none"
+    # Llama 3's RoPE scaling (factor, low_freq_factor, high_freq_factor, original context), or
+    # None: every pair at its base frequency (``engine.models.rope.llama3_frequencies``)
+    rope_scaling: tuple[float, float, float, float] | None = None
 
     family = "llama"
 
@@ -158,6 +161,13 @@ class LlamaConfig(Shapes):
                              f"({self.n_kv_head}): each K/V head serves a whole group")
         if (self.n_embd // self.n_head) % 2:
             raise ValueError("the head size must be even: RoPE rotates pairs of channels")
+        if self.rope_scaling is not None:  # a run's JSON gives a list back: kept as a tuple
+            scaling = tuple(float(v) for v in self.rope_scaling)
+            if len(scaling) != 4 or min(scaling) <= 0 or scaling[2] <= scaling[1]:
+                raise ValueError(f"rope_scaling {self.rope_scaling!r}; allowed: (factor, "
+                                 "low_freq_factor, high_freq_factor, original context), all "
+                                 "positive, high_freq_factor > low_freq_factor")
+            object.__setattr__(self, "rope_scaling", scaling)
         if self.mask not in MASK_KINDS:
             raise ValueError(f"unknown mask kind {self.mask!r}; allowed: {', '.join(MASK_KINDS)}")
 
@@ -204,14 +214,18 @@ class LlamaConfig(Shapes):
     @classmethod
     def hf_fields(cls, fields: dict[str, Any], mask: str) -> dict[str, Any]:
         """This config's fields from a ``transformers`` ``config.json`` (``HF_DEFAULTS`` where
-        one is absent; RoPE's base under ``rope_parameters`` (transformers 5) or at the top
-        (4)); ValueError for what the Llama blocks lack (RoPE scaling, another activation,
-        biases, a head size other than width / heads)."""
+        one is absent; RoPE's base and Llama 3's scaling under ``rope_parameters``
+        (transformers 5) or at the top / ``rope_scaling`` (4)); ValueError for what the Llama
+        blocks lack (another RoPE scaling or activation, biases, a head size other than width /
+        heads)."""
         get = {**cls.HF_DEFAULTS, **fields}.get
         rope = get("rope_parameters") or get("rope_scaling") or {}
         kind = rope.get("rope_type", rope.get("type", "default"))
-        if kind != "default":
-            raise ValueError(f"RoPE scaling {kind!r}; allowed: none (rope_type 'default')")
+        if kind not in ("default", "llama3"):
+            raise ValueError(f"RoPE scaling {kind!r}; allowed: none (rope_type 'default') or "
+                             "Llama 3's ('llama3')")
+        scaling = None if kind == "default" else tuple(float(rope[k]) for k in (
+            "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"))
         if get("hidden_act", "silu") != "silu":
             raise ValueError(f"activation {get('hidden_act')!r}; allowed: silu (SwiGLU)")
         if get("mlp_bias", False):
@@ -227,7 +241,7 @@ class LlamaConfig(Shapes):
                     vocab_size=int(get("vocab_size")),
                     rope_theta=float(rope.get("rope_theta", get("rope_theta"))),
                     norm_eps=float(get("rms_norm_eps")), tied=bool(get("tie_word_embeddings")),
-                    mask=mask)
+                    mask=mask, rope_scaling=scaling)
 
     @classmethod
     def from_hf(cls, fields: dict[str, Any], mask: str = "none") -> LlamaConfig:

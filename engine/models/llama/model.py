@@ -128,7 +128,8 @@ class Llama(CausalLM):
         """The tokens' embeddings (B, T, C) -- no position embedding, RoPE instead -- and RoPE's
         cos, sin (T, hs) at ``pos``, which every block's attention takes."""
         cfg = self.config
-        cos, sin = rope_angles(pos, cfg.head_dim, cfg.rope_theta, self.dtype)  # (T, hs) each
+        cos, sin = rope_angles(pos, cfg.head_dim, cfg.rope_theta, self.dtype,
+                               cfg.rope_scaling)  # (T, hs) each
         return self.model.embed_tokens(idx), (cos, sin)
 
     def init_weights(self, std: float, generator: torch.Generator) -> None:

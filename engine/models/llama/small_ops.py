@@ -32,7 +32,7 @@ def small_ops(m: Llama, randn: Callable[..., torch.Tensor], rows: int) -> Callab
     tr = m.model
 
     def run() -> None:
-        cos, sin = rope_angles(pos, hs, cfg.rope_theta, m.dtype)
+        cos, sin = rope_angles(pos, hs, cfg.rope_theta, m.dtype, cfg.rope_scaling)
         e = tr.embed_tokens(idx)
         for blk in tr.layers:
             a = blk.input_layernorm(x)

@@ -93,7 +93,7 @@ def rope_table(model: Llama, positions: int | None = None) -> tuple[torch.Tensor
     cfg = model.config
     n = cfg.block_size if positions is None else positions
     pos = torch.arange(n, device=model.device)
-    cos, sin = rope_angles(pos, cfg.head_dim, cfg.rope_theta, torch.float32)
+    cos, sin = rope_angles(pos, cfg.head_dim, cfg.rope_theta, torch.float32, cfg.rope_scaling)
     return cos.contiguous(), sin.contiguous()
 
 

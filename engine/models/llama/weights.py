@@ -119,8 +119,10 @@ def gguf_config(f: GGUFFile, mask: str = "none", arch: str = "llama",
         raise WeightsError(f"{f.path}: RoPE turns {rot} of {head_dim} channels per head; "
                            "allowed: all of them (rope.dimension_count = the head size)")
     scaling = meta.get(f"{arch}.rope.scaling.type", "none")
-    if scaling != "none":
-        raise WeightsError(f"{f.path}: RoPE scaling {scaling!r}; allowed: none")
+    if scaling != "none" or "rope_freqs.weight" in f.tensors:  # Llama 3's: a tensor of factors
+        raise WeightsError(f"{f.path}: RoPE scaling {scaling!r} or per-pair frequencies "
+                           "(rope_freqs) in a GGUF file; allowed: none (load the checkpoint's "
+                           "folder: its config.json's Llama 3 scaling is read)")
     vocab = meta.get(f"{arch}.vocab_size")
     if vocab is None and "token_embd.weight" in f.tensors:
         vocab = f.tensors["token_embd.weight"].shape[0]
@@ -174,6 +176,9 @@ def gguf_layout(model: nn.Module, vocabulary: bool = True, *, arch: str = "llama
     from the shipped file (``package_gguf``) when ``vocabulary`` and the model has as many
     tokens, else placeholders."""
     cfg, p = model.config, float_params(model)
+    if cfg.rope_scaling is not None:
+        raise ValueError("Llama 3's RoPE scaling has no GGUF layout here (llama.cpp reads it "
+                         "from a rope_freqs tensor we do not write); allowed: unscaled RoPE")
     biases = [f"blk.{i}.attn_{t}.bias" for i in range(cfg.n_layer) for t in "qkv"] \
         if qkv_bias else []
     names = ["token_embd.weight", *([] if cfg.tied else ["output.weight"]),
@@ -254,6 +259,16 @@ def to_transformers(model: Llama) -> nn.Module:
     return hf_copy(model, HFLlamaConfig, LlamaForCausalLM, attention_bias=False, mlp_bias=False)
 
 
+def rope_parameters(cfg: Any) -> dict[str, Any]:
+    """transformers' ``rope_parameters`` for our config: the base, and Llama 3's scaling."""
+    if cfg.rope_scaling is None:
+        return {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    factor, low, high, context = cfg.rope_scaling
+    return {"rope_type": "llama3", "rope_theta": cfg.rope_theta, "factor": factor,
+            "low_freq_factor": low, "high_freq_factor": high,
+            "original_max_position_embeddings": int(context)}
+
+
 def hf_copy(model: nn.Module, config_class: Any, model_class: Any, **extra: Any) -> nn.Module:
     """A ``transformers`` ``model_class`` of ``config_class`` (the Llama's fields and
     ``extra``) holding our Llama-family model's weights: the parameter names are the same, so
@@ -264,8 +279,8 @@ def hf_copy(model: nn.Module, config_class: Any, model_class: Any, **extra: Any)
         num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head,
         num_key_value_heads=cfg.n_kv_head, head_dim=cfg.head_dim,
         max_position_embeddings=cfg.block_size, rms_norm_eps=cfg.norm_eps,
-        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
-        tie_word_embeddings=cfg.tied, hidden_act="silu", attention_dropout=0.0, **extra)
+        rope_parameters=rope_parameters(cfg), tie_word_embeddings=cfg.tied, hidden_act="silu",
+        attention_dropout=0.0, **extra)
     hf_cfg._attn_implementation = "eager"
     with torch.device("meta"):  # no random init of weights about to be overwritten
         hf = model_class(hf_cfg)
