@@ -34,12 +34,9 @@ def checkpoint(path: str) -> Preset:
         found = ", ".join(sorted(os.listdir(full))[:5]) or "nothing"
         raise ValueError(f"{path} holds no config.json (found: {found}); allowed: "
                          f"{CHECKPOINTS}")
-    stamp = tuple(os.stat(f).st_mtime_ns if os.path.exists(f) else 0 for f in (
-        marker, *(os.path.join(full, n) for n in TOKENIZER_FILES if folder)))
-    return _checkpoint(full, stamp)
+    from .models.tokens import stamp  # its tokenizer's files: Preset.chat reads them
 
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+    return _checkpoint(full, (os.stat(marker).st_mtime_ns, *(stamp(full) if folder else ())))
 
 
 @functools.lru_cache(maxsize=32)
@@ -74,14 +71,12 @@ def _checkpoint(path: str, stamp: tuple[int, ...]) -> Preset:
 
 def _has_chat_template(folder: str) -> bool:
     """Does the folder's own tokenizer hold a chat template (``engine.models.tokens`` reads it)?"""
-    if not os.path.isfile(os.path.join(folder, "tokenizer.json")):
-        return False
-    if os.path.isfile(os.path.join(folder, "chat_template.jinja")):
-        return True
+    from .models.tokens import chat_template_in
+
     try:
-        with open(os.path.join(folder, "tokenizer_config.json"), encoding="utf-8") as fh:
-            return bool(json.load(fh).get("chat_template"))
-    except (OSError, ValueError, AttributeError):
+        return os.path.isfile(os.path.join(folder, "tokenizer.json")) and \
+            chat_template_in(folder) is not None
+    except ValueError:  # an unreadable tokenizer_config.json: reading the tokenizer says so
         return False
 
 

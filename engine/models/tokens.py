@@ -3,9 +3,12 @@ stores, behind the surface every family's tokenizer has (``engine.families.token
 
   of_checkpoint(path, vocab_size)  the tokenizer the checkpoint at ``path`` holds (a folder's
                                    tokenizer.json + tokenizer_config.json; a GGUF file's
-                                   tokenizer.ggml.*), or None where it holds none
-  folder_tokenizer(folder)         a folder's, as transformers' AutoTokenizer reads it
-  gguf_tokenizer(path)             a GGUF file's, built once and cached on disk (``build``)
+                                   tokenizer.ggml.*), or None where it holds none; read once
+                                   per change of its files (``stamp``)
+  folder_tokenizer(folder)         a folder's, as transformers' AutoTokenizer reads it;
+                                   ``chat_template_in(folder)`` its chat template alone
+  gguf_tokenizer(path, name)       a GGUF file's, built once and cached on disk (``build``)
+  byte_chars()                     byte-level BPE's printable spelling of the 256 bytes
   TextTokenizer                    the object: ``encode(text)``, ``decode(ids)``,
                                    ``decode_each(ids)`` (one string per token), ``chat(user)``,
                                    ``chat_messages(messages)``, ``chat_template``, ``eos_id``,
@@ -28,6 +31,7 @@ and mtime (a changed file is rebuilt). An unwritable cache only costs the build 
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import os
@@ -58,17 +62,17 @@ def cache_root() -> Path:
     return Path(base) / "kvlab"
 
 
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2's printable spelling of bytes, reversed: one character -> the byte it stands for."""
-    visible = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-               *range(ord("®"), ord("ÿ") + 1)]
-    chars, n = list(visible), 0
+def byte_chars() -> dict[int, str]:
+    """GPT-2's printable spelling of bytes (byte-level BPE's): byte -> the character a vocabulary
+    file writes for it."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), ord("ÿ") + 1)]
+    out, extra = {b: chr(b) for b in keep}, 0
     for b in range(256):
-        if b not in visible:
-            visible.append(b)
-            chars.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(visible, chars, strict=True)}
+        if b not in out:
+            out[b] = chr(256 + extra)
+            extra += 1
+    return out
 
 
 def build(path: str | Path) -> tuple[Tokenizer, dict[str, Any]]:
@@ -124,7 +128,9 @@ class TextTokenizer:
         self.chat_template: str | bool = facts.get("chat_template") or False
         self.vocab_size = int(facts["vocab_size"])
         self._special = set(facts.get("special", []))
-        self._bytes = _byte_decoder() if _byte_level(tok) else None
+        # byte-level BPE spells each byte as one character; else SentencePiece's pieces
+        self._bytes = {c: b for b, c in byte_chars().items()} \
+            if facts.get("byte_level", True) else None
 
     def encode(self, text: str) -> list[int]:
         """Ids of ``text``; control tokens written in it (<|im_start|>) are matched whole, and a
@@ -177,9 +183,10 @@ class TextTokenizer:
         return "" if i is None else (self.tokenizer.id_to_token(i) or "")
 
 
-def _byte_level(tok: Tokenizer) -> bool:
-    """Does ``tok`` decode byte-level (GPT-2's spelling of bytes), rather than SentencePiece's?"""
-    dec = json.loads(tok.to_str()).get("decoder") or {}
+def _byte_level(decoder: dict[str, Any] | None) -> bool:
+    """Does a tokenizer.json's decoder read byte-level (GPT-2's spelling of bytes), rather than
+    SentencePiece's pieces?"""
+    dec = decoder or {}
     parts = dec.get("decoders", [dec]) if dec.get("type") == "Sequence" else [dec]
     return any(p.get("type") == "ByteLevel" for p in parts)
 
@@ -204,18 +211,12 @@ def _special_id(tok: Tokenizer, value: Any) -> int | None:
     return tok.token_to_id(content) if isinstance(content, str) else None
 
 
-def folder_tokenizer(folder: str | Path) -> TextTokenizer:
-    """The tokenizer of a Hugging Face folder (tokenizer.json; its special tokens and chat
-    template from tokenizer_config.json, or chat_template.jinja), as AutoTokenizer reads it.
-    ValueError naming the file when one is not readable."""
+def chat_template_in(folder: str | Path) -> str | None:
+    """The chat template a Hugging Face folder's tokenizer files hold: tokenizer_config.json's
+    (the default one of named templates), else chat_template.jinja's (where transformers 5
+    saves it); None. ValueError naming the file when tokenizer_config.json is not JSON."""
     folder = Path(folder)
-    try:
-        tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
-        cfg_path = folder / "tokenizer_config.json"
-        config = json.loads(cfg_path.read_text(encoding="utf-8")) if cfg_path.is_file() else {}
-    except Exception as exc:  # tokenizers raises Exception for a damaged file
-        raise ValueError(f"{folder}: its tokenizer is not readable ({exc}); allowed: a "
-                         "tokenizer.json written by tokenizers or save_pretrained") from exc
+    config = _json_file(folder / "tokenizer_config.json")
     template = config.get("chat_template")
     if isinstance(template, list):  # named templates: the default one
         template = next((t.get("template") for t in template if t.get("name") == "default"),
@@ -223,13 +224,42 @@ def folder_tokenizer(folder: str | Path) -> TextTokenizer:
     jinja = folder / "chat_template.jinja"
     if not template and jinja.is_file():
         template = jinja.read_text(encoding="utf-8")
-    added = json.loads(tok.to_str()).get("added_tokens", [])
+    return template or None
+
+
+def _json_file(path: Path) -> dict[str, Any]:
+    """A JSON object file's fields ({} when there is no file); ValueError naming it otherwise."""
+    if not path.is_file():
+        return {}
+    try:
+        fields = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path} is not readable JSON ({exc})") from exc
+    if not isinstance(fields, dict):
+        raise ValueError(f"{path} holds no object of fields")
+    return fields
+
+
+def folder_tokenizer(folder: str | Path) -> TextTokenizer:
+    """The tokenizer of a Hugging Face folder (tokenizer.json; its special tokens from
+    tokenizer_config.json, its chat template from ``chat_template_in``), as AutoTokenizer reads
+    it. ValueError naming the file when one is not readable."""
+    folder = Path(folder)
+    try:
+        text = (folder / "tokenizer.json").read_text(encoding="utf-8")
+        tok, spec = Tokenizer.from_str(text), json.loads(text)  # one read: the decoder, specials
+        config = _json_file(folder / "tokenizer_config.json")
+        template = chat_template_in(folder)
+    except Exception as exc:  # tokenizers raises Exception for a damaged file
+        raise ValueError(f"{folder}: its tokenizer is not readable ({exc}); allowed: a "
+                         "tokenizer.json written by tokenizers or save_pretrained") from exc
     return TextTokenizer(tok, {
         "bos_id": _special_id(tok, config.get("bos_token")),
         "eos_id": _special_id(tok, config.get("eos_token")),
         "post_process": True,
+        "byte_level": _byte_level(spec.get("decoder")),
         "chat_template": template,
-        "special": [t["content"] for t in added if t.get("special")],
+        "special": [t["content"] for t in spec.get("added_tokens", []) if t.get("special")],
         "vocab_size": tok.get_vocab_size(with_added_tokens=True),
         "name": f"{folder.name}/tokenizer.json",
     })
@@ -267,30 +297,50 @@ def _load(path: Path, folder: Path) -> TextTokenizer:
     return TextTokenizer(tok, facts)
 
 
-def gguf_tokenizer(path: str | Path) -> TextTokenizer:
+def gguf_tokenizer(path: str | Path, name: str | None = None) -> TextTokenizer:
     """The tokenizer the GGUF file at ``path`` stores, from the disk cache when it holds it,
-    built (and cached) otherwise; WeightsError where its kind is not rebuilt here."""
+    built (and cached) otherwise, under ``name`` when given (a copy: the cached one is shared);
+    WeightsError where its kind is not rebuilt here."""
     path = Path(path).resolve()
-    return _load(path, _cache_folder(path))
+    tok = _load(path, _cache_folder(path))
+    if name is None:
+        return tok
+    named = copy.copy(tok)
+    named.name = name
+    return named
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def stamp(path: str | Path) -> tuple[int, ...]:
+    """When a checkpoint's tokenizer last changed (a folder's ``TOKENIZER_FILES``, or the GGUF
+    file): what a tokenizer read from it is cached under."""
+    path = Path(path)
+    files = [path / n for n in TOKENIZER_FILES] if path.is_dir() else [path]
+    return tuple(f.stat().st_mtime_ns if f.exists() else 0 for f in files)
 
 
 def of_checkpoint(path: str | Path, vocab_size: int) -> TextTokenizer | None:
     """The tokenizer the checkpoint at ``path`` holds (a folder's tokenizer.json; a GGUF file's
-    vocabulary), or None where it holds none. ValueError where it holds more tokens than the
-    model's ``vocab_size`` (a model may have more rows than its tokenizer has tokens)."""
-    path = Path(path)
-    if path.is_dir():
-        if not (path / "tokenizer.json").is_file():
-            return None
-        tok = folder_tokenizer(path)
-    else:
-        from .gguf import GGUFFile
-
-        with GGUFFile(path) as f:
-            if f.metadata.get("tokenizer.ggml.model") in (None, "none"):
-                return None
-        tok = gguf_tokenizer(path)
-    if tok.vocab_size > vocab_size:
+    vocabulary), or None where it holds none; read once per change of its files (``stamp``).
+    ValueError where it holds more tokens than the model's ``vocab_size`` (a model may have
+    more rows than its tokenizer has tokens)."""
+    path = Path(path).resolve()
+    tok = _of_checkpoint(path, stamp(path))
+    if tok is not None and tok.vocab_size > vocab_size:
         raise ValueError(f"{path}: its tokenizer has {tok.vocab_size} tokens, the model "
                          f"{vocab_size} rows; allowed: a tokenizer of at most the model's rows")
     return tok
+
+
+@functools.lru_cache(maxsize=8)
+def _of_checkpoint(path: Path, stamp: tuple[int, ...]) -> TextTokenizer | None:
+    if path.is_dir():
+        return folder_tokenizer(path) if (path / "tokenizer.json").is_file() else None
+    from .gguf import GGUFFile
+
+    with GGUFFile(path) as f:
+        if f.metadata.get("tokenizer.ggml.model") in (None, "none"):
+            return None
+    return gguf_tokenizer(path)

@@ -124,18 +124,6 @@ def for_config(cfg: object) -> GPT2Tokenizer | ByteTokenizer:
 EOT = "<|endoftext|>"
 
 
-def byte_chars() -> dict[int, str]:
-    """GPT-2's map from bytes to the printable characters its vocabulary file writes."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-            *range(ord("®"), ord("ÿ") + 1)]
-    out, extra = {b: chr(b) for b in keep}, 0
-    for b in range(256):
-        if b not in out:
-            out[b] = chr(256 + extra)
-            extra += 1
-    return out
-
-
 def _bpe(ranks: dict[bytes, int], word: bytes, below: int) -> list[bytes]:
     """``word`` merged as BPE would, using only merges of rank < ``below``."""
     parts = [bytes([b]) for b in word]
@@ -159,6 +147,8 @@ def bpe_table() -> tuple[list[str], list[str]] | None:
         return None
     if len(ranks) != VOCAB - 1:
         return None
+    from ..tokens import byte_chars  # byte-level BPE's spelling of bytes, every family's
+
     chars = byte_chars()
 
     def text(b: bytes) -> str:

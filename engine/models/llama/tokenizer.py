@@ -34,9 +34,7 @@ def load_tokenizer(path: str | Path | None = None) -> TextTokenizer:
         from .weights import package_gguf
 
         path = package_gguf()
-    tok = gguf_tokenizer(path)
-    tok.name = NAME
-    return tok
+    return gguf_tokenizer(path, NAME)
 
 
 def for_config(cfg: object) -> TextTokenizer:
